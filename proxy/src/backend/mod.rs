@@ -1,0 +1,6 @@
+//! The cloud side: connections to the cloud database, logging in as the client's
+//! role, the per-core pool of warm backends, and the verifier lookup.
+
+pub mod auth_query;
+pub mod conn;
+pub mod pool;

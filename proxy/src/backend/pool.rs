@@ -1,0 +1,111 @@
+//! The per-core pool of warm cloud backends (`upstream_pool`).
+//!
+//! Session pooling: a client owns its backend for its whole session; when it leaves
+//! cleanly, the backend is reset (`DISCARD ALL`, after `ROLLBACK` if a transaction
+//! was open) and kept for the next client of the same database, role and startup
+//! parameters. postgres_fdw connections live in the backend and survive the reset.
+//! Each core has its own pool: no lock, no cross-core traffic.
+
+use super::conn::BackendConn;
+use lokadb_shared::wire::tags::TX_IDLE;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// What makes two clients' backends interchangeable.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    /// The database name the client asked for.
+    pub database: Rc<str>,
+    /// The role.
+    pub user: String,
+    /// Startup parameters other than user and database, sorted: they become the
+    /// session's defaults that `RESET ALL` returns to, so only equal sets can share.
+    pub params: Vec<(String, String)>,
+}
+
+struct Idle {
+    conn: BackendConn,
+    since: Instant,
+}
+
+/// Idle backends of one core.
+#[derive(Default)]
+pub struct Pool {
+    idle: HashMap<PoolKey, Vec<Idle>>,
+}
+
+impl Pool {
+    /// Takes the most recently used live backend for `key`, closing dead or expired
+    /// ones found on the way.
+    pub fn take(
+        &mut self,
+        key: &PoolKey,
+        idle_timeout: Duration,
+        now: Instant,
+    ) -> Option<BackendConn> {
+        let list = self.idle.get_mut(key)?;
+        while let Some(idle) = list.pop() {
+            if now.duration_since(idle.since) < idle_timeout && idle.conn.is_idle_and_open() {
+                return Some(idle.conn);
+            }
+            tracing::debug!(
+                pid = idle.conn.pid,
+                "dropping a dead or expired pooled backend"
+            );
+        }
+        None
+    }
+
+    /// Keeps a backend that has been reset.
+    pub fn put(&mut self, key: PoolKey, conn: BackendConn, now: Instant) {
+        self.idle
+            .entry(key)
+            .or_default()
+            .push(Idle { conn, since: now });
+    }
+
+    /// Closes backends idle longer than their database's timeout.
+    pub fn reap(&mut self, now: Instant, idle_timeout: impl Fn(&PoolKey) -> Duration) {
+        self.idle.retain(|key, list| {
+            let limit = idle_timeout(key);
+            list.retain(|i| now.duration_since(i.since) < limit);
+            !list.is_empty()
+        });
+    }
+
+    /// Number of idle backends.
+    pub fn len(&self) -> usize {
+        self.idle.values().map(Vec::len).sum()
+    }
+
+    /// Whether no backend is idle.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every idle backend (shutdown).
+    pub fn drain(&mut self) -> Vec<BackendConn> {
+        self.idle
+            .drain()
+            .flat_map(|(_, l)| l.into_iter().map(|i| i.conn))
+            .collect()
+    }
+}
+
+/// Resets a backend so that nothing of its last client's session remains: open
+/// transaction, SET, prepared statements, cursors, temp tables, LISTEN, advisory locks
+/// and sequence state (`DISCARD ALL` covers all but the transaction).
+///
+/// # Errors
+///
+/// Any failure: the caller then closes the backend instead of pooling it.
+pub async fn reset(conn: &mut BackendConn) -> Result<(), super::conn::ConnError> {
+    if conn.status == TX_IDLE {
+        conn.execute_simple(&["DISCARD ALL"]).await
+    } else {
+        // DISCARD ALL cannot run in a transaction block, so ROLLBACK goes first, as a
+        // separate Query (pipelined: one round trip).
+        conn.execute_simple(&["ROLLBACK", "DISCARD ALL"]).await
+    }
+}

@@ -1,0 +1,232 @@
+//! Process-wide settings ([`Shared`], read-only after start) and the state each
+//! executor owns ([`Core`]: pool, auth connections, cancel keys). Sessions reach their
+//! core through an `Rc`; nothing here is locked.
+
+use crate::backend::auth_query::{AuthQuery, UsersFile};
+use crate::backend::pool::Pool;
+use crate::cancel::{CancelMsg, CancelRegistry};
+use crate::scram::Secret;
+use glommio::channels::channel_mesh::Senders;
+use lokadb_shared::config::{Config, ConnString, DatabaseConfig};
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::Arc;
+use std::task::{Context, Waker};
+
+/// A configured database with its cloud address resolved.
+#[derive(Debug)]
+pub struct Database {
+    /// The name clients ask for.
+    pub name: Rc<str>,
+    /// The cloud's address (resolved once at start).
+    pub addr: SocketAddr,
+    /// The database name in the cloud.
+    pub dbname: String,
+    /// The configuration block.
+    pub config: DatabaseConfig,
+}
+
+/// Everything the cores share, fixed at start.
+pub struct Shared {
+    /// The configuration.
+    pub config: Config,
+    /// TLS for clients, if configured.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Users from `users_file`, if configured.
+    pub users: Option<UsersFile>,
+    /// Client connections open now over all cores (checked per connection, not per
+    /// statement).
+    pub connections: AtomicU32,
+    /// Set by the signal thread on SIGTERM/SIGINT.
+    pub shutdown: AtomicBool,
+    /// Salts the mock verifiers of unknown roles.
+    pub mock_secret: [u8; 32],
+    /// The auth password from `LOKADB_AUTH_PASSWORD`, for databases without one.
+    pub env_auth_password: Option<String>,
+}
+
+impl Shared {
+    /// Builds the shared state, resolving and checking what can be checked up front.
+    ///
+    /// # Errors
+    ///
+    /// An unresolvable cloud host, unreadable TLS or users files, a database with an
+    /// `auth_user` but no password anywhere.
+    pub fn new(config: Config) -> anyhow::Result<Shared> {
+        let tls = config
+            .tls
+            .as_ref()
+            .map(crate::net::tls::server_config)
+            .transpose()?;
+        let users = config
+            .users_file
+            .as_deref()
+            .map(UsersFile::load)
+            .transpose()?;
+        let env_auth_password = std::env::var("LOKADB_AUTH_PASSWORD").ok();
+        for (name, db) in &config.databases {
+            if db.auth_user.is_some() && db.auth_password.is_none() && env_auth_password.is_none() {
+                anyhow::bail!("databases.{name}: auth_user is set but neither auth_password nor LOKADB_AUTH_PASSWORD is");
+            }
+        }
+        Ok(Shared {
+            config,
+            tls,
+            users,
+            connections: AtomicU32::new(0),
+            shutdown: AtomicBool::new(false),
+            mock_secret: rand::random(),
+            env_auth_password,
+        })
+    }
+
+    /// Resolves the databases (DNS happens here, once, never on an executor).
+    ///
+    /// # Errors
+    ///
+    /// A cloud host that does not resolve.
+    pub fn resolve_databases(&self) -> anyhow::Result<Vec<(String, SocketAddr, String)>> {
+        let mut out = Vec::new();
+        for (name, db) in &self.config.databases {
+            let cs = ConnString::parse(&db.cloud)
+                .map_err(|e| anyhow::anyhow!("databases.{name}.cloud: {e}"))?;
+            let addr = (cs.host.as_str(), cs.port)
+                .to_socket_addrs()
+                .map_err(|e| {
+                    anyhow::anyhow!("databases.{name}.cloud: cannot resolve {:?}: {e}", cs.host)
+                })?
+                .next()
+                .ok_or_else(|| {
+                    anyhow::anyhow!("databases.{name}.cloud: {:?} resolves to nothing", cs.host)
+                })?;
+            out.push((
+                name.clone(),
+                addr,
+                cs.dbname.unwrap_or_else(|| name.clone()),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// The state one executor owns.
+pub struct Core {
+    /// Executor index (also the top byte of cancel keys).
+    pub id: usize,
+    /// Shared settings.
+    pub shared: Arc<Shared>,
+    /// Databases by the name clients ask for.
+    pub databases: HashMap<String, Rc<Database>>,
+    /// Auth queries by database name.
+    pub auth: HashMap<String, AuthQuery>,
+    /// Warm cloud backends.
+    pub pool: RefCell<Pool>,
+    /// Cancel keys of this core's sessions.
+    pub cancels: RefCell<CancelRegistry>,
+    /// Senders to the other cores, for forwarding cancels.
+    pub peers: OnceCell<Senders<CancelMsg>>,
+    /// Fired once when the proxy starts shutting down.
+    pub shutdown: Notify,
+    /// Sessions running on this core.
+    pub sessions: Cell<usize>,
+}
+
+impl Core {
+    /// Builds a core's state from the shared settings and resolved databases.
+    pub fn new(id: usize, shared: Arc<Shared>, resolved: &[(String, SocketAddr, String)]) -> Core {
+        let mut databases = HashMap::new();
+        let mut auth = HashMap::new();
+        for (name, addr, dbname) in resolved {
+            let config = shared.config.databases[name].clone();
+            if let Some(user) = &config.auth_user {
+                let password = config
+                    .auth_password
+                    .clone()
+                    .or_else(|| shared.env_auth_password.clone())
+                    .unwrap_or_default();
+                auth.insert(
+                    name.clone(),
+                    AuthQuery::new(
+                        *addr,
+                        dbname.clone(),
+                        user.clone(),
+                        Secret(password),
+                        config.auth_query.clone(),
+                    ),
+                );
+            }
+            let db = Database {
+                name: Rc::from(name.as_str()),
+                addr: *addr,
+                dbname: dbname.clone(),
+                config,
+            };
+            databases.insert(name.clone(), Rc::new(db));
+        }
+        Core {
+            id,
+            shared,
+            databases,
+            auth,
+            pool: RefCell::new(Pool::default()),
+            cancels: RefCell::new(CancelRegistry::default()),
+            peers: OnceCell::new(),
+            shutdown: Notify::default(),
+            sessions: Cell::new(0),
+        }
+    }
+}
+
+/// A one-shot, single-threaded notification: fired once, wakes every registered task.
+#[derive(Default)]
+pub struct Notify {
+    fired: Cell<bool>,
+    next_id: Cell<u64>,
+    wakers: RefCell<HashMap<u64, Waker>>,
+}
+
+impl Notify {
+    /// Fires, waking every waiter.
+    pub fn fire(&self) {
+        self.fired.set(true);
+        for (_, w) in self.wakers.borrow_mut().drain() {
+            w.wake();
+        }
+    }
+
+    /// Whether it has fired.
+    pub fn is_fired(&self) -> bool {
+        self.fired.get()
+    }
+
+    /// A slot for one waiter; registering again with the same slot replaces its waker.
+    pub fn slot(&self) -> u64 {
+        let id = self.next_id.get() + 1;
+        self.next_id.set(id);
+        id
+    }
+
+    /// Whether it has fired; if not, `cx`'s waker is registered under `slot`.
+    pub fn poll_fired(&self, slot: u64, cx: &Context<'_>) -> bool {
+        if self.fired.get() {
+            return true;
+        }
+        let mut wakers = self.wakers.borrow_mut();
+        match wakers.get_mut(&slot) {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            Some(w) => *w = cx.waker().clone(),
+            None => {
+                wakers.insert(slot, cx.waker().clone());
+            }
+        }
+        false
+    }
+
+    /// Removes a waiter's slot.
+    pub fn release(&self, slot: u64) {
+        self.wakers.borrow_mut().remove(&slot);
+    }
+}

@@ -1,0 +1,8 @@
+//! The client side: negotiation (SSL, startup, cancel), SCRAM authentication, and the
+//! session that forwards statements.
+
+pub mod auth;
+pub mod pump;
+pub mod session;
+pub mod startup;
+pub mod statement;

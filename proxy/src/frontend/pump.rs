@@ -1,0 +1,384 @@
+//! The hot path: one direction of a session's byte stream, framed but not decoded.
+//!
+//! A [`Pipe`] reads into a reusable buffer, walks frame headers, and hands the
+//! [`Inspect`]or only the frames it asks to see whole (statements, ReadyForQuery);
+//! everything else — DataRow, CopyData, a 50 MB Bind — streams through in pieces
+//! without being buffered whole. Bytes are written out from the same buffer: one copy
+//! in (the kernel's), one copy out.
+
+use futures_lite::{AsyncRead, AsyncWrite};
+use lokadb_shared::wire::{FrameError, Header};
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// Default buffer size of a pipe; grows for a whole inspected frame, shrinks back after.
+pub const PIPE_BUFFER: usize = 64 * 1024;
+
+/// What to do with a frame the inspector saw whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Forward it.
+    Forward,
+    /// Do not forward it, and stop reading this direction (client Terminate).
+    Stop,
+}
+
+/// Sees the frames of one direction.
+pub trait Inspect {
+    /// Whether the inspector needs the whole frame with this tag in one piece.
+    fn wants_body(&self, tag: u8) -> bool;
+    /// Called for every frame once its header is read; `frame` is the whole frame
+    /// (header included) when [`Inspect::wants_body`] said so, else `None`.
+    fn on_frame(&mut self, header: Header, frame: Option<&[u8]>) -> Action;
+}
+
+/// One direction of a session.
+pub struct Pipe {
+    buf: Vec<u8>,
+    /// First byte not yet written out.
+    start: usize,
+    /// Bytes `start..scanned` are cleared to be written.
+    scanned: usize,
+    /// Bytes `..end` have been read.
+    end: usize,
+    /// Bytes of a streamed frame that have not been read yet.
+    pass: usize,
+    max_frame: u32,
+    /// The reader reached EOF, or the inspector stopped it.
+    pub read_closed: bool,
+    /// A frame the inspector stopped on, or EOF, means no more reads.
+    pub stopped: bool,
+}
+
+impl Pipe {
+    /// A pipe whose frames may be at most `max_frame` bytes (the length field).
+    pub fn new(max_frame: u32) -> Pipe {
+        Pipe {
+            buf: vec![0; PIPE_BUFFER],
+            start: 0,
+            scanned: 0,
+            end: 0,
+            pass: 0,
+            max_frame,
+            read_closed: false,
+            stopped: false,
+        }
+    }
+
+    /// Puts bytes already read elsewhere (e.g. during login) in front of the stream.
+    pub fn preload(&mut self, bytes: &[u8]) {
+        if self.buf.len() < bytes.len() {
+            self.buf.resize(bytes.len(), 0);
+        }
+        self.buf[..bytes.len()].copy_from_slice(bytes);
+        self.end = bytes.len();
+    }
+
+    /// Whether everything cleared for writing has been written.
+    pub fn is_flushed(&self) -> bool {
+        self.start == self.scanned
+    }
+
+    /// Whether the stream is between frames: nothing partial read or written.
+    pub fn at_frame_boundary(&self) -> bool {
+        self.pass == 0 && self.scanned == self.end
+    }
+
+    /// Whether bytes are buffered that have not been written.
+    pub fn has_unwritten(&self) -> bool {
+        self.start < self.end
+    }
+
+    /// Appends bytes the proxy itself wants written after what is cleared (errors).
+    /// Only valid at a frame boundary.
+    pub fn inject(&mut self, bytes: &[u8]) {
+        debug_assert!(self.at_frame_boundary());
+        if self.buf.len() - self.end < bytes.len() {
+            self.buf.resize(self.end + bytes.len(), 0);
+        }
+        self.buf[self.end..self.end + bytes.len()].copy_from_slice(bytes);
+        self.end += bytes.len();
+        self.scanned = self.end;
+    }
+
+    /// Reads what is available, scans it, and writes what is cleared. Returns
+    /// `Ready(Ok(true))` when it made progress, `Pending` when both sides would block.
+    ///
+    /// # Errors
+    ///
+    /// [`PipeError::Read`] / [`PipeError::Write`] for socket errors and
+    /// [`PipeError::Frame`] for bad framing (the bytes before it are still written).
+    pub fn poll_step<R, W, I>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut reader: Pin<&mut R>,
+        mut writer: Pin<&mut W>,
+        inspect: &mut I,
+    ) -> Poll<Result<bool, PipeError>>
+    where
+        R: AsyncRead + ?Sized,
+        W: AsyncWrite + ?Sized,
+        I: Inspect,
+    {
+        let mut progress = false;
+        if !self.stopped && self.make_room() {
+            match reader.as_mut().poll_read(cx, &mut self.buf[self.end..]) {
+                Poll::Ready(Ok(0)) => {
+                    self.read_closed = true;
+                    self.stopped = true;
+                    progress = true;
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.end += n;
+                    progress = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(PipeError::Read(e))),
+                Poll::Pending => {}
+            }
+        }
+        if self.scanned < self.end {
+            self.scan(inspect).map_err(PipeError::Frame)?;
+        }
+        while self.start < self.scanned {
+            match writer
+                .as_mut()
+                .poll_write(cx, &self.buf[self.start..self.scanned])
+            {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(PipeError::Write(io::ErrorKind::WriteZero.into())));
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.start += n;
+                    progress = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(PipeError::Write(e))),
+                Poll::Pending => break,
+            }
+        }
+        if self.start == self.scanned && progress {
+            // TLS buffers records until flushed; plain TCP's flush is free.
+            if let Poll::Ready(Err(e)) = writer.as_mut().poll_flush(cx) {
+                return Poll::Ready(Err(PipeError::Write(e)));
+            }
+            if self.start == self.end {
+                self.start = 0;
+                self.scanned = 0;
+                self.end = 0;
+                if self.buf.len() > 4 * PIPE_BUFFER {
+                    self.buf = vec![0; PIPE_BUFFER];
+                }
+            }
+        }
+        if progress {
+            Poll::Ready(Ok(true))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Makes sure there is space to read into; false when the buffer is full of bytes
+    /// waiting to be written (then the write side's waker drives us).
+    fn make_room(&mut self) -> bool {
+        if self.end < self.buf.len() {
+            return true;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.scanned -= self.start;
+            self.start = 0;
+        }
+        self.end < self.buf.len()
+    }
+
+    /// Walks the frames read so far, advancing `scanned` over what may be written.
+    fn scan<I: Inspect>(&mut self, inspect: &mut I) -> Result<(), FrameError> {
+        loop {
+            if self.pass > 0 {
+                let n = self.pass.min(self.end - self.scanned);
+                self.scanned += n;
+                self.pass -= n;
+                if self.pass > 0 {
+                    return Ok(());
+                }
+            }
+            let Some(header) = Header::peek(&self.buf[self.scanned..self.end], self.max_frame)?
+            else {
+                return Ok(());
+            };
+            let frame_len = header.frame_len();
+            if inspect.wants_body(header.tag) {
+                if self.end - self.scanned < frame_len {
+                    self.reserve_frame(frame_len);
+                    return Ok(());
+                }
+                let frame = &self.buf[self.scanned..self.scanned + frame_len];
+                match inspect.on_frame(header, Some(frame)) {
+                    Action::Forward => self.scanned += frame_len,
+                    Action::Stop => {
+                        // Drop the frame and anything after it.
+                        self.end = self.scanned;
+                        self.stopped = true;
+                        return Ok(());
+                    }
+                }
+            } else {
+                inspect.on_frame(header, None);
+                let avail = frame_len.min(self.end - self.scanned);
+                self.scanned += avail;
+                self.pass = frame_len - avail;
+            }
+        }
+    }
+
+    /// Grows or compacts the buffer so a frame of `frame_len` starting at `scanned` fits.
+    fn reserve_frame(&mut self, frame_len: usize) {
+        if self.buf.len() - self.scanned >= frame_len {
+            return;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.scanned -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() - self.scanned < frame_len {
+            self.buf.resize(self.scanned + frame_len, 0);
+        }
+    }
+}
+
+/// Why a pipe stopped.
+#[derive(Debug)]
+pub enum PipeError {
+    /// Reading failed.
+    Read(io::Error),
+    /// Writing failed.
+    Write(io::Error),
+    /// The reader broke the framing rules.
+    Frame(FrameError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_lite::future::block_on;
+    use lokadb_shared::wire::tags::*;
+
+    /// Records every frame and asks for the bodies of Query and Terminate.
+    #[derive(Default)]
+    struct Recorder {
+        seen: Vec<(u8, Option<Vec<u8>>)>,
+    }
+
+    impl Inspect for Recorder {
+        fn wants_body(&self, tag: u8) -> bool {
+            tag == FE_QUERY || tag == FE_TERMINATE
+        }
+        fn on_frame(&mut self, h: Header, frame: Option<&[u8]>) -> Action {
+            self.seen.push((h.tag, frame.map(<[u8]>::to_vec)));
+            if h.tag == FE_TERMINATE {
+                Action::Stop
+            } else {
+                Action::Forward
+            }
+        }
+    }
+
+    /// A reader that returns its input in chunks of `chunk` bytes.
+    struct Chunked {
+        data: Vec<u8>,
+        pos: usize,
+        chunk: usize,
+    }
+
+    impl AsyncRead for Chunked {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
+            let n = self.chunk.min(buf.len()).min(self.data.len() - self.pos);
+            buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+            self.pos += n;
+            Poll::Ready(Ok(n))
+        }
+    }
+
+    fn run(input: Vec<u8>, chunk: usize, max: u32) -> (Vec<u8>, Recorder, Result<(), String>) {
+        let mut pipe = Pipe::new(max);
+        let mut reader = Chunked {
+            data: input,
+            pos: 0,
+            chunk,
+        };
+        let mut out: Vec<u8> = Vec::new();
+        let mut rec = Recorder::default();
+        let result = block_on(futures_lite::future::poll_fn(|cx| loop {
+            match pipe.poll_step(cx, Pin::new(&mut reader), Pin::new(&mut out), &mut rec) {
+                Poll::Ready(Ok(_)) if pipe.stopped && pipe.is_flushed() => {
+                    return Poll::Ready(Ok(()))
+                }
+                Poll::Ready(Ok(_)) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(format!("{e:?}"))),
+                Poll::Pending => return Poll::Ready(Err("pending".into())),
+            }
+        }));
+        (out, rec, result)
+    }
+
+    fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn forwards_bytes_exactly_and_stops_at_terminate() {
+        let mut input = frame(FE_QUERY, b"SELECT 1\0");
+        input.extend(frame(FE_COPY_DATA, &vec![7u8; 200_000]));
+        input.extend(frame(FE_SYNC, b""));
+        let forwarded = input.clone();
+        input.extend(frame(FE_TERMINATE, b""));
+        input.extend(b"junk after terminate");
+        for chunk in [1, 3, 4096, 1 << 20] {
+            let (out, rec, result) = run(input.clone(), chunk, 1 << 20);
+            assert_eq!(result, Ok(()));
+            assert_eq!(out, forwarded, "chunk {chunk}");
+            let tags: Vec<u8> = rec.seen.iter().map(|s| s.0).collect();
+            assert_eq!(tags, vec![FE_QUERY, FE_COPY_DATA, FE_SYNC, FE_TERMINATE]);
+            assert_eq!(
+                rec.seen[0].1.as_deref(),
+                Some(&frame(FE_QUERY, b"SELECT 1\0")[..])
+            );
+            assert_eq!(rec.seen[1].1, None, "CopyData streams through");
+        }
+    }
+
+    #[test]
+    fn an_inspected_frame_larger_than_the_buffer_is_assembled() {
+        let mut body = vec![b'x'; 3 * PIPE_BUFFER];
+        body.push(0);
+        let mut input = frame(FE_QUERY, &body);
+        input.extend(frame(FE_TERMINATE, b""));
+        let (out, rec, result) = run(input, 1000, 1 << 20);
+        assert_eq!(result, Ok(()));
+        assert_eq!(out, frame(FE_QUERY, &body));
+        assert_eq!(rec.seen[0].1.as_ref().map(Vec::len), Some(body.len() + 5));
+    }
+
+    #[test]
+    fn an_oversized_length_is_refused_before_allocating() {
+        let mut input = frame(FE_SYNC, b"");
+        input.extend([FE_QUERY, 0x7f, 0xff, 0xff, 0xff]);
+        let (out, _, result) = run(input, 64, 1 << 20);
+        assert!(result.unwrap_err().contains("TooLarge"));
+        assert_eq!(
+            out,
+            Vec::<u8>::new(),
+            "nothing written yet: the error stops the step"
+        );
+    }
+}

@@ -1,0 +1,368 @@
+//! A client session from accept to close: negotiate, authenticate, attach a cloud
+//! backend (warm from the pool or new), forward, and give the backend back.
+
+use super::auth::{authenticate, Authenticated};
+use super::pump::{Pipe, PipeError};
+use super::startup::{negotiate, Negotiated};
+use super::statement::{ClientFrames, Exchange, ServerFrames};
+use crate::backend::conn::{BackendConn, ConnError};
+use crate::backend::pool::{self, PoolKey};
+use crate::cancel::CancelTarget;
+use crate::core::{Core, Database};
+use crate::error::{ErrorKind, SessionError};
+use crate::net::stream::ClientStream;
+use crate::time::with_timeout;
+use futures_lite::AsyncWriteExt;
+use glommio::net::TcpStream;
+use lokadb_shared::wire::backend;
+use lokadb_shared::wire::startup::StartupMessage;
+use lokadb_shared::wire::tags::*;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+use std::time::Instant;
+use tracing::Instrument;
+
+/// Serves one client connection to the end. Never panics on client input; every
+/// failure ends only this session.
+pub async fn serve(core: Rc<Core>, tcp: TcpStream) {
+    let subnet = tcp
+        .peer_addr()
+        .map(|a| crate::net::subnet(a.ip()))
+        .unwrap_or_else(|_| "?".into());
+    let span = tracing::debug_span!("session", core = core.id, client = %subnet);
+    let count = SessionCount::new(&core);
+    serve_inner(&core, tcp, count.over_limit)
+        .instrument(span)
+        .await
+}
+
+async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, over_limit: bool) {
+    let _ = tcp.set_nodelay(true);
+    let auth_timeout = core.shared.config.auth_timeout;
+    let started = Instant::now();
+    let (mut stream, startup) = match with_timeout(auth_timeout, negotiate(tcp, core)).await {
+        None => return tracing::debug!("auth_timeout during the startup phase"),
+        Some(Err(e)) => return log_error(&e),
+        Some(Ok(Negotiated::Cancelled)) => return,
+        Some(Ok(Negotiated::Startup(stream, startup))) => (stream, startup),
+    };
+    let refusal = if over_limit {
+        Some(SessionError::TooManyConnections)
+    } else if core.shutdown.is_fired() {
+        Some(SessionError::Shutdown)
+    } else {
+        None
+    };
+    if let Some(e) = refusal {
+        return report(&mut stream, e).await;
+    }
+    let remaining = auth_timeout.saturating_sub(started.elapsed());
+    let attached = match with_timeout(remaining, attach(core, &mut stream, &startup)).await {
+        None => Err(SessionError::AuthTimeout),
+        Some(r) => r,
+    };
+    match attached {
+        Ok((key, backend)) => forward(core, stream, key, backend).await,
+        Err(e) => report(&mut stream, e).await,
+    }
+}
+
+/// Authenticates the client and gives it a logged-in backend; on success the client
+/// has received everything up to its first ReadyForQuery.
+async fn attach(
+    core: &Core,
+    stream: &mut ClientStream,
+    startup: &StartupMessage,
+) -> Result<(PoolKey, Attached), SessionError> {
+    let user = startup.param("user").unwrap_or_default();
+    let database = startup
+        .param("database")
+        .filter(|d| !d.is_empty())
+        .unwrap_or(user);
+    if startup
+        .param("replication")
+        .is_some_and(|r| r != "false" && r != "off" && r != "0")
+    {
+        return Err(SessionError::Unsupported("replication connections"));
+    }
+    let db = core
+        .databases
+        .get(database)
+        .ok_or_else(|| SessionError::UnknownDatabase(database.to_owned()))?;
+    let Authenticated {
+        credentials,
+        server_final,
+    } = authenticate(stream, core, db, user).await?;
+
+    let mut params: Vec<(String, String)> = startup
+        .params
+        .iter()
+        .filter(|(k, _)| k != "user" && k != "database" && !k.starts_with("_pq_."))
+        .cloned()
+        .collect();
+    params.sort();
+    let key = PoolKey {
+        database: db.name.clone(),
+        user: user.to_owned(),
+        params,
+    };
+    let pooled = if db.config.upstream_pool {
+        core.pool
+            .borrow_mut()
+            .take(&key, db.config.pool_idle_timeout, Instant::now())
+    } else {
+        None
+    };
+    let backend = match pooled {
+        Some(b) => b,
+        None => connect_backend(db, &key, &credentials).await?,
+    };
+
+    let cancel = core.cancels.borrow_mut().register(
+        core.id,
+        CancelTarget {
+            addr: backend.addr,
+            pid: backend.pid,
+            secret: backend.secret.clone(),
+        },
+    );
+    let mut out = Vec::with_capacity(512);
+    backend::auth_sasl_data(&mut out, AUTH_SASL_FINAL, server_final.as_bytes());
+    backend::auth_ok(&mut out);
+    for (name, value) in &backend.params {
+        backend::parameter_status(&mut out, name, value);
+    }
+    backend::backend_key_data(&mut out, cancel.pid, cancel.secret);
+    backend::ready_for_query(&mut out, backend.status);
+    let attached = Attached {
+        backend,
+        cancel_pid: cancel.pid,
+        db: db.clone(),
+    };
+    let written = async {
+        stream.write_all(&out).await?;
+        stream.flush().await
+    };
+    if let Err(e) = written.await {
+        core.cancels.borrow_mut().unregister(cancel.pid);
+        return Err(SessionError::Client(e));
+    }
+    tracing::debug!(
+        user,
+        database,
+        backend_pid = attached.backend.pid,
+        "session attached"
+    );
+    Ok((key, attached))
+}
+
+async fn connect_backend(
+    db: &Database,
+    key: &PoolKey,
+    creds: &crate::scram::Credentials,
+) -> Result<BackendConn, SessionError> {
+    let connect = BackendConn::connect(db.addr, &key.user, &db.dbname, &key.params, creds);
+    match with_timeout(db.config.connect_timeout, connect).await {
+        None => Err(SessionError::UpstreamConnect(format!(
+            "no answer within connect_timeout from {}",
+            db.addr
+        ))),
+        Some(Ok(b)) => Ok(b),
+        Some(Err(ConnError::Rejected { frame, notice })) => {
+            tracing::info!(code = %notice.code, message = %notice.message, "the cloud refused the login");
+            Err(SessionError::UpstreamRejected(frame))
+        }
+        Some(Err(e)) => Err(SessionError::UpstreamConnect(format!("{}: {e}", db.addr))),
+    }
+}
+
+/// A backend attached to a session, with the session's cancel key.
+struct Attached {
+    backend: BackendConn,
+    cancel_pid: u32,
+    db: Rc<Database>,
+}
+
+/// How forwarding ended.
+enum End {
+    /// The client sent Terminate or closed its socket.
+    ClientDone,
+    /// The client's socket failed.
+    ClientFailed(std::io::Error),
+    /// The client broke the framing rules.
+    ClientProtocol(lokadb_shared::wire::FrameError),
+    /// The cloud closed or failed.
+    ServerLost(std::io::Error),
+    /// The proxy is shutting down and the session is idle.
+    Shutdown,
+}
+
+async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attached: Attached) {
+    let Attached {
+        mut backend,
+        cancel_pid,
+        db,
+    } = attached;
+    let max = core.shared.config.max_message_bytes;
+    let route_log = core.shared.config.route_log;
+    let mut exchange = Exchange {
+        status: backend.status,
+        ..Exchange::default()
+    };
+    let mut up = Pipe::new(max);
+    let mut down = Pipe::new(u32::MAX);
+    down.preload(&std::mem::take(&mut backend.rbuf));
+    let slot = core.shutdown.slot();
+
+    let end = futures_lite::future::poll_fn(|cx| {
+        // Bounded work per poll so one busy session cannot starve the core.
+        for _ in 0..32 {
+            if core.shutdown.poll_fired(slot, cx)
+                && exchange.is_idle()
+                && up.at_frame_boundary()
+                && !up.has_unwritten()
+                && !down.has_unwritten()
+            {
+                return Poll::Ready(End::Shutdown);
+            }
+            let mut progress = false;
+            let mut inspect = ClientFrames {
+                exchange: &mut exchange,
+                route_log,
+            };
+            match up.poll_step(
+                cx,
+                Pin::new(&mut client),
+                Pin::new(&mut backend.stream),
+                &mut inspect,
+            ) {
+                Poll::Ready(Ok(_)) => progress = true,
+                Poll::Ready(Err(PipeError::Read(e))) => return Poll::Ready(End::ClientFailed(e)),
+                Poll::Ready(Err(PipeError::Write(e))) => return Poll::Ready(End::ServerLost(e)),
+                Poll::Ready(Err(PipeError::Frame(e))) => {
+                    return Poll::Ready(End::ClientProtocol(e))
+                }
+                Poll::Pending => {}
+            }
+            if up.stopped && up.is_flushed() {
+                return Poll::Ready(End::ClientDone);
+            }
+            let mut inspect = ServerFrames {
+                exchange: &mut exchange,
+            };
+            match down.poll_step(
+                cx,
+                Pin::new(&mut backend.stream),
+                Pin::new(&mut client),
+                &mut inspect,
+            ) {
+                Poll::Ready(Ok(_)) => progress = true,
+                Poll::Ready(Err(PipeError::Read(e))) => return Poll::Ready(End::ServerLost(e)),
+                Poll::Ready(Err(PipeError::Write(e))) => return Poll::Ready(End::ClientFailed(e)),
+                Poll::Ready(Err(PipeError::Frame(e))) => {
+                    return Poll::Ready(End::ServerLost(std::io::Error::other(e.to_string())))
+                }
+                Poll::Pending => {}
+            }
+            if down.stopped && down.is_flushed() {
+                return Poll::Ready(End::ServerLost(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
+
+    core.shutdown.release(slot);
+    core.cancels.borrow_mut().unregister(cancel_pid);
+
+    // What the client is told, if it can still be told something without cutting a
+    // message in half.
+    let notice = match &end {
+        End::ClientProtocol(e) => Some(SessionError::Protocol(e.clone())),
+        End::ServerLost(e) => Some(SessionError::UpstreamLost(std::io::Error::new(
+            e.kind(),
+            e.to_string(),
+        ))),
+        End::Shutdown => Some(SessionError::Shutdown),
+        End::ClientFailed(e) => {
+            tracing::debug!(error = %e, "client connection failed");
+            None
+        }
+        End::ClientDone => None,
+    };
+    if let Some(e) = notice {
+        log_error(&e);
+        if down.at_frame_boundary() && !down.has_unwritten() {
+            report(&mut client, e).await;
+        }
+    }
+    drop(client);
+
+    let reusable = matches!(end, End::ClientDone | End::ClientFailed(_))
+        && exchange.is_settled()
+        && up.at_frame_boundary()
+        && !up.has_unwritten()
+        && down.at_frame_boundary()
+        && !down.has_unwritten();
+    if !db.config.upstream_pool || !reusable || core.shutdown.is_fired() {
+        tracing::debug!(backend_pid = backend.pid, reusable, "closing backend");
+        return backend.terminate().await;
+    }
+    backend.status = exchange.status;
+    match pool::reset(&mut backend).await {
+        Ok(()) => core.pool.borrow_mut().put(key, backend, Instant::now()),
+        Err(e) => tracing::info!(error = %e, "backend reset failed; closing it"),
+    }
+}
+
+/// Sends an error to the client (if it is one the client may see) and closes.
+async fn report(stream: &mut ClientStream, e: SessionError) {
+    log_error(&e);
+    let mut out = Vec::new();
+    e.to_client(&mut out);
+    if !out.is_empty() {
+        let _ = stream.write_all(&out).await;
+        let _ = stream.flush().await;
+    }
+    let _ = stream.close().await;
+}
+
+fn log_error(e: &SessionError) {
+    match e.kind() {
+        ErrorKind::ClientDisconnect => tracing::debug!(error = %e, "client went away"),
+        ErrorKind::User => tracing::info!(error = %e, "client error"),
+        ErrorKind::Limit | ErrorKind::Service => tracing::info!(error = %e, "connection refused"),
+        ErrorKind::Upstream => tracing::warn!(error = %e, "cloud error"),
+    }
+}
+
+/// Counts a connection on its core (so shutdown knows when sessions are gone) and
+/// over all cores (`max_connections`), for as long as it lives.
+struct SessionCount<'a> {
+    core: &'a Core,
+    over_limit: bool,
+}
+
+impl<'a> SessionCount<'a> {
+    fn new(core: &'a Core) -> Self {
+        core.sessions.set(core.sessions.get() + 1);
+        let open = core.shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        SessionCount {
+            core,
+            over_limit: open > core.shared.config.max_connections,
+        }
+    }
+}
+
+impl Drop for SessionCount<'_> {
+    fn drop(&mut self) {
+        self.core.sessions.set(self.core.sessions.get() - 1);
+        self.core.shared.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}

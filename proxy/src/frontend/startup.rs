@@ -1,0 +1,118 @@
+//! The startup phase: SSLRequest and GSSENCRequest, CancelRequest, StartupMessage.
+
+use crate::core::Core;
+use crate::error::SessionError;
+use crate::net::stream::ClientStream;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use lokadb_shared::wire::startup::{self, StartupMessage, StartupPacket};
+use lokadb_shared::wire::{backend, FrameError};
+
+/// The outcome of negotiation.
+pub enum Negotiated {
+    /// A client that wants a session.
+    Startup(ClientStream, StartupMessage),
+    /// A cancel request, already handled.
+    Cancelled,
+}
+
+/// Runs the startup phase up to the StartupMessage.
+///
+/// # Errors
+///
+/// Malformed packets, a TLS handshake failure, or a client that goes away.
+pub async fn negotiate(tcp: TcpStream, core: &Core) -> Result<Negotiated, SessionError> {
+    let mut stream = ClientStream::Plain(tcp);
+    let mut encryption_asked = false;
+    loop {
+        let packet = read_packet(&mut stream).await?;
+        match startup::parse(&packet)? {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest
+                if encryption_asked && stream.is_tls() =>
+            {
+                return Err(FrameError::Invalid {
+                    what: "second encryption request after TLS",
+                }
+                .into());
+            }
+            StartupPacket::SslRequest => {
+                encryption_asked = true;
+                match (&core.shared.tls, stream) {
+                    (Some(config), ClientStream::Plain(mut tcp)) => {
+                        tcp.write_all(b"S").await.map_err(SessionError::Client)?;
+                        let acceptor = futures_rustls::TlsAcceptor::from(config.clone());
+                        let tls = acceptor.accept(tcp).await.map_err(SessionError::Client)?;
+                        stream = ClientStream::Tls(Box::new(tls));
+                    }
+                    (_, mut s) => {
+                        s.write_all(b"N").await.map_err(SessionError::Client)?;
+                        stream = s;
+                    }
+                }
+            }
+            StartupPacket::GssEncRequest => {
+                encryption_asked = true;
+                stream.write_all(b"N").await.map_err(SessionError::Client)?;
+            }
+            StartupPacket::Cancel { pid, secret } => {
+                handle_cancel(core, pid, secret).await;
+                return Ok(Negotiated::Cancelled);
+            }
+            StartupPacket::Startup(m) => {
+                if m.major != 3 {
+                    return Err(SessionError::UnsupportedProtocol {
+                        major: m.major,
+                        minor: m.minor,
+                    });
+                }
+                let unrecognized: Vec<&str> = m.protocol_options().collect();
+                if m.minor > 0 || !unrecognized.is_empty() {
+                    // We speak 3.0: tell the client, which then continues with 3.0.
+                    let mut out = Vec::new();
+                    backend::negotiate_protocol_version(&mut out, 0, &unrecognized);
+                    stream.write_all(&out).await.map_err(SessionError::Client)?;
+                }
+                if m.param("user").is_none_or(str::is_empty) {
+                    return Err(SessionError::NoUser);
+                }
+                return Ok(Negotiated::Startup(stream, m));
+            }
+        }
+    }
+}
+
+/// Reads one length-prefixed startup packet, exactly (no read-ahead, so a TLS
+/// handshake can follow an SSLRequest).
+async fn read_packet(stream: &mut ClientStream) -> Result<Vec<u8>, SessionError> {
+    let mut len = [0u8; 4];
+    stream
+        .read_exact(&mut len)
+        .await
+        .map_err(SessionError::Client)?;
+    let n = startup::peek_len(&len)?.expect("four bytes were read") as usize;
+    let mut packet = vec![0u8; n];
+    packet[..4].copy_from_slice(&len);
+    stream
+        .read_exact(&mut packet[4..])
+        .await
+        .map_err(SessionError::Client)?;
+    Ok(packet)
+}
+
+async fn handle_cancel(core: &Core, pid: u32, secret: Vec<u8>) {
+    let owner = crate::cancel::CancelKey::core(pid);
+    if owner == core.id {
+        let target = core.cancels.borrow().lookup(pid, &secret);
+        match target {
+            Some(t) => crate::cancel::send(t).await,
+            None => tracing::debug!(pid, "cancel request with an unknown key ignored"),
+        }
+    } else if let Some(peers) = core.peers.get() {
+        if owner < peers.nr_consumers() {
+            let msg = crate::cancel::CancelMsg { pid, secret };
+            if peers.send_to(owner, msg).await.is_err() {
+                tracing::debug!(owner, "could not forward a cancel request");
+            }
+        }
+    }
+}

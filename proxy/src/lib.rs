@@ -1,0 +1,42 @@
+//! The LokaDB proxy: a thread-per-core Postgres protocol proxy in front of the cloud
+//! database.
+//!
+//! # Design
+//!
+//! One glommio executor per core, pinned, each accepting on its own SO_REUSEPORT
+//! socket and owning its sessions, pool of cloud backends, auth connections and
+//! cancel keys ([`core::Core`]). Nothing on the per-statement path is shared between
+//! cores or locked; the only cross-core traffic is a forwarded cancel request and the
+//! shutdown flag. A session's bytes are framed but not decoded ([`frontend::pump`]),
+//! except the few frames the proxy must see ([`frontend::statement`]).
+//!
+//! # Layout
+//!
+//! - [`server`]: executors, listeners, shutdown drain.
+//! - [`core`]: shared settings and per-core state.
+//! - [`frontend`]: the client side — [`frontend::startup`] (SSL, startup, cancel),
+//!   [`frontend::auth`] (SCRAM), [`frontend::session`] (a session's life),
+//!   [`frontend::pump`] (the forwarding hot path), [`frontend::statement`] (the point
+//!   every statement passes).
+//! - [`backend`]: the cloud side — [`backend::conn`] (login as the client's role),
+//!   [`backend::pool`] (warm backends), [`backend::auth_query`] (verifiers).
+//! - [`scram`]: SCRAM-SHA-256 for both sides, including passthrough.
+//! - [`cancel`]: per-session cancel keys and cross-core forwarding.
+//! - [`net`]: client streams, TLS, listening sockets.
+//! - [`error`]: classified session errors and what the client sees.
+//! - [`signals`], [`time`]: SIGTERM handling, timeouts.
+//!
+//! # Limits
+//!
+//! Session pooling only: a client keeps its backend until it disconnects.
+
+pub mod backend;
+pub mod cancel;
+pub mod core;
+pub mod error;
+pub mod frontend;
+pub mod net;
+pub mod scram;
+pub mod server;
+pub mod signals;
+pub mod time;

@@ -1,0 +1,372 @@
+//! The configuration file (`lokadb proxy --config lokadb.json`).
+//!
+//! Typed throughout: addresses are `SocketAddr`, durations are strings such as
+//! `"30s"`, unknown keys are rejected by name. Every field's default is the one
+//! documented in `docs/configuration.md` and `tuning.md`.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the proxy listens on for applications.
+    #[serde(default = "defaults::listen")]
+    pub listen: SocketAddr,
+    /// TLS for client connections; without it, SSLRequest is answered `N`.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Client connections accepted at once over all cores; past it, SQLSTATE 53300.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: u32,
+    /// Largest protocol message accepted from a client, in bytes.
+    #[serde(default = "defaults::max_message_bytes")]
+    pub max_message_bytes: u32,
+    /// Time a client has to connect and authenticate.
+    #[serde(default = "defaults::auth_timeout", with = "duration")]
+    pub auth_timeout: Duration,
+    /// On SIGTERM, how long running transactions may take to finish.
+    #[serde(default = "defaults::shutdown_timeout", with = "duration")]
+    pub shutdown_timeout: Duration,
+    /// Log one line per statement with its route.
+    #[serde(default)]
+    pub route_log: bool,
+    /// A JSON file mapping role names to passwords or SCRAM verifiers, for setups
+    /// without an `auth_user`.
+    #[serde(default)]
+    pub users_file: Option<PathBuf>,
+    /// The databases clients may ask for, by the name they ask for.
+    pub databases: BTreeMap<String, DatabaseConfig>,
+}
+
+/// TLS certificate and key for client connections (PEM files).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain, PEM.
+    pub cert: PathBuf,
+    /// Private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// One database clients can connect to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// libpq keyword connection string of the cloud database, e.g.
+    /// `"host=10.0.0.5 port=5432 dbname=app"`. `user` and `password` here are ignored:
+    /// the proxy logs in as each client's own role.
+    pub cloud: String,
+    /// Role the proxy logs in as to read the SCRAM verifiers of client roles.
+    #[serde(default)]
+    pub auth_user: Option<String>,
+    /// Password of `auth_user`; `LOKADB_AUTH_PASSWORD` is used when absent.
+    #[serde(default)]
+    pub auth_password: Option<String>,
+    /// The query that returns a role's verifier; `$1` is the role name.
+    #[serde(default = "defaults::auth_query")]
+    pub auth_query: String,
+    /// Keep cloud backends warm between clients of the same role.
+    #[serde(default = "defaults::yes")]
+    pub upstream_pool: bool,
+    /// An idle pooled backend is closed after this long.
+    #[serde(default = "defaults::pool_idle_timeout", with = "duration")]
+    pub pool_idle_timeout: Duration,
+    /// Time allowed to connect and log in to the cloud database.
+    #[serde(default = "defaults::connect_timeout", with = "duration")]
+    pub connect_timeout: Duration,
+}
+
+mod defaults {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    pub fn listen() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 6432))
+    }
+    pub fn max_connections() -> u32 {
+        1000
+    }
+    pub fn max_message_bytes() -> u32 {
+        256 << 20
+    }
+    pub fn auth_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn shutdown_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn pool_idle_timeout() -> Duration {
+        Duration::from_secs(300)
+    }
+    pub fn connect_timeout() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub fn auth_query() -> String {
+        super::DEFAULT_AUTH_QUERY.to_owned()
+    }
+    pub fn yes() -> bool {
+        true
+    }
+}
+
+/// The default `auth_query`: the verifier of a role that may log in now.
+pub const DEFAULT_AUTH_QUERY: &str = "SELECT rolpassword FROM pg_catalog.pg_authid \
+     WHERE rolname = $1 AND rolcanlogin \
+     AND (rolvaliduntil IS NULL OR rolvaliduntil > now())";
+
+/// Durations written as `"30s"`, `"1m 30s"`, `"250ms"`.
+mod duration {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}")))
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// The file could not be read.
+    Read {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The JSON is malformed or does not match the schema (unknown key, wrong type).
+    Parse(serde_json::Error),
+    /// The values are individually valid but do not make a usable configuration.
+    Invalid(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Read { path, source } => {
+                write!(f, "cannot read config file {}: {source}", path.display())
+            }
+            ConfigError::Parse(e) => write!(f, "invalid config: {e}"),
+            ConfigError::Invalid(msg) => write!(f, "invalid config: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Reads and validates a config file.
+    ///
+    /// # Errors
+    ///
+    /// Any [`ConfigError`]; a missing file is an error, never a fallback to defaults.
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_json(&text)
+    }
+
+    /// Parses and validates config text.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Parse`] or [`ConfigError::Invalid`].
+    pub fn from_json(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = serde_json::from_str(text).map_err(ConfigError::Parse)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.databases.is_empty() {
+            return bad(
+                "\"databases\" is empty: name at least one database clients may ask for".into(),
+            );
+        }
+        if self.max_connections == 0 {
+            return bad("\"max_connections\" must be at least 1".into());
+        }
+        if self.max_message_bytes < 1024 {
+            return bad("\"max_message_bytes\" must be at least 1024".into());
+        }
+        for (name, db) in &self.databases {
+            ConnString::parse(&db.cloud)
+                .map_err(|e| ConfigError::Invalid(format!("databases.{name}.cloud: {e}")))?;
+            if db.auth_user.is_none() && self.users_file.is_none() {
+                return bad(format!(
+                    "databases.{name}: set \"auth_user\" (a role that can read verifiers) or a top-level \"users_file\""
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A parsed libpq keyword/value connection string (`host=… port=… dbname=…`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnString {
+    /// Host name or address.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Database name.
+    pub dbname: Option<String>,
+    /// User, if given.
+    pub user: Option<String>,
+    /// Password, if given.
+    pub password: Option<String>,
+}
+
+impl ConnString {
+    /// Parses `key=value` pairs separated by spaces; values may be single-quoted with
+    /// `\'` and `\\` escapes, as libpq accepts.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the bad key or value.
+    pub fn parse(s: &str) -> Result<ConnString, String> {
+        let mut out = ConnString {
+            host: "127.0.0.1".into(),
+            port: 5432,
+            dbname: None,
+            user: None,
+            password: None,
+        };
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            return Err("use the keyword form \"host=… port=… dbname=…\", not a URL".into());
+        }
+        let mut chars = s.chars().peekable();
+        loop {
+            while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                chars.next();
+            }
+            if chars.peek().is_none() {
+                break;
+            }
+            let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
+            let key = key.trim().to_owned();
+            while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                chars.next();
+            }
+            let mut value = String::new();
+            if chars.peek() == Some(&'\'') {
+                chars.next();
+                loop {
+                    match chars.next() {
+                        None => return Err(format!("unterminated quoted value for {key:?}")),
+                        Some('\\') => value.extend(chars.next()),
+                        Some('\'') => break,
+                        Some(c) => value.push(c),
+                    }
+                }
+            } else {
+                while let Some(&c) = chars.peek() {
+                    if c.is_whitespace() {
+                        break;
+                    }
+                    value.push(c);
+                    chars.next();
+                }
+            }
+            match key.as_str() {
+                "host" | "hostaddr" => out.host = value,
+                "port" => {
+                    out.port = value
+                        .parse()
+                        .map_err(|_| format!("invalid port {value:?}"))?
+                }
+                "dbname" => out.dbname = Some(value),
+                "user" => out.user = Some(value),
+                "password" => out.password = Some(value),
+                "sslmode" if value == "disable" || value == "prefer" || value == "allow" => {}
+                "application_name" | "connect_timeout" => {}
+                "" => return Err("missing key before '='".into()),
+                other => return Err(format!("unsupported connection option {other:?}")),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"{"databases": {"app": {"cloud": "host=127.0.0.1 port=5433 dbname=app", "auth_user": "lokadb_auth"}}}"#;
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::from_json(MIN).unwrap();
+        assert_eq!(c.max_connections, 1000);
+        assert_eq!(c.max_message_bytes, 256 << 20);
+        assert_eq!(c.auth_timeout, Duration::from_secs(30));
+        assert!(!c.route_log);
+        let db = &c.databases["app"];
+        assert!(db.upstream_pool);
+        assert_eq!(db.auth_query, DEFAULT_AUTH_QUERY);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_by_name() {
+        let e = Config::from_json(r#"{"databases": {}, "max_conections": 5}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field `max_conections`"),
+            "{e}"
+        );
+        let e = Config::from_json(
+            r#"{"databases": {"app": {"cloud": "host=x", "auth_user": "a", "pool": true}}}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown field `pool`"), "{e}");
+    }
+
+    #[test]
+    fn durations_are_typed() {
+        let text = MIN.replacen('{', r#"{"auth_timeout": "1m 30s", "#, 1);
+        assert_eq!(
+            Config::from_json(&text).unwrap().auth_timeout,
+            Duration::from_secs(90)
+        );
+        let text = MIN.replacen('{', r#"{"auth_timeout": "soon", "#, 1);
+        let e = Config::from_json(&text).unwrap_err().to_string();
+        assert!(e.contains("invalid duration \"soon\""), "{e}");
+    }
+
+    #[test]
+    fn a_database_needs_a_way_to_authenticate() {
+        let e = Config::from_json(r#"{"databases": {"app": {"cloud": "host=x"}}}"#).unwrap_err();
+        assert!(e.to_string().contains("auth_user"), "{e}");
+    }
+
+    #[test]
+    fn conn_string_forms() {
+        let c = ConnString::parse("host=10.1.2.3 port=6000 dbname='my db' user=u").unwrap();
+        assert_eq!(c.host, "10.1.2.3");
+        assert_eq!(c.port, 6000);
+        assert_eq!(c.dbname.as_deref(), Some("my db"));
+        assert_eq!(c.user.as_deref(), Some("u"));
+        assert!(ConnString::parse("host=x port=abc")
+            .unwrap_err()
+            .contains("invalid port"));
+        assert!(ConnString::parse("postgres://x/y")
+            .unwrap_err()
+            .contains("keyword form"));
+        assert!(ConnString::parse("host=x sslcert=y")
+            .unwrap_err()
+            .contains("sslcert"));
+        assert!(ConnString::parse("host='x")
+            .unwrap_err()
+            .contains("unterminated"));
+    }
+}
