@@ -53,9 +53,13 @@ pub fn run(
     } else {
         PoolPlacement::Unbound(cores)
     };
-    let handles = LocalExecutorPoolBuilder::new(placement)
+    let mut builder = LocalExecutorPoolBuilder::new(placement)
         .name("lokadb-core")
-        .io_memory(1 << 20)
+        .io_memory(1 << 20);
+    if let Some(spin) = spin_before_park() {
+        builder = builder.spin_before_park(spin);
+    }
+    let handles = builder
         .on_all_shards(move || async move {
             let fd = fds
                 .lock()
@@ -71,6 +75,12 @@ pub fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `LOKADB_SPIN_US`: how long an idle executor polls before it parks (default 0).
+fn spin_before_park() -> Option<Duration> {
+    let us: u64 = std::env::var("LOKADB_SPIN_US").ok()?.parse().ok()?;
+    (us > 0).then(|| Duration::from_micros(us))
 }
 
 async fn run_core(

@@ -44,7 +44,8 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, over_limit: bool) {
     let started = Instant::now();
     let (mut stream, startup) = match with_timeout(auth_timeout, negotiate(tcp, core)).await {
         None => return tracing::debug!("auth_timeout during the startup phase"),
-        Some(Err(e)) => return log_error(&e),
+        Some(Err((e, Some(mut stream)))) => return report(&mut stream, e).await,
+        Some(Err((e, None))) => return log_error(&e),
         Some(Ok(Negotiated::Cancelled)) => return,
         Some(Ok(Negotiated::Startup(stream, startup))) => (stream, startup),
     };

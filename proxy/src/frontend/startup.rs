@@ -20,12 +20,29 @@ pub enum Negotiated {
 ///
 /// # Errors
 ///
-/// Malformed packets, a TLS handshake failure, or a client that goes away.
-pub async fn negotiate(tcp: TcpStream, core: &Core) -> Result<Negotiated, SessionError> {
-    let mut stream = ClientStream::Plain(tcp);
+/// Malformed packets, a TLS handshake failure, or a client that goes away; the stream
+/// comes back with the error (when it still exists) so the client can be told why.
+pub async fn negotiate(
+    tcp: TcpStream,
+    core: &Core,
+) -> Result<Negotiated, (SessionError, Option<ClientStream>)> {
+    let mut slot = Some(ClientStream::Plain(tcp));
+    match negotiate_in(&mut slot, core).await {
+        Ok(Some(m)) => Ok(Negotiated::Startup(slot.expect("stream after startup"), m)),
+        Ok(None) => Ok(Negotiated::Cancelled),
+        Err(e) => Err((e, slot)),
+    }
+}
+
+/// The negotiation loop; `slot` is empty only while TLS is being set up.
+async fn negotiate_in(
+    slot: &mut Option<ClientStream>,
+    core: &Core,
+) -> Result<Option<StartupMessage>, SessionError> {
     let mut encryption_asked = false;
     loop {
-        let packet = read_packet(&mut stream).await?;
+        let stream = slot.as_mut().expect("stream outside TLS setup");
+        let packet = read_packet(stream).await?;
         match startup::parse(&packet)? {
             StartupPacket::SslRequest | StartupPacket::GssEncRequest
                 if encryption_asked && stream.is_tls() =>
@@ -37,16 +54,17 @@ pub async fn negotiate(tcp: TcpStream, core: &Core) -> Result<Negotiated, Sessio
             }
             StartupPacket::SslRequest => {
                 encryption_asked = true;
-                match (&core.shared.tls, stream) {
-                    (Some(config), ClientStream::Plain(mut tcp)) => {
+                match (&core.shared.tls, slot.take()) {
+                    (Some(config), Some(ClientStream::Plain(mut tcp))) => {
                         tcp.write_all(b"S").await.map_err(SessionError::Client)?;
                         let acceptor = futures_rustls::TlsAcceptor::from(config.clone());
                         let tls = acceptor.accept(tcp).await.map_err(SessionError::Client)?;
-                        stream = ClientStream::Tls(Box::new(tls));
+                        *slot = Some(ClientStream::Tls(Box::new(tls)));
                     }
-                    (_, mut s) => {
-                        s.write_all(b"N").await.map_err(SessionError::Client)?;
-                        stream = s;
+                    (_, s) => {
+                        *slot = s;
+                        let stream = slot.as_mut().expect("stream outside TLS setup");
+                        stream.write_all(b"N").await.map_err(SessionError::Client)?;
                     }
                 }
             }
@@ -56,7 +74,7 @@ pub async fn negotiate(tcp: TcpStream, core: &Core) -> Result<Negotiated, Sessio
             }
             StartupPacket::Cancel { pid, secret } => {
                 handle_cancel(core, pid, secret).await;
-                return Ok(Negotiated::Cancelled);
+                return Ok(None);
             }
             StartupPacket::Startup(m) => {
                 if m.major != 3 {
@@ -75,7 +93,7 @@ pub async fn negotiate(tcp: TcpStream, core: &Core) -> Result<Negotiated, Sessio
                 if m.param("user").is_none_or(str::is_empty) {
                     return Err(SessionError::NoUser);
                 }
-                return Ok(Negotiated::Startup(stream, m));
+                return Ok(Some(m));
             }
         }
     }

@@ -95,6 +95,9 @@ impl fmt::Display for FrameError {
             FrameError::BadLength { tag, len } => {
                 write!(f, "invalid message length {len} for message type {}", Tag(*tag))
             }
+            FrameError::TooLarge { tag: 0, len, max } => {
+                write!(f, "invalid length of startup packet: {len} bytes, the limit is {max}")
+            }
             FrameError::TooLarge { tag, len, max } => write!(
                 f,
                 "message of type {} is {len} bytes, over the limit of {max} bytes (max_message_bytes)",

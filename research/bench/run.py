@@ -1,0 +1,1212 @@
+#!/usr/bin/env python3
+"""LokaDB proxy-core benchmark: direct Postgres vs LokaDB proxy vs PgBouncer, side by side.
+
+    /work/main/.venv/bin/python research/bench/run.py [--quick] [--out DIR]
+
+Sets up its own world (a throwaway PostgreSQL 18 cluster, the LokaDB proxy, PgBouncer),
+runs pgbench scenarios interleaved across the three targets, repeats them, and writes
+raw.json, summary.md and PNG charts into research/bench/results/<UTC timestamp>[-quick]/,
+and the numbers behind the charts into research/bench/charts-data.md.
+See research/bench/README.md for the method and how to read the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime as dt
+import glob
+import hashlib
+import json
+import os
+import platform
+import queue
+import re
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+PG_BIN = REPO / ".pg" / "bin"
+LOKADB_BIN = REPO / "target" / "release" / "lokadb"
+PGBOUNCER_BIN = Path("/usr/sbin/pgbouncer")
+PG_USER = "lokadb-pg"
+
+APP_PASSWORD = "app-bench-secret"
+AUTH_PASSWORD = "lokadb-auth-bench-secret"
+SUPER_PASSWORD = "postgres-bench-secret"
+ORGS = 100
+
+TARGETS = ["direct", "lokadb", "pgbouncer"]
+PROXIES = ["lokadb", "pgbouncer"]
+
+try:
+    import psycopg
+except ImportError:  # pragma: no cover
+    sys.exit(
+        "research/bench/run.py: psycopg 3 is missing. Run it with the repo venv "
+        "(/work/main/.venv/bin/python, created by scripts/setup.sh) or\n"
+        "  .venv/bin/pip install -r research/bench/requirements.txt"
+    )
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:  # pragma: no cover
+    sys.exit(
+        "research/bench/run.py: matplotlib is missing (needed for the charts). Install it with\n"
+        "  /work/main/.venv/bin/pip install -r research/bench/requirements.txt"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Modes
+
+
+class Mode:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.name = "quick" if quick else "full"
+        self.rows = 50_000 if quick else 200_000
+        self.reps = 1 if quick else 3
+        self.t_latency = 3 if quick else 6  # one client, -T seconds
+        self.t_throughput = 3 if quick else 8  # 32 clients
+        self.t_connect = 3 if quick else 8  # -C, 16 clients
+        self.t_warmup = 1 if quick else 3
+        self.idle_clients = 1000
+
+
+SCRIPTS = {
+    "read": (
+        "\\set id random(1, {rows})\n"
+        "SELECT id, organization_id, title, updated_at FROM documents WHERE id = :id;\n"
+    ),
+    "feed": (
+        "\\set org random(1, {orgs})\n"
+        "SELECT id, title, updated_at FROM documents WHERE organization_id = :org "
+        "ORDER BY id DESC LIMIT 20;\n"
+    ),
+    "insert": (
+        "\\set org random(1, {orgs})\n"
+        "INSERT INTO documents (organization_id, title, body) "
+        "VALUES (:org, 'bench title', 'bench body of a new document');\n"
+    ),
+    "update": (
+        "\\set id random(1, {rows})\n"
+        "UPDATE documents SET title = 'updated title', updated_at = now() WHERE id = :id;\n"
+    ),
+}
+QUERY_MODES = ["simple", "prepared"]
+
+
+# --------------------------------------------------------------------------------------
+# Process bookkeeping and cleanup
+
+CHILDREN: list[subprocess.Popen] = []
+TEMP_DIRS: list[Path] = []
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process(p: subprocess.Popen, sig=signal.SIGTERM, wait=10.0) -> None:
+    if p.poll() is not None:
+        return
+    try:
+        p.send_signal(sig)
+        p.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    except ProcessLookupError:
+        pass
+
+
+def cleanup() -> None:
+    # Reverse start order: proxies first, Postgres last.
+    for p in reversed(CHILDREN):
+        sig = getattr(p, "_bench_stop_signal", signal.SIGTERM)
+        stop_process(p, sig)
+    CHILDREN.clear()
+    for d in TEMP_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+    TEMP_DIRS.clear()
+
+
+def on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_checked(cmd, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise RuntimeError(
+            f"command failed ({r.returncode}): {shlex.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}"
+        )
+    return r
+
+
+# --------------------------------------------------------------------------------------
+# /proc readings
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int):
+    """utime + stime of a whole process (all threads), in clock ticks; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    # fields[0] is field 3 (state); utime is field 14, stime field 15.
+    return int(fields[11]) + int(fields[12])
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except FileNotFoundError:
+        pass
+    return -1
+
+
+# --------------------------------------------------------------------------------------
+# The world: Postgres, LokaDB proxy, PgBouncer
+
+
+class World:
+    def __init__(self, mode: Mode, commands: list):
+        self.mode = mode
+        self.commands = commands  # setup commands, recorded in raw.json
+        self.tmp = Path(tempfile.mkdtemp(prefix="lokadb-bench-"))
+        TEMP_DIRS.append(self.tmp)
+        os.chmod(self.tmp, 0o755)
+        shutil.chown(self.tmp, PG_USER, PG_USER)
+        self.pg_port = None
+        self.pg = None
+        self.proxy = None
+        self.proxy_port = None
+        self.bouncer = None
+        self.bouncer_port = None
+        self.proxy_rss_at_start = None
+        self.bouncer_rss_at_start = None
+
+    def _popen_pg_user(self, cmd, logfile: Path, **kw) -> subprocess.Popen:
+        self.commands.append(f"(as {PG_USER}) {shlex.join(map(str, cmd))}")
+        out = open(logfile, "ab")
+        shutil.chown(logfile, PG_USER, PG_USER)
+        return subprocess.Popen(
+            [str(c) for c in cmd],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            user=PG_USER,
+            group=PG_USER,
+            extra_groups=[],
+            cwd=self.tmp,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(self.tmp)},
+            start_new_session=True,
+            **kw,
+        )
+
+    # --- Postgres -----------------------------------------------------------------------
+    def start_postgres(self) -> None:
+        data = self.tmp / "pgdata"
+        pwfile = self.tmp / "pwfile"
+        pwfile.write_text(SUPER_PASSWORD + "\n")
+        shutil.chown(pwfile, PG_USER, PG_USER)
+        os.chmod(pwfile, 0o600)
+        cmd = [
+            PG_BIN / "initdb", "-D", data, "-U", "postgres", f"--pwfile={pwfile}",
+            "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
+            "--locale=C.UTF-8", "--no-instructions",
+        ]
+        self.commands.append(f"(as {PG_USER}) {shlex.join(map(str, cmd))}")
+        run_checked(
+            [str(c) for c in cmd], user=PG_USER, group=PG_USER, extra_groups=[], cwd=self.tmp,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )
+        pwfile.unlink()
+        self.pg_port = free_port()
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.pg_port),
+            "unix_socket_directories": str(self.tmp),
+            "max_connections": "1200",
+            "password_encryption": "scram-sha-256",
+            "synchronous_commit": "off",
+            "shared_buffers": "256MB",
+            "logging_collector": "off",
+        }
+        cmd = [PG_BIN / "postgres", "-D", data]
+        for k, v in settings.items():
+            cmd += ["-c", f"{k}={v}"]
+        self.pg = self._popen_pg_user(cmd, self.tmp / "postgres.log")
+        self.pg._bench_stop_signal = signal.SIGINT  # fast shutdown
+        CHILDREN.append(self.pg)
+        deadline = time.time() + 60
+        while True:
+            try:
+                with self.superuser_conn():
+                    break
+            except psycopg.OperationalError:
+                if self.pg.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(
+                        "Postgres did not start:\n" + (self.tmp / "postgres.log").read_text()
+                    )
+                time.sleep(0.2)
+
+    def superuser_conn(self, dbname="postgres"):
+        return psycopg.connect(
+            host="127.0.0.1", port=self.pg_port, user="postgres", password=SUPER_PASSWORD,
+            dbname=dbname, sslmode="disable", autocommit=True,
+        )
+
+    def app_conn(self, port=None):
+        return psycopg.connect(
+            host="127.0.0.1", port=port or self.pg_port, user="app", password=APP_PASSWORD,
+            dbname="app", sslmode="disable", autocommit=True, connect_timeout=30,
+        )
+
+    def create_roles_and_data(self) -> dict:
+        with self.superuser_conn() as c:
+            c.execute("SET password_encryption = 'scram-sha-256'")
+            c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+            c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
+            c.execute("CREATE DATABASE app OWNER app")
+            self.app_verifier = c.execute(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = 'app'"
+            ).fetchone()[0]
+            version = c.execute("SELECT version()").fetchone()[0]
+        t0 = time.time()
+        with self.app_conn() as c:
+            c.execute(
+                """CREATE TABLE documents (
+                       id bigserial PRIMARY KEY,
+                       organization_id int NOT NULL,
+                       title text,
+                       body text,
+                       updated_at timestamptz DEFAULT now())"""
+            )
+            c.execute(
+                f"""INSERT INTO documents (organization_id, title, body)
+                    SELECT 1 + (i % {ORGS}), 'document ' || i, repeat(md5(i::text), 6)
+                    FROM generate_series(1, {self.mode.rows}) AS i"""
+            )
+            c.execute("CREATE INDEX documents_org_id ON documents (organization_id, id)")
+            c.execute("VACUUM ANALYZE documents")
+            n = c.execute("SELECT count(*), count(DISTINCT organization_id) FROM documents").fetchone()
+        return {
+            "postgres_version": version,
+            "rows": n[0],
+            "organizations": n[1],
+            "load_seconds": round(time.time() - t0, 2),
+        }
+
+    # --- LokaDB proxy -------------------------------------------------------------------
+    def start_proxy(self) -> None:
+        if not LOKADB_BIN.exists():
+            raise RuntimeError(f"{LOKADB_BIN} is missing: build it first (cargo build --release)")
+        cfg = {
+            "listen": "127.0.0.1:0",
+            "databases": {
+                "app": {
+                    "cloud": f"host=127.0.0.1 port={self.pg_port} dbname=app",
+                    "auth_user": "lokadb_auth",
+                    "auth_password": AUTH_PASSWORD,
+                }
+            },
+        }
+        cfg_path = self.tmp / "lokadb.json"
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+        env = dict(os.environ)
+        env["LOKADB_LOG"] = "warn"
+        env.pop("LOKADB_CORES", None)  # default: all cores
+        cmd = [str(LOKADB_BIN), "proxy", "--config", str(cfg_path)]
+        self.commands.append("LOKADB_LOG=warn " + shlex.join(cmd))
+        self.proxy_stderr = self.tmp / "lokadb.stderr.log"
+        self.proxy = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=open(self.proxy_stderr, "ab"),
+            stdin=subprocess.DEVNULL, env=env, start_new_session=True, text=True,
+        )
+        self.proxy_stderr_fh = None
+        CHILDREN.append(self.proxy)
+        lines: queue.Queue = queue.Queue()
+
+        def pump():
+            for line in self.proxy.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.time() + 30
+        while True:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.time()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                raise RuntimeError(
+                    "lokadb proxy did not print its listening line:\n"
+                    + self.proxy_stderr.read_text(errors="replace")[-4000:]
+                )
+            m = re.search(r"lokadb proxy listening on (\S+):(\d+)", line)
+            if m:
+                self.proxy_port = int(m.group(2))
+                break
+        self.proxy_rss_at_start = rss_kib(self.proxy.pid)
+
+    # --- PgBouncer ----------------------------------------------------------------------
+    def start_pgbouncer(self) -> None:
+        self.bouncer_port = free_port()
+        auth_file = self.tmp / "userlist.txt"
+        auth_file.write_text(f'"app" "{self.app_verifier}"\n')
+        ini = self.tmp / "pgbouncer.ini"
+        ini.write_text(
+            "[databases]\n"
+            f"app = host=127.0.0.1 port={self.pg_port} dbname=app\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.bouncer_port}\n"
+            "unix_socket_dir =\n"
+            "pool_mode = transaction\n"
+            "auth_type = scram-sha-256\n"
+            f"auth_file = {auth_file}\n"
+            "default_pool_size = 40\n"
+            "max_client_conn = 2000\n"
+            "ignore_startup_parameters = extra_float_digits\n"
+            f"logfile = {self.tmp / 'pgbouncer.log'}\n"
+            f"pidfile = {self.tmp / 'pgbouncer.pid'}\n"
+            "log_connections = 0\n"
+            "log_disconnections = 0\n"
+            "log_pooler_errors = 1\n"
+        )
+        for f in (auth_file, ini):
+            shutil.chown(f, PG_USER, PG_USER)
+            os.chmod(f, 0o600)
+        self.bouncer = self._popen_pg_user([PGBOUNCER_BIN, ini], self.tmp / "pgbouncer.stdout.log")
+        self.bouncer._bench_stop_signal = signal.SIGINT
+        CHILDREN.append(self.bouncer)
+        deadline = time.time() + 30
+        while True:
+            try:
+                with self.app_conn(self.bouncer_port) as c:
+                    c.execute("SELECT 1")
+                break
+            except psycopg.OperationalError as e:
+                if self.bouncer.poll() is not None or time.time() > deadline:
+                    logs = ""
+                    for name in ("pgbouncer.log", "pgbouncer.stdout.log"):
+                        p = self.tmp / name
+                        if p.exists():
+                            logs += p.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"PgBouncer did not start: {e}\n{logs}")
+                time.sleep(0.2)
+        self.bouncer_rss_at_start = rss_kib(self.bouncer.pid)
+
+    def ensure_alive(self) -> list[str]:
+        """Restart a proxy that died (and say so): every later run would fail otherwise."""
+        events = []
+        if self.pg.poll() is not None:
+            raise RuntimeError(f"Postgres exited with code {self.pg.returncode}")
+        if self.proxy.poll() is not None:
+            rc = self.proxy.returncode
+            tail = self.proxy_stderr.read_text(errors="replace")[-2000:]
+            how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+            CHILDREN.remove(self.proxy)
+            old = self.proxy.pid
+            self.start_proxy()
+            events.append(f"LokaDB proxy pid {old} died ({how}); stderr tail: {tail.strip()[-500:]!r}; "
+                          f"restarted as pid {self.proxy.pid} on port {self.proxy_port}")
+        if self.bouncer.poll() is not None:
+            rc = self.bouncer.returncode
+            how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+            CHILDREN.remove(self.bouncer)
+            old = self.bouncer.pid
+            self.start_pgbouncer()
+            events.append(f"PgBouncer pid {old} died ({how}); restarted as pid {self.bouncer.pid}")
+        for e in events:
+            log("WARNING: " + e)
+        return events
+
+    def port_of(self, target: str) -> int:
+        return {"direct": self.pg_port, "lokadb": self.proxy_port, "pgbouncer": self.bouncer_port}[
+            target
+        ]
+
+    def pid_of(self, target: str):
+        return {"lokadb": self.proxy.pid, "pgbouncer": self.bouncer.pid}.get(target)
+
+    def alive(self) -> dict:
+        return {
+            "postgres": self.pg.poll() is None,
+            "lokadb": self.proxy.poll() is None,
+            "pgbouncer": self.bouncer.poll() is None,
+        }
+
+
+# --------------------------------------------------------------------------------------
+# pgbench
+
+
+def parse_pgbench(stdout: str) -> dict:
+    out = {}
+    m = re.search(r"^tps = ([\d.]+)", stdout, re.M)
+    out["tps"] = float(m.group(1)) if m else None
+    m = re.search(r"number of transactions actually processed: (\d+)", stdout)
+    out["transactions"] = int(m.group(1)) if m else None
+    m = re.search(r"number of failed transactions: (\d+)", stdout)
+    out["failed_transactions"] = int(m.group(1)) if m else None
+    m = re.search(r"latency average = ([\d.]+) ms", stdout)
+    out["latency_avg_ms"] = float(m.group(1)) if m else None
+    m = re.search(r"average connection time = ([\d.]+) ms", stdout)
+    out["avg_connection_ms"] = float(m.group(1)) if m else None
+    return out
+
+
+def percentile(sorted_vals, q: float):
+    if not sorted_vals:
+        return None
+    k = (len(sorted_vals) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+def read_txn_logs(prefix: Path) -> dict:
+    lat = []
+    failed = 0
+    for f in glob.glob(f"{prefix}.*"):
+        with open(f) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                try:
+                    lat.append(int(parts[2]))
+                except ValueError:  # "failed" / "skipped"
+                    failed += 1
+    lat.sort()
+    return {
+        "logged_transactions": len(lat),
+        "logged_failed": failed,
+        "p50_ms": round(percentile(lat, 0.50) / 1000, 4) if lat else None,
+        "p99_ms": round(percentile(lat, 0.99) / 1000, 4) if lat else None,
+    }
+
+
+class Bench:
+    def __init__(self, world: World, mode: Mode, workdir: Path):
+        self.w = world
+        self.mode = mode
+        self.workdir = workdir
+        self.runs: list[dict] = []
+        self.events: list[str] = []
+        self.script_files = {}
+        for name, body in SCRIPTS.items():
+            p = workdir / f"{name}.sql"
+            p.write_text(body.format(rows=mode.rows, orgs=ORGS))
+            self.script_files[name] = p
+
+    def pgbench(self, *, phase, kind, scenario, script, qmode, target, clients, threads, seconds,
+                connect_each=False, rep=None) -> dict:
+        self.events.extend(self.w.ensure_alive())
+        port = self.w.port_of(target)
+        logdir = Path(tempfile.mkdtemp(prefix="pgblog-", dir=self.workdir))
+        prefix = logdir / "txn"
+        cmd = [
+            str(PG_BIN / "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(port), "-U", "app",
+            "-M", qmode, "-f", str(self.script_files[script]), "-c", str(clients),
+            "-j", str(threads), "-T", str(seconds), "-l", f"--log-prefix={prefix}",
+        ]
+        if connect_each:
+            cmd.append("-C")
+        cmd.append("app")
+        env = dict(os.environ, PGPASSWORD=APP_PASSWORD, PGSSLMODE="disable")
+        pids = {t: self.w.pid_of(t) for t in PROXIES}
+        before = {t: cpu_ticks(pid) for t, pid in pids.items()}
+        load_before = Path("/proc/loadavg").read_text().split()[0]
+        t0 = time.time()
+        rec = {
+            "phase": phase, "phase_kind": kind, "scenario": scenario, "script": script, "query_mode": qmode,
+            "target": target, "clients": clients, "threads": threads, "seconds": seconds,
+            "connect_each": connect_each, "rep": rep,
+            "command": "PGPASSWORD=*** PGSSLMODE=disable " + shlex.join(cmd),
+        }
+        try:
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=env, cwd=logdir, start_new_session=True)
+            CHILDREN.append(p)
+            try:
+                stdout, stderr = p.communicate(timeout=seconds + 90)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                p.kill()
+                stdout, stderr = p.communicate()
+                timed_out = True
+            finally:
+                CHILDREN.remove(p)
+            rc = p.returncode
+        except Exception as e:  # pragma: no cover
+            stdout, stderr, rc, timed_out = "", repr(e), -1, False
+        wall = time.time() - t0
+        after = {t: cpu_ticks(pid) for t, pid in pids.items()}
+        rec.update(parse_pgbench(stdout))
+        rec.update(read_txn_logs(prefix))
+        rec["returncode"] = rc
+        rec["wall_seconds"] = round(wall, 3)
+        rec["cpu_ticks"] = {
+            t: (after[t] - before[t] if after[t] is not None and before[t] is not None else None)
+            for t in PROXIES
+        }
+        rec["loadavg_1min_before_after"] = [load_before, Path("/proc/loadavg").read_text().split()[0]]
+        rec["clk_tck"] = CLK_TCK
+        tx = rec.get("transactions") or 0
+        rec["cpu_us_per_txn"] = {
+            t: (round(rec["cpu_ticks"][t] / CLK_TCK * 1e6 / tx, 2)
+                if tx and rec["cpu_ticks"][t] is not None else None)
+            for t in PROXIES
+        }
+        errors = []
+        if timed_out:
+            errors.append(f"pgbench timed out after {seconds + 90}s and was killed")
+        if rc != 0:
+            errors.append(f"pgbench exit code {rc}")
+        if not tx:
+            errors.append("no transactions processed")
+        if rec.get("failed_transactions"):
+            errors.append(f"{rec['failed_transactions']} failed transactions")
+        if errors:
+            rec["error"] = "; ".join(errors)
+            lines = stderr.strip().splitlines()
+            rec["stderr_tail"] = "\n".join(lines[-15:])
+            first = next((l for l in lines if "ERROR" in l or "FATAL" in l), lines[-1] if lines else "")
+            rec["first_error"] = first.strip()
+            rec["stdout_tail"] = "\n".join(stdout.strip().splitlines()[-25:])
+        rec["ok"] = bool(tx) and rc == 0 and not timed_out
+        rec["alive_after"] = self.w.alive()
+        if not all(rec["alive_after"].values()):
+            dead = [k for k, v in rec["alive_after"].items() if not v]
+            rec["error"] = (rec.get("error", "") + "; " if rec.get("error") else "") + f"{dead} died during this run"
+            rec["ok"] = False
+        shutil.rmtree(logdir, ignore_errors=True)
+        self.runs.append(rec)
+        status = "ok" if rec["ok"] else f"ERROR ({rec['error']})"
+        p50 = rec.get("p50_ms")
+        log(
+            f"  {scenario:<22} {target:<9} tps={rec.get('tps')} p50={p50}ms "
+            f"p99={rec.get('p99_ms')}ms tx={tx} cpu(lokadb,pgb)="
+            f"{rec['cpu_ticks']['lokadb']},{rec['cpu_ticks']['pgbouncer']} ticks  {status}"
+        )
+        if not rec["ok"] and stderr.strip():
+            for line in stderr.strip().splitlines()[-3:]:
+                log(f"      {line}")
+        return rec
+
+
+def rotated(rep: int) -> list[str]:
+    k = rep % len(TARGETS)
+    return TARGETS[k:] + TARGETS[:k]
+
+
+# --------------------------------------------------------------------------------------
+# Idle clients and RSS
+
+
+def idle_clients_test(world: World, target: str, n: int) -> dict:
+    pid = world.pid_of(target)
+    port = world.port_of(target)
+    res = {"target": target, "requested_clients": n}
+    res["rss_kib_idle_before"] = rss_kib(pid)
+    with world.superuser_conn() as c:
+        res["pg_backends_before"] = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'app'"
+        ).fetchone()[0]
+    conns = []
+    errors: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def one(_):
+        try:
+            c = world.app_conn(port)
+            with lock:
+                conns.append(c)
+        except Exception as e:
+            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else repr(e)
+            with lock:
+                errors[msg] = errors.get(msg, 0) + 1
+
+    t0 = time.time()
+    ticks0 = cpu_ticks(pid)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as ex:
+        list(ex.map(one, range(n)))
+    res["connect_seconds"] = round(time.time() - t0, 2)
+    res["cpu_ticks_connecting"] = cpu_ticks(pid) - ticks0
+    res["opened_clients"] = len(conns)
+    res["connect_errors"] = errors
+    time.sleep(2)
+    # Verify a sample of them is authenticated and usable.
+    sample_ok = 0
+    for c in conns[:: max(1, len(conns) // 10)]:
+        try:
+            c.execute("SELECT 1").fetchone()
+            sample_ok += 1
+        except Exception:
+            pass
+    res["sample_checked_ok"] = sample_ok
+    time.sleep(1)
+    res["rss_kib_with_clients"] = rss_kib(pid)
+    with world.superuser_conn() as c:
+        res["pg_backends_with_clients"] = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'app'"
+        ).fetchone()[0]
+    for c in conns:
+        try:
+            c.close()
+        except Exception:
+            pass
+    time.sleep(2)
+    res["rss_kib_after_close"] = rss_kib(pid)
+    if conns:
+        res["rss_kib_per_idle_client"] = round(
+            (res["rss_kib_with_clients"] - res["rss_kib_idle_before"]) / len(conns), 2
+        )
+    if errors:
+        res["error"] = f"{n - len(conns)} of {n} connections failed: {errors}"
+    res["cpu_us_per_connect"] = (
+        round(res["cpu_ticks_connecting"] / CLK_TCK * 1e6 / len(conns), 1) if conns else None
+    )
+    return res
+
+
+# --------------------------------------------------------------------------------------
+# Summaries
+
+
+def med(vals):
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v, nd=2, suffix=""):
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}{suffix}"
+    return f"{v:,}{suffix}"
+
+
+def summarize(runs: list[dict], reps: int) -> dict:
+    """Per scenario: medians of absolute values and medians of per-repetition ratios."""
+    meas = [r for r in runs if r["phase"] == "measure"]
+    scenarios = []
+    for r in meas:
+        if r["scenario"] not in scenarios:
+            scenarios.append(r["scenario"])
+    out = {}
+    for sc in scenarios:
+        rs = [r for r in meas if r["scenario"] == sc]
+        entry = {"kind": rs[0]["phase_kind"], "script": rs[0]["script"],
+                 "query_mode": rs[0]["query_mode"], "clients": rs[0]["clients"], "targets": {}}
+        by_rep = {}
+        for r in rs:
+            by_rep.setdefault(r["rep"], {})[r["target"]] = r
+        for t in TARGETS:
+            tr = [r for r in rs if r["target"] == t]
+            okr = [r for r in tr if r["ok"]]
+            entry["targets"][t] = {
+                "runs": len(tr),
+                "ok_runs": len(okr),
+                "errors": sorted({r.get("error", "") for r in tr if not r["ok"] or r.get("error")} - {""}),
+                "first_errors": sorted({re.sub(r"client \d+ ", "", r.get("first_error", "")) for r in tr if not r["ok"]} - {""}),
+                "tps": med([r["tps"] for r in okr]),
+                "p50_ms": med([r["p50_ms"] for r in okr]),
+                "p99_ms": med([r["p99_ms"] for r in okr]),
+                "transactions": med([r["transactions"] for r in okr]),
+                "cpu_us_per_txn": med([r["cpu_us_per_txn"].get(t) for r in okr]) if t in PROXIES else None,
+            }
+        for t in PROXIES:
+            ratios, added = [], []
+            for rep, d in by_rep.items():
+                a, b = d.get("direct"), d.get(t)
+                if a and b and a["ok"] and b["ok"]:
+                    if a["tps"] and b["tps"] is not None:
+                        ratios.append(b["tps"] / a["tps"])
+                    if a["p50_ms"] is not None and b["p50_ms"] is not None:
+                        added.append(b["p50_ms"] - a["p50_ms"])
+            entry["targets"][t]["tps_ratio"] = med(ratios)
+            entry["targets"][t]["tps_ratios_per_rep"] = [round(x, 4) for x in ratios]
+            entry["targets"][t]["added_p50_ms"] = med(added)
+            entry["targets"][t]["added_p50_per_rep"] = [round(x, 4) for x in added]
+        out[sc] = entry
+    return out
+
+
+def status_cell(t):
+    why = ""
+    if t.get("first_errors"):
+        why = " (" + t["first_errors"][0].replace("pgbench: error: ", "").replace("|", "/")[:120] + ")"
+    if t["ok_runs"] == 0:
+        return "FAILED" + why
+    if t["ok_runs"] < t["runs"]:
+        return f"{t['ok_runs']}/{t['runs']} ok" + why
+    return ""
+
+
+def summary_markdown(meta: dict, summary: dict, idle: list[dict]) -> str:
+    L = []
+    q = " (QUICK MODE: short runs, R=1 — indicative only)" if meta["mode"] == "quick" else ""
+    L.append(f"# Proxy-core benchmark — {meta['run_id']}{q}\n")
+    L.append(
+        f"Machine: {meta['machine']['nproc']} cores, `{meta['machine']['uname']}`; "
+        f"commit `{meta['git']['commit'][:12]}`{' (working tree dirty)' if meta['git']['dirty'] else ''}; "
+        f"{meta['postgres']['version'].split(',')[0]}; {meta['pgbouncer_version']}; "
+        f"{meta['data']['rows']:,} rows in {meta['data']['organizations']} organizations; "
+        f"R={meta['reps']} repetitions, median shown; durations: 1 client {meta['durations']['latency_s']} s, "
+        f"32 clients {meta['durations']['throughput_s']} s, connect-per-transaction {meta['durations']['connect_s']} s. "
+        f"Load generator (pgbench), proxies and Postgres share the same {meta['machine']['nproc']} cores; "
+        f"Postgres runs with synchronous_commit=off. Total run time {meta['duration_seconds']:.0f} s.\n"
+    )
+
+    L.append("## One client: p50 / p99 latency (ms) and the p50 added over direct\n")
+    L.append("| scenario | direct p50 | LokaDB p50 | LokaDB added p50 | PgBouncer p50 | PgBouncer added p50 | direct p99 | LokaDB p99 | PgBouncer p99 | notes |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for sc, e in summary.items():
+        if e["kind"] != "latency":
+            continue
+        d, l, b = (e["targets"][t] for t in TARGETS)
+        notes = "; ".join(f"{t}: {status_cell(e['targets'][t])}" for t in TARGETS if status_cell(e["targets"][t]))
+        L.append(
+            f"| {sc} | {fmt(d['p50_ms'], 3)} | {fmt(l['p50_ms'], 3)} | {fmt(l['added_p50_ms'], 3, '')} | "
+            f"{fmt(b['p50_ms'], 3)} | {fmt(b['added_p50_ms'], 3)} | {fmt(d['p99_ms'], 3)} | "
+            f"{fmt(l['p99_ms'], 3)} | {fmt(b['p99_ms'], 3)} | {notes} |"
+        )
+    L.append("")
+
+    L.append("## 32 clients (`-c 32 -j 2`): throughput, and ÷ direct\n")
+    L.append("| scenario | direct tps | LokaDB tps | LokaDB ÷ direct | PgBouncer tps | PgBouncer ÷ direct | notes |")
+    L.append("|---|---:|---:|---:|---:|---:|---|")
+    for sc, e in summary.items():
+        if e["kind"] != "throughput":
+            continue
+        d, l, b = (e["targets"][t] for t in TARGETS)
+        notes = "; ".join(f"{t}: {status_cell(e['targets'][t])}" for t in TARGETS if status_cell(e["targets"][t]))
+        L.append(
+            f"| {sc} | {fmt(d['tps'], 0)} | {fmt(l['tps'], 0)} | {fmt(l['tps_ratio'], 3)} | "
+            f"{fmt(b['tps'], 0)} | {fmt(b['tps_ratio'], 3)} | {notes} |"
+        )
+    L.append("")
+
+    L.append("## A new connection per transaction (`-C -c 16 -j 2`, point read, simple)\n")
+    L.append("| scenario | direct tps | LokaDB tps | LokaDB ÷ direct | PgBouncer tps | PgBouncer ÷ direct | notes |")
+    L.append("|---|---:|---:|---:|---:|---:|---|")
+    for sc, e in summary.items():
+        if e["kind"] != "connect":
+            continue
+        d, l, b = (e["targets"][t] for t in TARGETS)
+        notes = "; ".join(f"{t}: {status_cell(e['targets'][t])}" for t in TARGETS if status_cell(e["targets"][t]))
+        L.append(
+            f"| {sc} | {fmt(d['tps'], 0)} | {fmt(l['tps'], 0)} | {fmt(l['tps_ratio'], 3)} | "
+            f"{fmt(b['tps'], 0)} | {fmt(b['tps_ratio'], 3)} | {notes} |"
+        )
+    L.append("")
+
+    L.append("## CPU time per statement of the proxy process (µs, utime+stime from /proc ÷ transactions)\n")
+    L.append(f"Clock tick = {1e6 / CLK_TCK:.0f} µs; one statement per transaction in every script.\n")
+    L.append("| scenario | LokaDB µs/stmt | PgBouncer µs/stmt | LokaDB ÷ PgBouncer |")
+    L.append("|---|---:|---:|---:|")
+    for sc, e in summary.items():
+        l, b = e["targets"]["lokadb"], e["targets"]["pgbouncer"]
+        ratio = (l["cpu_us_per_txn"] / b["cpu_us_per_txn"]) if (l["cpu_us_per_txn"] and b["cpu_us_per_txn"]) else None
+        L.append(f"| {sc} | {fmt(l['cpu_us_per_txn'], 1)} | {fmt(b['cpu_us_per_txn'], 1)} | {fmt(ratio, 2)} |")
+    L.append("")
+
+    L.append("## Memory: RSS idle and with idle authenticated clients\n")
+    L.append("| target | RSS at start (MiB) | RSS before (MiB) | clients opened | RSS with clients (MiB) | KiB per idle client | RSS after close (MiB) | Postgres backends before → with clients | connect time (s) | CPU µs per connect | errors |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in idle:
+        L.append(
+            f"| {r['target']} | {fmt(r.get('rss_kib_at_start', 0) / 1024, 1)} | {fmt(r['rss_kib_idle_before'] / 1024, 1)} | "
+            f"{r['opened_clients']}/{r['requested_clients']} | {fmt(r['rss_kib_with_clients'] / 1024, 1)} | "
+            f"{fmt(r.get('rss_kib_per_idle_client'), 1)} | {fmt(r['rss_kib_after_close'] / 1024, 1)} | "
+            f"{r.get('pg_backends_before')} → {r['pg_backends_with_clients']} | {fmt(r['connect_seconds'], 2)} | {fmt(r.get('cpu_us_per_connect'), 0)} | "
+            f"{r.get('error', '')} |"
+        )
+    L.append("")
+    errs = meta.get("errors") or []
+    if errs:
+        L.append("## Errors\n")
+        for e in errs:
+            L.append(f"- {e}")
+        L.append("")
+    L.append("Raw numbers of every run, with the exact commands: `raw.json`. Method: `research/bench/README.md`.\n")
+    return "\n".join(L)
+
+
+def draw_charts(outdir: Path, summary: dict, idle: list[dict], title_suffix: str) -> list[str]:
+    files = []
+    colors = {"lokadb": "#1f6feb", "pgbouncer": "#d29922"}
+    labels = {"lokadb": "LokaDB", "pgbouncer": "PgBouncer"}
+
+    def bars(kinds, key, fname, ylabel, title, hline=None):
+        scs = [sc for sc, e in summary.items() if e["kind"] in kinds]
+        if not scs:
+            return
+        fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(scs) + 2), 4.5))
+        w = 0.38
+        for i, t in enumerate(PROXIES):
+            vals = [summary[sc]["targets"][t].get(key) for sc in scs]
+            xs = [j + (i - 0.5) * w for j in range(len(scs))]
+            ax.bar(xs, [v if v is not None else 0 for v in vals], w, label=labels[t], color=colors[t])
+            for x, v in zip(xs, vals):
+                ax.text(x, (v or 0), "failed" if v is None else f"{v:.2f}", ha="center",
+                        va="bottom", fontsize=7, rotation=90 if len(scs) > 6 else 0)
+        if hline is not None:
+            ax.axhline(hline, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(range(len(scs)))
+        ax.set_xticklabels(scs, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.margins(y=0.15)
+        ax.set_title(title + title_suffix, fontsize=10)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(outdir / fname, dpi=110)
+        plt.close(fig)
+        files.append(fname)
+
+    bars({"throughput", "connect"}, "tps_ratio", "throughput-ratio.png", "throughput ÷ direct",
+         "Throughput through the proxy ÷ direct (32 clients; -C: 16 clients)", hline=1.0)
+    bars({"latency"}, "added_p50_ms", "added-p50.png", "added p50 (ms)",
+         "p50 latency added over direct, one client")
+    bars({"latency", "throughput", "connect"}, "cpu_us_per_txn", "cpu-per-statement.png",
+         "CPU µs per statement", "Proxy process CPU time per statement")
+    if idle:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        names = [labels[r["target"]] for r in idle]
+        before = [r["rss_kib_idle_before"] / 1024 for r in idle]
+        withc = [r["rss_kib_with_clients"] / 1024 for r in idle]
+        xs = range(len(idle))
+        ax.bar([x - 0.2 for x in xs], before, 0.4, label="idle", color="#8b949e")
+        ax.bar([x + 0.2 for x in xs], withc, 0.4,
+               label=f"with {idle[0]['requested_clients']} idle clients", color="#1f6feb")
+        for x, v in zip(xs, withc):
+            ax.text(x + 0.2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+        for x, v in zip(xs, before):
+            ax.text(x - 0.2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(names)
+        ax.set_ylabel("RSS (MiB)")
+        ax.set_title("Proxy RSS, idle and with idle clients" + title_suffix, fontsize=10)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(outdir / "rss.png", dpi=110)
+        plt.close(fig)
+        files.append("rss.png")
+    return files
+
+
+def charts_data_section(meta: dict, summary: dict, idle: list[dict], outdir: Path, charts: list[str]) -> str:
+    rel = os.path.relpath(outdir, HERE)
+    q = " — QUICK MODE (short runs, R=1; indicative only)" if meta["mode"] == "quick" else ""
+    L = [f"## Proxy core, {meta['mode']} mode{q}\n",
+         f"Run `{meta['run_id']}` (folder `{rel}/`), commit `{meta['git']['commit'][:12]}`"
+         f"{' (dirty tree)' if meta['git']['dirty'] else ''}, {meta['machine']['nproc']} cores, "
+         f"{meta['data']['rows']:,} rows / {meta['data']['organizations']} organizations, R={meta['reps']}, medians. "
+         f"Charts: {', '.join(f'`{rel}/{c}`' for c in charts)}.\n"]
+    L.append("### throughput-ratio.png — throughput ÷ direct\n")
+    L.append("| scenario | direct tps | LokaDB ÷ direct | PgBouncer ÷ direct |")
+    L.append("|---|---:|---:|---:|")
+    for sc, e in summary.items():
+        if e["kind"] in ("throughput", "connect"):
+            t = e["targets"]
+            L.append(f"| {sc} | {fmt(t['direct']['tps'], 0)} | {fmt(t['lokadb']['tps_ratio'], 3)} | {fmt(t['pgbouncer']['tps_ratio'], 3)} |")
+    L.append("\n### added-p50.png — p50 added over direct, one client (ms)\n")
+    L.append("| scenario | direct p50 | LokaDB added | PgBouncer added |")
+    L.append("|---|---:|---:|---:|")
+    for sc, e in summary.items():
+        if e["kind"] == "latency":
+            t = e["targets"]
+            L.append(f"| {sc} | {fmt(t['direct']['p50_ms'], 3)} | {fmt(t['lokadb']['added_p50_ms'], 3)} | {fmt(t['pgbouncer']['added_p50_ms'], 3)} |")
+    L.append("\n### cpu-per-statement.png — proxy CPU µs per statement\n")
+    L.append("| scenario | LokaDB | PgBouncer |")
+    L.append("|---|---:|---:|")
+    for sc, e in summary.items():
+        t = e["targets"]
+        L.append(f"| {sc} | {fmt(t['lokadb']['cpu_us_per_txn'], 1)} | {fmt(t['pgbouncer']['cpu_us_per_txn'], 1)} |")
+    if idle:
+        L.append("\n### rss.png — RSS (MiB)\n")
+        L.append("| target | idle | with idle clients | clients | KiB per idle client |")
+        L.append("|---|---:|---:|---:|---:|")
+        for r in idle:
+            L.append(f"| {r['target']} | {r['rss_kib_idle_before'] / 1024:.1f} | {r['rss_kib_with_clients'] / 1024:.1f} | {r['opened_clients']} | {fmt(r.get('rss_kib_per_idle_client'), 1)} |")
+    L.append("")
+    return "\n".join(L)
+
+
+def update_charts_data(section: str, mode: str) -> None:
+    path = HERE / "charts-data.md"
+    begin = f"<!-- BEGIN proxy-core {mode} -->"
+    end = f"<!-- END proxy-core {mode} -->"
+    block = f"{begin}\n{section}\n{end}\n"
+    if path.exists():
+        text = path.read_text()
+    else:
+        text = (
+            "# Numbers behind the benchmark charts\n\n"
+            "Written by `research/bench/run.py`: each section is replaced by the latest run of its "
+            "mode; the charts are PNGs in the run's result folder, the raw numbers in its `raw.json`.\n\n"
+        )
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        _, post = rest.split(end, 1)
+        text = pre + block + post.lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+
+
+# --------------------------------------------------------------------------------------
+# Main
+
+
+def machine_info() -> dict:
+    def sh(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, shell=True).stdout.strip()
+        except Exception:
+            return ""
+
+    return {
+        "nproc": os.cpu_count(),
+        "nproc_cmd": sh("nproc"),
+        "uname": sh("uname -a"),
+        "kernel": platform.release(),
+        "cpu_model": sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip(),
+        "mem_total": sh("grep MemTotal /proc/meminfo"),
+        "loadavg_at_start": Path("/proc/loadavg").read_text().strip(),
+        "os": sh(". /etc/os-release && echo $PRETTY_NAME"),
+        "python": sys.version.split()[0],
+        "psycopg": psycopg.__version__,
+    }
+
+
+def git_info() -> dict:
+    def g(*a):
+        r = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True)
+        return r.stdout.strip()
+
+    st = g("status", "--porcelain")
+    return {"commit": g("rev-parse", "HEAD"), "dirty": bool(st), "status_porcelain": st.splitlines()[:50]}
+
+
+def binary_info() -> dict:
+    h = hashlib.sha256()
+    with open(LOKADB_BIN, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    st = LOKADB_BIN.stat()
+    return {
+        "path": str(LOKADB_BIN),
+        "sha256": h.hexdigest(),
+        "mtime_utc": dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).isoformat(),
+        "size": st.st_size,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short runs, 50k rows, R=1 (< ~5 min)")
+    ap.add_argument("--out", type=Path, help="result folder (default research/bench/results/<UTC ts>[-quick])")
+    ap.add_argument("--reps", type=int, help="override the number of repetitions R")
+    ap.add_argument("--no-charts-data", action="store_true", help="do not update research/bench/charts-data.md")
+    args = ap.parse_args()
+
+    if os.geteuid() != 0:
+        sys.exit("run.py must run as root (it starts Postgres and PgBouncer as the user lokadb-pg)")
+    for p in (PG_BIN / "postgres", PG_BIN / "pgbench", PGBOUNCER_BIN):
+        if not Path(p).exists():
+            sys.exit(f"missing {p}: run scripts/setup.sh first")
+    if not LOKADB_BIN.exists():
+        sys.exit(f"missing {LOKADB_BIN}: build the proxy first (cargo build --release)")
+
+    mode = Mode(args.quick)
+    if args.reps:
+        mode.reps = args.reps
+    started = dt.datetime.now(dt.timezone.utc)
+    run_id = started.strftime("%Y%m%dT%H%M%SZ") + ("-quick" if mode.quick else "")
+    outdir = args.out or (HERE / "results" / run_id)
+    outdir.mkdir(parents=True, exist_ok=True)
+
+    # 1000 idle clients need fds in this process, the proxy and PgBouncer (children inherit).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(hard, 65536)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    setup_commands: list[str] = []
+    meta = {
+        "run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+        "reps": mode.reps, "organizations": ORGS,
+        "durations": {"latency_s": mode.t_latency, "throughput_s": mode.t_throughput,
+                      "connect_s": mode.t_connect, "warmup_s": mode.t_warmup},
+        "machine": machine_info(), "git": git_info(), "lokadb_binary": binary_info(),
+        "pgbouncer_version": subprocess.run([str(PGBOUNCER_BIN), "--version"], capture_output=True,
+                                            text=True).stdout.splitlines()[0],
+        "pgbench_version": subprocess.run([str(PG_BIN / "pgbench"), "--version"], capture_output=True,
+                                          text=True).stdout.strip(),
+        "LOKADB_CORES": os.environ.get("LOKADB_CORES", "(unset: all cores)"),
+        "postgres_settings": {"synchronous_commit": "off", "fsync": "on (default)",
+                              "max_connections": 1200, "shared_buffers": "256MB",
+                              "password_encryption": "scram-sha-256"},
+        "client_settings": {"sslmode": "disable", "auth": "SCRAM-SHA-256 as role app"},
+        "setup_commands": setup_commands,
+        "errors": [],
+    }
+    raw = {"meta": meta, "runs": [], "idle_clients": [], "summary": {}}
+    t_start = time.time()
+    world = None
+    bench = None
+    exit_code = 0
+    try:
+        log(f"mode={mode.name} R={mode.reps} rows={mode.rows} out={outdir}")
+        world = World(mode, setup_commands)
+        log("initdb + start PostgreSQL 18")
+        world.start_postgres()
+        meta["data"] = world.create_roles_and_data()
+        meta["postgres"] = {"version": meta["data"].pop("postgres_version"), "port": world.pg_port}
+        log(f"loaded {meta['data']['rows']} rows in {meta['data']['load_seconds']} s")
+        log("start LokaDB proxy")
+        world.start_proxy()
+        log(f"LokaDB proxy on port {world.proxy_port} (pid {world.proxy.pid}), "
+            f"RSS {world.proxy_rss_at_start} KiB")
+        log("start PgBouncer")
+        world.start_pgbouncer()
+        log(f"PgBouncer on port {world.bouncer_port} (pid {world.bouncer.pid}), "
+            f"RSS {world.bouncer_rss_at_start} KiB")
+        meta["ports"] = {"postgres": world.pg_port, "lokadb": world.proxy_port, "pgbouncer": world.bouncer_port}
+
+        bench = Bench(world, mode, world.tmp)
+        meta["scripts"] = {k: v.format(rows=mode.rows, orgs=ORGS) for k, v in SCRIPTS.items()}
+
+        log("warm-up")
+        for t in TARGETS:
+            for qm in QUERY_MODES:
+                bench.pgbench(phase="warmup", kind="warmup", scenario=f"warmup read {qm}", script="read",
+                                  qmode=qm, target=t, clients=32, threads=2,
+                                  seconds=mode.t_warmup)
+
+        for rep in range(mode.reps):
+            order = rotated(rep)
+            log(f"repetition {rep + 1}/{mode.reps}, target order {order}")
+            for script in SCRIPTS:
+                for qm in QUERY_MODES:
+                    for kind, clients, threads, secs in (
+                        ("latency", 1, 1, mode.t_latency),
+                        ("throughput", 32, 2, mode.t_throughput),
+                    ):
+                        sc = f"{script} {qm} c{clients}"
+                        for t in order:
+                            bench.pgbench(phase="measure", kind=kind, scenario=sc, script=script, qmode=qm,
+                                              target=t, clients=clients, threads=threads,
+                                              seconds=secs, rep=rep)
+            sc = "read simple, connect per txn"
+            for t in order:
+                bench.pgbench(phase="measure", kind="connect", scenario=sc, script="read", qmode="simple",
+                                  target=t, clients=16, threads=2, seconds=mode.t_connect,
+                                  connect_each=True, rep=rep)
+
+        log(f"idle clients: {mode.idle_clients} through each proxy")
+        # PgBouncer first: LokaDB's upstream pool keeps its cloud backends after the clients leave.
+        for t in ["pgbouncer", "lokadb"]:
+            try:
+                res = idle_clients_test(world, t, mode.idle_clients)
+            except Exception as e:
+                res = {"target": t, "error": repr(e), "requested_clients": mode.idle_clients,
+                       "opened_clients": 0, "rss_kib_idle_before": rss_kib(world.pid_of(t)),
+                       "rss_kib_with_clients": -1, "rss_kib_after_close": -1,
+                       "pg_backends_with_clients": None, "connect_seconds": None}
+            res["rss_kib_at_start"] = world.proxy_rss_at_start if t == "lokadb" else world.bouncer_rss_at_start
+            raw["idle_clients"].append(res)
+            log(f"  {t}: RSS {res['rss_kib_idle_before']} KiB idle -> {res['rss_kib_with_clients']} KiB "
+                f"with {res['opened_clients']} clients ({res.get('rss_kib_per_idle_client')} KiB/client), "
+                f"{res.get('pg_backends_with_clients')} Postgres backends; {res.get('error', 'ok')}")
+            if res.get("error"):
+                meta["errors"].append(f"idle clients via {t}: {res['error']}")
+        meta["alive_at_end"] = world.alive()
+        meta["proxy_stderr_tail"] = world.proxy_stderr.read_text(errors="replace")[-4000:]
+        bl = world.tmp / "pgbouncer.log"
+        meta["pgbouncer_log_tail"] = bl.read_text(errors="replace")[-3000:] if bl.exists() else ""
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}); cleaning up")
+        meta["errors"].append(f"interrupted: {e}")
+        exit_code = 130
+    except Exception as e:
+        log(f"FAILED: {e}")
+        meta["errors"].append(f"fatal: {e}\n{traceback.format_exc()}")
+        exit_code = 1
+        if world is not None and getattr(world, "proxy_stderr", None) and world.proxy_stderr.exists():
+            meta["proxy_stderr_tail"] = world.proxy_stderr.read_text(errors="replace")[-4000:]
+    finally:
+        try:
+            cleanup()
+        except Exception as e:  # pragma: no cover
+            log(f"cleanup problem: {e}")
+
+    meta["duration_seconds"] = round(time.time() - t_start, 1)
+    meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat()
+    if bench is not None:
+        raw["runs"] = bench.runs
+        meta["errors"].extend(bench.events)
+        for r in bench.runs:
+            if r["phase"] == "measure" and r.get("error"):
+                meta["errors"].append(f"{r['scenario']} via {r['target']} (rep {r['rep']}): {r['error']}"
+                                      + (f" — {r['first_error']}" if r.get("first_error") else ""))
+    summary = summarize(raw["runs"], mode.reps) if raw["runs"] else {}
+    raw["summary"] = summary
+    (outdir / "raw.json").write_text(json.dumps(raw, indent=2, default=str))
+    if summary and exit_code == 0:
+        charts = draw_charts(outdir, summary, raw["idle_clients"],
+                             " (quick)" if mode.quick else "")
+        md = summary_markdown(meta, summary, raw["idle_clients"])
+        (outdir / "summary.md").write_text(md)
+        if not args.no_charts_data:
+            update_charts_data(charts_data_section(meta, summary, raw["idle_clients"], outdir, charts), mode.name)
+        print()
+        print(md)
+    log(f"results in {outdir} ({meta['duration_seconds']} s)")
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

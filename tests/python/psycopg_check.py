@@ -1,0 +1,98 @@
+"""psycopg 3 through the LokaDB proxy: each check asserts a specific outcome.
+
+Usage: psycopg_check.py "host=… port=… user=… password=… dbname=…"
+"""
+import sys
+import threading
+
+import psycopg
+
+dsn = sys.argv[1]
+passed = 0
+
+
+def check(fn):
+    global passed
+    fn()
+    passed += 1
+    print(f"ok {fn.__name__}")
+
+
+@check
+def parameter_status_and_types():
+    with psycopg.connect(dsn) as conn:
+        assert conn.info.parameter_status("server_encoding") == "UTF8"
+        assert conn.info.parameter_status("integer_datetimes") == "on"
+        conn.execute("SET application_name = 'psycopg-check'")
+        assert conn.info.parameter_status("application_name") == "psycopg-check"
+        row = conn.execute("SELECT %s::int + 1, %s::text, %s::numeric", (41, "x", "1.5")).fetchone()
+        assert row == (42, "x", __import__("decimal").Decimal("1.5")), row
+
+
+@check
+def pipeline_mode():
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TEMP TABLE p (id int primary key, v text)")
+        with conn.pipeline():
+            for i in range(500):
+                conn.execute("INSERT INTO p VALUES (%s, %s)", (i, f"v{i}"))
+            cur = conn.execute("SELECT count(*), sum(id) FROM p")
+        assert cur.fetchone() == (500, sum(range(500)))
+
+
+@check
+def copy_both_ways():
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TEMP TABLE c (id int, name text)")
+        with conn.cursor().copy("COPY c FROM STDIN") as copy:
+            for i in range(20000):
+                copy.write_row((i, f"name {i}"))
+        assert conn.execute("SELECT count(*) FROM c").fetchone()[0] == 20000
+        rows = 0
+        with conn.cursor().copy("COPY (SELECT * FROM c) TO STDOUT") as copy:
+            for _ in copy.rows():
+                rows += 1
+        assert rows == 20000, rows
+
+
+@check
+def server_side_cursor():
+    with psycopg.connect(dsn) as conn:
+        with conn.transaction():
+            with conn.cursor(name="big") as cur:
+                cur.itersize = 1000
+                cur.execute("SELECT g FROM generate_series(1, 5000) g")
+                total = sum(r[0] for r in cur)
+        assert total == 5000 * 5001 // 2
+
+
+@check
+def notifications_while_idle():
+    got = []
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN events")
+
+        def notify():
+            with psycopg.connect(dsn, autocommit=True) as other:
+                other.execute("NOTIFY events, 'hello'")
+
+        t = threading.Thread(target=notify)
+        t.start()
+        for n in listener.notifies(timeout=5, stop_after=1):
+            got.append((n.channel, n.payload))
+        t.join()
+    assert got == [("events", "hello")], got
+
+
+@check
+def errors_keep_the_session():
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT 1/0")
+            raise AssertionError("no error")
+        except psycopg.errors.DivisionByZero as e:
+            assert e.sqlstate == "22012"
+        assert conn.execute("SELECT 'alive'").fetchone() == ("alive",)
+
+
+print(f"psycopg checks passed: {passed}")

@@ -1,0 +1,330 @@
+//! The `lokadb` proxy binary, started for a test.
+//!
+//! Contract with the binary: `lokadb proxy --config FILE` prints the line
+//! `lokadb proxy listening on HOST:PORT` on stdout once it accepts connections (its SIGTERM
+//! handler already installed), and exits on SIGTERM after a graceful shutdown. Logging is steered by `LOKADB_LOG` (default here: `info`).
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+const LISTENING: &str = "lokadb proxy listening on ";
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running proxy; dropping it kills the process (SIGKILL) and removes its config file.
+#[derive(Debug)]
+pub struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+    output: Arc<Mutex<String>>,
+    exit: Option<ExitStatus>,
+    config_dir: crate::TempDir,
+}
+
+/// Options for [`Proxy`]: `Proxy::builder(config).env("K", "V").start()`.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    config: serde_json::Value,
+    env: Vec<(String, String)>,
+    args: Vec<String>,
+    bin: Option<PathBuf>,
+    start_timeout: Duration,
+}
+
+impl Builder {
+    /// An environment variable for the proxy (`LOKADB_LOG` overrides the default `info`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// An extra command-line argument after `proxy --config FILE`.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    /// The binary to run (default: [`find_binary`]).
+    pub fn bin(mut self, path: impl Into<PathBuf>) -> Self {
+        self.bin = Some(path.into());
+        self
+    }
+
+    pub fn start_timeout(mut self, timeout: Duration) -> Self {
+        self.start_timeout = timeout;
+        self
+    }
+
+    pub fn start(self) -> Result<Proxy> {
+        Proxy::start_with(self)
+    }
+}
+
+/// `LOKADB_BIN` if set; else the newest of `lokadb` next to this test binary's target profile
+/// dir, `<repo>/target/release/lokadb` and `<repo>/target/debug/lokadb`.
+pub fn find_binary() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("LOKADB_BIN").filter(|b| !b.is_empty()) {
+        let bin = PathBuf::from(bin);
+        if !bin.is_file() {
+            bail!("LOKADB_BIN={} is not a file", bin.display());
+        }
+        return Ok(bin);
+    }
+    let mut candidates = Vec::new();
+    // The test binary is <target>/<profile>/deps/it-<hash>.
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(profile_dir) = exe.parent().and_then(Path::parent) {
+            candidates.push(profile_dir.join("lokadb"));
+        }
+    }
+    let target = crate::repo_root().join("target");
+    candidates.push(target.join("release").join("lokadb"));
+    candidates.push(target.join("debug").join("lokadb"));
+    candidates
+        .into_iter()
+        .filter_map(|p| {
+            let modified = std::fs::metadata(&p).ok()?.modified().ok()?;
+            Some((modified, p))
+        })
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p)
+        .ok_or_else(|| {
+            anyhow!(
+                "no lokadb binary: build it (cargo build --release -p lokadb) or set LOKADB_BIN"
+            )
+        })
+}
+
+impl Proxy {
+    /// Starts `lokadb proxy` with `config` and waits for its listening line.
+    pub fn start(config: &serde_json::Value) -> Result<Proxy> {
+        Proxy::builder(config.clone()).start()
+    }
+
+    pub fn builder(config: serde_json::Value) -> Builder {
+        Builder {
+            config,
+            env: Vec::new(),
+            args: Vec::new(),
+            bin: None,
+            start_timeout: START_TIMEOUT,
+        }
+    }
+
+    fn start_with(b: Builder) -> Result<Proxy> {
+        static CLEAN: std::sync::Once = std::sync::Once::new();
+        CLEAN.call_once(|| crate::remove_stale_temp_dirs("lokadb-proxy"));
+        let bin = match b.bin {
+            Some(bin) => bin,
+            None => find_binary()?,
+        };
+        let config_dir = crate::TempDir::new("lokadb-proxy")?;
+        let config_path = config_dir.path().join("config.json");
+        std::fs::write(&config_path, serde_json::to_vec_pretty(&b.config)?)
+            .with_context(|| format!("write {}", config_path.display()))?;
+
+        let mut cmd = Command::new(&bin);
+        cmd.arg("proxy")
+            .arg("--config")
+            .arg(&config_path)
+            .args(&b.args)
+            .env("LOKADB_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &b.env {
+            cmd.env(k, v);
+        }
+        crate::die_with_parent(&mut cmd, libc::SIGKILL);
+        let mut child =
+            crate::spawn_long_lived(cmd).with_context(|| format!("spawn {}", bin.display()))?;
+
+        let output = Arc::new(Mutex::new(String::new()));
+        let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        drain(stdout, output.clone(), addr_tx.clone());
+        drain(stderr, output.clone(), addr_tx);
+
+        let deadline = Instant::now() + b.start_timeout;
+        let addr = loop {
+            match addr_rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(addr) => break addr,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // Both pipes closed: the process is exiting.
+                    let status = child.wait().ok();
+                    bail!(
+                        "{} exited ({status:?}) before listening; output:\n{}",
+                        bin.display(),
+                        output.lock().unwrap()
+                    );
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                // Let the drain threads pick up the last lines.
+                std::thread::sleep(Duration::from_millis(100));
+                bail!(
+                    "{} exited with {status} before listening; output:\n{}",
+                    bin.display(),
+                    output.lock().unwrap()
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "{} did not print `{LISTENING}HOST:PORT` within {:?}; output:\n{}",
+                    bin.display(),
+                    b.start_timeout,
+                    output.lock().unwrap()
+                );
+            }
+        };
+        Ok(Proxy {
+            child,
+            addr,
+            output,
+            exit: None,
+            config_dir,
+        })
+    }
+
+    /// The address from the listening line.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The config file the proxy was started with.
+    pub fn config_path(&self) -> PathBuf {
+        self.config_dir.path().join("config.json")
+    }
+
+    /// Everything the proxy printed so far, stdout and stderr interleaved by line.
+    pub fn output(&self) -> String {
+        self.output.lock().unwrap().clone()
+    }
+
+    /// Waits up to `timeout` until the output contains `needle`. stdout and stderr are drained
+    /// by separate threads, so a line written before the listening line may land after it.
+    pub fn wait_for_output(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.output.lock().unwrap().contains(needle) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Asks for a graceful shutdown.
+    pub fn sigterm(&self) {
+        if self.exit.is_none() {
+            crate::signal(self.child.id(), libc::SIGTERM);
+        }
+    }
+
+    /// Sends any signal, such as `libc::SIGHUP`.
+    pub fn signal(&self, sig: libc::c_int) {
+        if self.exit.is_none() {
+            crate::signal(self.child.id(), sig);
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit; `None` if it still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if self.exit.is_some() {
+            return self.exit;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    self.exit = Some(status);
+                    return self.exit;
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Copies lines from `pipe` into `output` and reports the listening address once.
+fn drain(
+    pipe: impl Read + Send + 'static,
+    output: Arc<Mutex<String>>,
+    addr_tx: mpsc::Sender<SocketAddr>,
+) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let text = String::from_utf8_lossy(&line);
+            if let Some(addr) = parse_listening(&text) {
+                let _ = addr_tx.send(addr);
+            }
+            let mut out = output.lock().unwrap();
+            out.push_str(&text);
+            if !text.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+    });
+}
+
+fn parse_listening(line: &str) -> Option<SocketAddr> {
+    let rest = &line[line.find(LISTENING)? + LISTENING.len()..];
+    let token = rest.split_whitespace().next()?;
+    token.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_line_is_parsed() {
+        assert_eq!(
+            parse_listening("lokadb proxy listening on 127.0.0.1:6432\n"),
+            Some("127.0.0.1:6432".parse().unwrap())
+        );
+        assert_eq!(
+            parse_listening("2025-01-01 INFO lokadb proxy listening on [::1]:7 (tls off)"),
+            Some("[::1]:7".parse().unwrap())
+        );
+        assert_eq!(parse_listening("lokadb proxy starting"), None);
+    }
+}

@@ -1,0 +1,26 @@
+//! LokaDB's integration tests: one binary, one module per subject.
+//!
+//! They start real things through the `lokadb_tests` harness: PostgreSQL clusters (PostgreSQL 18
+//! from `<repo>/.pg/bin`, or `LOKADB_PG_BIN`), the latency link, the proxy binary.
+
+// The harness's own Postgres clusters: SCRAM logins, postgres_fdw, cleanup.
+mod harness_pg;
+// The harness's proxy launcher, against a stand-in script that keeps the binary's contract.
+mod harness_proxy;
+// The latency link: delay precision, order, pipelining, backpressure, cut and restore.
+mod latency_link;
+// A cloud cluster with application roles and the proxy in front: the fixture of the proxy tests.
+mod world;
+// Protocol features through the proxy: simple and extended queries, pipelining, COPY, cursors,
+// LISTEN/NOTIFY, cancel, large values, errors.
+mod proxy_protocol;
+// SCRAM with the cloud's own passwords, users_file, TLS.
+mod proxy_auth;
+// upstream_pool: reuse and the reset between clients.
+mod proxy_pool;
+// Limits and bad input.
+mod proxy_limits;
+// psql, pgbench and psycopg 3 through the proxy.
+mod proxy_tools;
+// SIGTERM drain.
+mod proxy_shutdown;
