@@ -151,7 +151,7 @@ async fn watch(core: Rc<Core>) {
             return;
         }
         ticks += 1;
-        if ticks % REAP_EVERY == 0 {
+        if ticks.is_multiple_of(REAP_EVERY) {
             let now = Instant::now();
             let databases = &core.databases;
             core.pool.borrow_mut().reap(now, |key| {

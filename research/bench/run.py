@@ -357,7 +357,6 @@ class World:
             cmd, stdout=subprocess.PIPE, stderr=open(self.proxy_stderr, "ab"),
             stdin=subprocess.DEVNULL, env=env, start_new_session=True, text=True,
         )
-        self.proxy_stderr_fh = None
         CHILDREN.append(self.proxy)
         lines: queue.Queue = queue.Queue()
 
@@ -616,7 +615,8 @@ class Bench:
         if not all(rec["alive_after"].values()):
             dead = [k for k, v in rec["alive_after"].items() if not v]
             rec["error"] = (rec.get("error", "") + "; " if rec.get("error") else "") + f"{dead} died during this run"
-            rec["ok"] = False
+            if target in dead or "postgres" in dead:
+                rec["ok"] = False
         shutil.rmtree(logdir, ignore_errors=True)
         self.runs.append(rec)
         status = "ok" if rec["ok"] else f"ERROR ({rec['error']})"
@@ -783,7 +783,7 @@ def status_cell(t):
 
 def summary_markdown(meta: dict, summary: dict, idle: list[dict]) -> str:
     L = []
-    q = " (QUICK MODE: short runs, R=1 — indicative only)" if meta["mode"] == "quick" else ""
+    q = f" (QUICK MODE: short runs, R={meta['reps']} — indicative only)" if meta["mode"] == "quick" else ""
     L.append(f"# Proxy-core benchmark — {meta['run_id']}{q}\n")
     L.append(
         f"Machine: {meta['machine']['nproc']} cores, `{meta['machine']['uname']}`; "
@@ -935,7 +935,7 @@ def draw_charts(outdir: Path, summary: dict, idle: list[dict], title_suffix: str
 
 def charts_data_section(meta: dict, summary: dict, idle: list[dict], outdir: Path, charts: list[str]) -> str:
     rel = os.path.relpath(outdir, HERE)
-    q = " — QUICK MODE (short runs, R=1; indicative only)" if meta["mode"] == "quick" else ""
+    q = f" — short runs, R={meta['reps']}; indicative only" if meta["mode"] == "quick" else ""
     L = [f"## Proxy core, {meta['mode']} mode{q}\n",
          f"Run `{meta['run_id']}` (folder `{rel}/`), commit `{meta['git']['commit'][:12]}`"
          f"{' (dirty tree)' if meta['git']['dirty'] else ''}, {meta['machine']['nproc']} cores, "
@@ -1072,7 +1072,10 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
     except (ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # Ctrl-C, kill and hang-up all end in the cleanup below (SIGINT explicitly: a shell
+    # starting us in the background would otherwise have it ignored).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_sigterm)
 
     setup_commands: list[str] = []
     meta = {
@@ -1178,6 +1181,8 @@ def main() -> int:
         if world is not None and getattr(world, "proxy_stderr", None) and world.proxy_stderr.exists():
             meta["proxy_stderr_tail"] = world.proxy_stderr.read_text(errors="replace")[-4000:]
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
         try:
             cleanup()
         except Exception as e:  # pragma: no cover

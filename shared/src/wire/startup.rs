@@ -229,3 +229,30 @@ mod tests {
         assert_eq!((m.major, m.minor), (2, 0));
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_packets_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = peek_len(&bytes);
+            let _ = parse(&bytes);
+            let _ = crate::wire::Header::peek(&bytes, 1000);
+            let _ = crate::wire::notice::Notice::parse(&bytes);
+        }
+
+        #[test]
+        fn startup_messages_round_trip(
+            params in prop::collection::vec(("[a-z_]{1,12}", "[ -~]{0,20}"), 0..8)
+        ) {
+            let refs: Vec<(&str, &str)> = params.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let mut buf = Vec::new();
+            encode_startup(&refs, &mut buf);
+            let StartupPacket::Startup(m) = parse(&buf).unwrap() else { panic!("not a startup message") };
+            prop_assert_eq!(m.params, params);
+        }
+    }
+}

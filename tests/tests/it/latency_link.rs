@@ -9,6 +9,13 @@ use std::time::{Duration, Instant};
 
 use lokadb_tests::link::{LatencyLink, MAX_IN_FLIGHT};
 
+/// Serializes this module's timing-sensitive and bulk tests, so they do not skew each other on a
+/// 2-core machine.
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A TCP echo server on 127.0.0.1:0 that counts the connections it accepted.
 struct Echo {
     addr: SocketAddr,
@@ -156,6 +163,7 @@ fn assert_rtt_near(stream: &mut TcpStream, expected: Duration, tolerance: Durati
 
 #[test]
 fn round_trip_is_twice_the_one_way_delay() {
+    let _serial = exclusive();
     let echo = echo_server();
     let link = LatencyLink::start(echo.addr, Duration::from_millis(10)).unwrap();
     let mut s = connect(link.addr());
@@ -168,6 +176,7 @@ fn round_trip_is_twice_the_one_way_delay() {
 
 #[test]
 fn zero_delay_adds_under_a_millisecond() {
+    let _serial = exclusive();
     let echo = echo_server();
     let link = LatencyLink::start(echo.addr, Duration::ZERO).unwrap();
     let mut s = connect(link.addr());
@@ -178,6 +187,7 @@ fn zero_delay_adds_under_a_millisecond() {
 
 #[test]
 fn twenty_megabytes_echo_back_in_order() {
+    let _serial = exclusive();
     const LEN: usize = 20 << 20;
     let echo = echo_server();
     let link = LatencyLink::start(echo.addr, Duration::from_millis(2)).unwrap();
@@ -215,6 +225,7 @@ fn timed_transfer(link: &LatencyLink, data: &[u8]) -> (String, Duration) {
 
 #[test]
 fn transfer_is_pipelined_not_stop_and_wait() {
+    let _serial = exclusive();
     const LEN: usize = 20 << 20;
     let one_way = Duration::from_millis(5);
     let sink = hashing_sink();
@@ -252,6 +263,7 @@ fn transfer_is_pipelined_not_stop_and_wait() {
 
 #[test]
 fn a_receiver_that_does_not_read_stops_the_sender() {
+    let _serial = exclusive();
     // A server that accepts and never reads.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = listener.local_addr().unwrap();
