@@ -390,8 +390,23 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
 
-    /// A full exchange: client (password) → proxy (verifier) → cloud (verifier again,
-    /// with the recovered keys), as in a passthrough login.
+    /// Runs one whole exchange: `creds` on the client side against `verifier` on the
+    /// server side. Returns the keys the server recovered, or the server's error.
+    fn exchange(creds: &Credentials, verifier: &Verifier) -> Result<ScramKeys, ScramError> {
+        let (client, first) = ClientExchange::start();
+        let (server, server_first) = ServerExchange::start(first.as_bytes(), verifier)?;
+        let (client_final, expect) = client.respond(server_first.as_bytes(), creds)?;
+        let (keys, server_final) = server.finish(client_final.as_bytes(), verifier)?;
+        ClientExchange::verify_final(server_final.as_bytes(), &expect)?;
+        Ok(keys)
+    }
+
+    fn password(p: &str) -> Credentials {
+        Credentials::Password(Secret(p.into()))
+    }
+
+    /// The application authenticates to the proxy with its password; the proxy then
+    /// authenticates to the cloud with the keys recovered from the proof.
     #[test]
     fn passthrough_round_trip() {
         let verifier = Verifier::from_password("secret", b"0123456789abcdef".to_vec(), 4096);
@@ -403,45 +418,19 @@ mod tests {
             B64.encode(verifier.server_key)
         );
         assert_eq!(Verifier::parse(&text).unwrap(), verifier);
-
-        // The application authenticates to the proxy.
-        let (client, first) = ClientExchange::start();
-        let (server, server_first) = ServerExchange::start(first.as_bytes(), &verifier).unwrap();
-        let (client_final, expect) = client
-            .respond(
-                server_first.as_bytes(),
-                &Credentials::Password(Secret("secret".into())),
-            )
-            .unwrap();
-        let (keys, server_final) = server.finish(client_final.as_bytes(), &verifier).unwrap();
-        ClientExchange::verify_final(server_final.as_bytes(), &expect).unwrap();
-
-        // The proxy authenticates to the cloud with the recovered keys.
-        let (client, first) = ClientExchange::start();
-        let (server, server_first) = ServerExchange::start(first.as_bytes(), &verifier).unwrap();
-        let (client_final, expect) = client
-            .respond(server_first.as_bytes(), &Credentials::Keys(keys))
-            .unwrap();
-        let (_, server_final) = server.finish(client_final.as_bytes(), &verifier).unwrap();
-        ClientExchange::verify_final(server_final.as_bytes(), &expect).unwrap();
+        let keys = exchange(&password("secret"), &verifier).unwrap();
+        assert_eq!(
+            exchange(&Credentials::Keys(keys.clone()), &verifier).unwrap(),
+            keys
+        );
     }
 
     #[test]
     fn wrong_password_is_bad_proof() {
         let verifier = Verifier::from_password("secret", b"salt".to_vec(), 4096);
-        let (client, first) = ClientExchange::start();
-        let (server, server_first) = ServerExchange::start(first.as_bytes(), &verifier).unwrap();
-        let (client_final, _) = client
-            .respond(
-                server_first.as_bytes(),
-                &Credentials::Password(Secret("nope".into())),
-            )
-            .unwrap();
         assert_eq!(
-            server
-                .finish(client_final.as_bytes(), &verifier)
-                .unwrap_err(),
-            ScramError::BadProof
+            exchange(&password("nope"), &verifier),
+            Err(ScramError::BadProof)
         );
     }
 
@@ -453,19 +442,9 @@ mod tests {
             verifier.salt,
             "stable salt per role"
         );
-        let (client, first) = ClientExchange::start();
-        let (server, server_first) = ServerExchange::start(first.as_bytes(), &verifier).unwrap();
-        let (client_final, _) = client
-            .respond(
-                server_first.as_bytes(),
-                &Credentials::Password(Secret("".into())),
-            )
-            .unwrap();
         assert_eq!(
-            server
-                .finish(client_final.as_bytes(), &verifier)
-                .unwrap_err(),
-            ScramError::BadProof
+            exchange(&password(""), &verifier),
+            Err(ScramError::BadProof)
         );
     }
 

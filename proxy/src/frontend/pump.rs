@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 /// Default buffer size of a pipe; grows for a whole inspected frame, shrinks back after.
-pub const PIPE_BUFFER: usize = 64 * 1024;
+pub const PIPE_BUFFER: usize = 16 * 1024;
 
 /// What to do with a frame the inspector saw whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,33 +286,9 @@ mod tests {
         }
     }
 
-    /// A reader that returns its input in chunks of `chunk` bytes.
-    struct Chunked {
-        data: Vec<u8>,
-        pos: usize,
-        chunk: usize,
-    }
-
-    impl AsyncRead for Chunked {
-        fn poll_read(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            buf: &mut [u8],
-        ) -> Poll<io::Result<usize>> {
-            let n = self.chunk.min(buf.len()).min(self.data.len() - self.pos);
-            buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
-            self.pos += n;
-            Poll::Ready(Ok(n))
-        }
-    }
-
     fn run(input: Vec<u8>, chunk: usize, max: u32) -> (Vec<u8>, Recorder, Result<(), String>) {
         let mut pipe = Pipe::new(max);
-        let mut reader = Chunked {
-            data: input,
-            pos: 0,
-            chunk,
-        };
+        let mut reader = super::proptests::Script::new(input, vec![chunk]);
         let mut out: Vec<u8> = Vec::new();
         let mut rec = Recorder::default();
         let result = block_on(futures_lite::future::poll_fn(|cx| loop {
@@ -409,11 +385,22 @@ mod proptests {
     }
 
     /// Reads `data` in the given chunk sizes (cycled), then EOF.
-    struct Script {
+    pub(super) struct Script {
         data: Vec<u8>,
         pos: usize,
         chunks: Vec<usize>,
         next: usize,
+    }
+
+    impl Script {
+        pub(super) fn new(data: Vec<u8>, chunks: Vec<usize>) -> Script {
+            Script {
+                data,
+                pos: 0,
+                chunks,
+                next: 0,
+            }
+        }
     }
 
     impl AsyncRead for Script {
@@ -462,12 +449,7 @@ mod proptests {
         max: u32,
     ) -> (Vec<u8>, Counter, Option<PipeError>) {
         let mut pipe = Pipe::new(max);
-        let mut reader = Script {
-            data: input,
-            pos: 0,
-            chunks,
-            next: 0,
-        };
+        let mut reader = Script::new(input, chunks);
         let mut writer = Slow {
             out: Vec::new(),
             limit: write_limit,
