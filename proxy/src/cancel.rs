@@ -7,8 +7,8 @@
 //! forwarded over the cross-core mesh. Cancels are rare, so this is the one cross-core
 //! message of the proxy besides shutdown.
 
+use crate::rt::net::TcpStream;
 use futures_lite::AsyncWriteExt;
-use glommio::net::TcpStream;
 use lokadb_shared::wire::startup;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -47,6 +47,23 @@ pub struct CancelMsg {
     pub pid: u32,
     /// Secret as received.
     pub secret: Vec<u8>,
+}
+
+/// The way to another core: its inbox and the eventfd that wakes it.
+pub struct Peer {
+    /// Messages for the core.
+    pub inbox: crossbeam_channel::Sender<CancelMsg>,
+    /// Signalled after each message.
+    pub wake: std::sync::Arc<crate::rt::reactor::EventFd>,
+}
+
+impl Peer {
+    /// Hands a cancel to the core that owns the session.
+    pub fn send(&self, msg: CancelMsg) {
+        if self.inbox.send(msg).is_ok() {
+            self.wake.notify();
+        }
+    }
 }
 
 /// The sessions of one core by cancel key.

@@ -4,11 +4,10 @@
 
 use crate::backend::auth_query::{AuthQuery, UsersFile};
 use crate::backend::pool::Pool;
-use crate::cancel::{CancelMsg, CancelRegistry};
+use crate::cancel::{CancelRegistry, Peer};
 use crate::scram::Secret;
-use glommio::channels::channel_mesh::Senders;
 use lokadb_shared::config::{Config, ConnString, DatabaseConfig};
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
@@ -126,8 +125,8 @@ pub struct Core {
     pub pool: RefCell<Pool>,
     /// Cancel keys of this core's sessions.
     pub cancels: RefCell<CancelRegistry>,
-    /// Senders to the other cores, for forwarding cancels.
-    pub peers: OnceCell<Senders<CancelMsg>>,
+    /// Every core's inbox, by core id, for forwarding cancels.
+    pub peers: Arc<Vec<Peer>>,
     /// Fired once when the proxy starts shutting down.
     pub shutdown: Notify,
     /// Sessions running on this core.
@@ -136,7 +135,12 @@ pub struct Core {
 
 impl Core {
     /// Builds a core's state from the shared settings and resolved databases.
-    pub fn new(id: usize, shared: Arc<Shared>, resolved: &[(String, SocketAddr, String)]) -> Core {
+    pub fn new(
+        id: usize,
+        shared: Arc<Shared>,
+        resolved: &[(String, SocketAddr, String)],
+        peers: Arc<Vec<Peer>>,
+    ) -> Core {
         let mut databases = HashMap::new();
         let mut auth = HashMap::new();
         for (name, addr, dbname) in resolved {
@@ -173,7 +177,7 @@ impl Core {
             auth,
             pool: RefCell::new(Pool::default()),
             cancels: RefCell::new(CancelRegistry::default()),
-            peers: OnceCell::new(),
+            peers,
             shutdown: Notify::default(),
             sessions: Cell::new(0),
         }

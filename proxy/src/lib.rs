@@ -3,8 +3,8 @@
 //!
 //! # Design
 //!
-//! One glommio executor per core, pinned, each accepting on its own SO_REUSEPORT
-//! socket and owning its sessions, pool of cloud backends, auth connections and
+//! One thread per core, pinned, each running its own io_uring runtime ([`rt`]),
+//! accepting on its own SO_REUSEPORT socket and owning its sessions, pool of cloud backends, auth connections and
 //! cancel keys ([`core::Core`]). Nothing on the per-statement path is shared between
 //! cores or locked; the only cross-core traffic is a forwarded cancel request and the
 //! shutdown flag. A session's bytes are framed but not decoded ([`frontend::pump`]),
@@ -12,7 +12,8 @@
 //!
 //! # Layout
 //!
-//! - [`server`]: executors, listeners, shutdown drain.
+//! - [`server`]: core threads, listeners, shutdown drain.
+//! - [`rt`]: the per-core runtime — io_uring reactor, task queue, TCP.
 //! - [`core`]: shared settings and per-core state.
 //! - [`frontend`]: the client side — [`frontend::startup`] (SSL, startup, cancel),
 //!   [`frontend::auth`] (SCRAM), [`frontend::session`] (a session's life),
@@ -36,6 +37,7 @@ pub mod core;
 pub mod error;
 pub mod frontend;
 pub mod net;
+pub mod rt;
 pub mod scram;
 pub mod server;
 pub mod signals;

@@ -1,18 +1,18 @@
-//! Starting and stopping the proxy: one pinned glommio executor per core, each with
-//! its own listening socket (SO_REUSEPORT), its own state, and a watcher for shutdown.
+//! Starting and stopping the proxy: one pinned thread per core, each running its own
+//! runtime ([`crate::rt`]) with its own listening socket (SO_REUSEPORT), its own state,
+//! and a watcher for shutdown.
 
-use crate::cancel::CancelMsg;
+use crate::cancel::{CancelMsg, Peer};
 use crate::core::{Core, Shared};
-use glommio::channels::channel_mesh::MeshBuilder;
-use glommio::net::TcpListener;
-use glommio::timer::sleep;
-use glommio::{LocalExecutorPoolBuilder, PoolPlacement};
+use crate::rt::net::TcpListener;
+use crate::rt::reactor::EventFd;
+use crate::rt::sleep;
 use lokadb_shared::config::Config;
 use std::net::SocketAddr;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often each core checks the process-wide shutdown flag and reaps idle backends.
@@ -26,8 +26,8 @@ const REAP_EVERY: u32 = 50;
 ///
 /// # Errors
 ///
-/// Configuration that cannot be used (files, addresses), bind failures, or executors
-/// that cannot start.
+/// Configuration that cannot be used (files, addresses), bind failures, or core
+/// threads that cannot start.
 pub fn run(
     config: Config,
     cores: usize,
@@ -38,84 +38,78 @@ pub fn run(
     let sockets = crate::net::listener::bind_reuseport(shared.config.listen, cores)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
     crate::signals::install(shared.clone())?;
-    tracing::info!(addr = %sockets.addr, cores, "listening");
-    on_listening(sockets.addr);
 
-    // Each executor takes one fd; the Mutex is touched once per core at start.
-    let fds: Arc<Mutex<Vec<RawFd>>> = Arc::new(Mutex::new(sockets.fds));
-    let started = Arc::new(AtomicUsize::new(0));
-    let mesh = (cores > 1).then(|| MeshBuilder::<CancelMsg, _>::full(cores, 64));
+    // Each core's inbox for cancel requests that arrive on another core.
+    let mut inboxes = Vec::with_capacity(cores);
+    let mut peers = Vec::with_capacity(cores);
+    for _ in 0..cores {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let wake = Arc::new(EventFd::new()?);
+        peers.push(Peer {
+            inbox: tx,
+            wake: wake.clone(),
+        });
+        inboxes.push((rx, wake));
+    }
+    let peers = Arc::new(peers);
     let online = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let placement = if cores <= online {
-        PoolPlacement::MaxSpread(cores, None)
-    } else {
-        PoolPlacement::Unbound(cores)
-    };
-    let mut builder = LocalExecutorPoolBuilder::new(placement)
-        .name("lokadb-core")
-        .io_memory(1 << 20);
-    if let Some(spin) = spin_before_park() {
-        builder = builder.spin_before_park(spin);
+    let pin = cores <= online;
+
+    tracing::info!(addr = %sockets.addr, cores, pinned = pin, "listening");
+    on_listening(sockets.addr);
+
+    let mut threads = Vec::with_capacity(cores);
+    for (id, (fd, inbox)) in sockets.fds.into_iter().zip(inboxes).enumerate() {
+        let (shared, resolved, peers) = (shared.clone(), resolved.clone(), peers.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("lokadb-core-{id}"))
+            .spawn(move || {
+                if pin {
+                    pin_to_cpu(id);
+                }
+                crate::rt::block_on(run_core(id, fd, shared, resolved, peers, inbox))
+            })?;
+        threads.push(thread);
     }
-    let handles = builder
-        .on_all_shards(move || async move {
-            let fd = fds
-                .lock()
-                .expect("fd list")
-                .pop()
-                .expect("one socket per core");
-            let index = started.fetch_add(1, Ordering::Relaxed);
-            run_core(index, fd, shared, resolved, mesh).await
-        })
-        .map_err(|e| anyhow::anyhow!("cannot start executors: {e}"))?;
-    for result in handles.join_all() {
-        result.map_err(|e| anyhow::anyhow!("executor failed: {e}"))?;
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("a core thread panicked"))?;
     }
     tracing::info!("stopped");
     Ok(())
 }
 
-/// `LOKADB_SPIN_US`: how long an idle executor polls before it parks (default 0).
-fn spin_before_park() -> Option<Duration> {
-    let us: u64 = std::env::var("LOKADB_SPIN_US").ok()?.parse().ok()?;
-    (us > 0).then(|| Duration::from_micros(us))
+/// Pins the calling thread to one CPU (best effort: a restricted cpuset just logs).
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_SET stays within its bounds for cpu < 1024.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu % libc::CPU_SETSIZE as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    };
+    if !ok {
+        tracing::warn!(cpu, error = %std::io::Error::last_os_error(), "cannot pin core thread");
+    }
 }
 
 async fn run_core(
-    index: usize,
+    id: usize,
     fd: RawFd,
     shared: Arc<Shared>,
     resolved: Arc<Vec<(String, SocketAddr, String)>>,
-    mesh: Option<MeshBuilder<CancelMsg, glommio::channels::channel_mesh::Full>>,
+    peers: Arc<Vec<Peer>>,
+    inbox: (crossbeam_channel::Receiver<CancelMsg>, Arc<EventFd>),
 ) {
     // SAFETY: `fd` is a listening socket created for this core and owned by no one else.
-    let listener = unsafe { TcpListener::from_raw_fd(fd) };
-    let (id, peers) = match mesh {
-        Some(mesh) => {
-            let (senders, receivers) = mesh.join().await.expect("mesh join");
-            (senders.peer_id(), Some((senders, receivers)))
-        }
-        None => (index, None),
+    let listener = match unsafe { TcpListener::from_raw_fd(fd) } {
+        Ok(l) => l,
+        Err(e) => return tracing::error!(core = id, error = %e, "cannot use the listening socket"),
     };
-    let core = Rc::new(Core::new(id, shared.clone(), &resolved));
-    if let Some((senders, mut receivers)) = peers {
-        for (_, rx) in receivers.streams() {
-            let core = core.clone();
-            glommio::spawn_local(async move {
-                while let Some(msg) = rx.recv().await {
-                    let target = core.cancels.borrow().lookup(msg.pid, &msg.secret);
-                    if let Some(t) = target {
-                        crate::cancel::send(t).await;
-                    }
-                }
-            })
-            .detach();
-        }
-        let _ = core.peers.set(senders);
-    }
-    glommio::spawn_local(watch(core.clone())).detach();
+    let core = Rc::new(Core::new(id, shared, &resolved, peers));
+    crate::rt::spawn(forwarded_cancels(core.clone(), inbox)).detach();
+    crate::rt::spawn(watch(core.clone())).detach();
 
     loop {
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
@@ -126,8 +120,7 @@ async fn run_core(
         match accepted {
             None => break,
             Some(Ok(stream)) => {
-                glommio::spawn_local(crate::frontend::session::serve(core.clone(), stream))
-                    .detach();
+                crate::rt::spawn(crate::frontend::session::serve(core.clone(), stream)).detach();
             }
             Some(Err(e)) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -138,6 +131,22 @@ async fn run_core(
     }
     drop(listener);
     drain(&core).await;
+}
+
+/// Cancel requests other cores received for this core's sessions.
+async fn forwarded_cancels(
+    core: Rc<Core>,
+    (rx, wake): (crossbeam_channel::Receiver<CancelMsg>, Arc<EventFd>),
+) {
+    loop {
+        wake.wait().await;
+        while let Ok(msg) = rx.try_recv() {
+            let target = core.cancels.borrow().lookup(msg.pid, &msg.secret);
+            if let Some(t) = target {
+                crate::rt::spawn(crate::cancel::send(t)).detach();
+            }
+        }
+    }
 }
 
 /// Sets the core's shutdown notification when the process-wide flag is raised, and

@@ -1,6 +1,6 @@
-//! Timeouts on glommio timers.
+//! Timeouts on the runtime's timers.
 
-use glommio::timer::sleep;
+use crate::rt::sleep;
 use std::future::Future;
 use std::time::Duration;
 

@@ -85,6 +85,15 @@ def notifications_while_idle():
 
 
 @check
+def notices_arrive_with_their_fields():
+    notices = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append((d.severity_nonlocalized, d.sqlstate, d.message_primary)))
+        conn.execute("DO $$ BEGIN RAISE NOTICE 'careful: %', 42; RAISE WARNING 'watch out' USING ERRCODE = '01000'; END $$")
+    assert notices == [("NOTICE", "00000", "careful: 42"), ("WARNING", "01000", "watch out")], notices
+
+
+@check
 def errors_keep_the_session():
     with psycopg.connect(dsn, autocommit=True) as conn:
         try:

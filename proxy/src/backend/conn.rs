@@ -2,9 +2,9 @@
 //! the backend reported at startup, and run the few statements the proxy sends on its
 //! own account (the auth query, the pool reset).
 
+use crate::rt::net::TcpStream;
 use crate::scram::{ClientExchange, Credentials, MECHANISM};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::TcpStream;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::notice::Notice;
 use lokadb_shared::wire::tags::*;
@@ -102,8 +102,8 @@ impl BackendConn {
         params: &[(String, String)],
         creds: &Credentials,
     ) -> Result<BackendConn, ConnError> {
-        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
-        stream.set_nodelay(true).map_err(io::Error::from)?;
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
         let mut conn = BackendConn {
             stream,
             rbuf: Vec::with_capacity(4096),

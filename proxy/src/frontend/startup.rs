@@ -3,8 +3,8 @@
 use crate::core::Core;
 use crate::error::SessionError;
 use crate::net::stream::ClientStream;
+use crate::rt::net::TcpStream;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::TcpStream;
 use lokadb_shared::wire::startup::{self, StartupMessage, StartupPacket};
 use lokadb_shared::wire::{backend, FrameError};
 
@@ -125,12 +125,7 @@ async fn handle_cancel(core: &Core, pid: u32, secret: Vec<u8>) {
             Some(t) => crate::cancel::send(t).await,
             None => tracing::debug!(pid, "cancel request with an unknown key ignored"),
         }
-    } else if let Some(peers) = core.peers.get() {
-        if owner < peers.nr_consumers() {
-            let msg = crate::cancel::CancelMsg { pid, secret };
-            if peers.send_to(owner, msg).await.is_err() {
-                tracing::debug!(owner, "could not forward a cancel request");
-            }
-        }
+    } else if let Some(peer) = core.peers.get(owner) {
+        peer.send(crate::cancel::CancelMsg { pid, secret });
     }
 }

@@ -1,9 +1,9 @@
 //! A client connection, plain TCP or TLS, behind one `AsyncRead + AsyncWrite` type so
 //! the session code is written once.
 
+use crate::rt::net::TcpStream;
 use futures_lite::{AsyncRead, AsyncWrite};
 use futures_rustls::server::TlsStream;
-use glommio::net::TcpStream;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -1,0 +1,335 @@
+//! The io_uring of one thread: readiness polls, the wait, and timers.
+
+use io_uring::{opcode, types, IoUring};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// user_data of cancel requests, whose completions are ignored.
+const CANCEL_TOKEN: u64 = u64::MAX;
+/// Submission queue entries per ring: readiness polls are small and short-lived.
+const RING_ENTRIES: u32 = 1024;
+
+/// The state of one submitted poll.
+enum Op {
+    /// Submitted; the waker of the task waiting for it.
+    Waiting(Option<Waker>),
+    /// Completed with this result (poll mask or -errno).
+    Done(i32),
+    /// Its future was dropped; the slot is freed when the completion arrives.
+    Abandoned,
+}
+
+/// One thread's reactor.
+pub struct Reactor {
+    ring: RefCell<IoUring>,
+    ops: RefCell<slab::Slab<Op>>,
+    timers: RefCell<BTreeMap<(Instant, u64), Waker>>,
+    timer_seq: Cell<u64>,
+    /// SQEs pushed since the last submit.
+    unsubmitted: Cell<usize>,
+}
+
+thread_local! {
+    static REACTOR: Reactor = Reactor::new().expect("cannot create an io_uring (kernel 5.11+ with io_uring enabled is required)");
+}
+
+/// Runs `f` with this thread's reactor.
+pub fn with<R>(f: impl FnOnce(&Reactor) -> R) -> R {
+    REACTOR.with(f)
+}
+
+impl Reactor {
+    fn new() -> io::Result<Reactor> {
+        Ok(Reactor {
+            ring: RefCell::new(IoUring::new(RING_ENTRIES)?),
+            ops: RefCell::new(slab::Slab::with_capacity(256)),
+            timers: RefCell::new(BTreeMap::new()),
+            timer_seq: Cell::new(0),
+            unsubmitted: Cell::new(0),
+        })
+    }
+
+    fn push(&self, entry: io_uring::squeue::Entry) {
+        let mut ring = self.ring.borrow_mut();
+        // SAFETY: the entry refers to no memory of ours (poll and cancel ops only).
+        while unsafe { ring.submission().push(&entry) }.is_err() {
+            // Queue full: hand what is queued to the kernel and retry.
+            let _ = ring.submit();
+            self.unsubmitted.set(0);
+        }
+        self.unsubmitted.set(self.unsubmitted.get() + 1);
+    }
+
+    fn poll_add(&self, fd: RawFd, events: u32, waker: Waker) -> usize {
+        let token = self.ops.borrow_mut().insert(Op::Waiting(Some(waker)));
+        self.push(
+            opcode::PollAdd::new(types::Fd(fd), events)
+                .build()
+                .user_data(token as u64),
+        );
+        token
+    }
+
+    /// Waits for I/O or the next timer, then wakes what completed. With `block` false
+    /// it only collects what has already completed. One `io_uring_enter` either way
+    /// (none when nothing was queued and nothing is to be waited for).
+    pub fn turn(&self, block: bool) {
+        let timeout = if block {
+            self.timers
+                .borrow()
+                .keys()
+                .next()
+                .map(|(at, _)| at.saturating_duration_since(Instant::now()))
+        } else {
+            Some(Duration::ZERO)
+        };
+        {
+            let ring = self.ring.borrow();
+            let submitter = ring.submitter();
+            let result = match timeout {
+                Some(t) if t.is_zero() => {
+                    if self.unsubmitted.get() > 0 {
+                        submitter.submit()
+                    } else {
+                        Ok(0)
+                    }
+                }
+                Some(t) => {
+                    let ts = types::Timespec::from(t);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    submitter.submit_with_args(1, &args)
+                }
+                None => submitter.submit_and_wait(1),
+            };
+            self.unsubmitted.set(0);
+            if let Err(e) = result {
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)
+                ) {
+                    tracing::error!(error = %e, "io_uring_enter failed");
+                }
+            }
+        }
+        self.complete();
+        self.fire_timers();
+    }
+
+    fn complete(&self) {
+        let mut woken = Vec::new();
+        {
+            let mut ring = self.ring.borrow_mut();
+            let mut ops = self.ops.borrow_mut();
+            for cqe in ring.completion() {
+                let token = cqe.user_data();
+                if token == CANCEL_TOKEN {
+                    continue;
+                }
+                let token = token as usize;
+                match ops.get_mut(token) {
+                    Some(Op::Waiting(w)) => {
+                        if let Some(w) = w.take() {
+                            woken.push(w);
+                        }
+                        ops[token] = Op::Done(cqe.result());
+                    }
+                    Some(Op::Abandoned) => {
+                        ops.remove(token);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for w in woken {
+            w.wake();
+        }
+    }
+
+    fn fire_timers(&self) {
+        let now = Instant::now();
+        let due: Vec<Waker> = {
+            let mut timers = self.timers.borrow_mut();
+            let later = timers.split_off(&(now, u64::MAX));
+            std::mem::replace(&mut *timers, later)
+                .into_values()
+                .collect()
+        };
+        for w in due {
+            w.wake();
+        }
+    }
+}
+
+/// Completes when `fd` is ready for `events` (`libc::POLLIN`, `libc::POLLOUT`).
+/// Dropping it before completion cancels the poll.
+pub struct Ready {
+    fd: RawFd,
+    events: u32,
+    token: Option<usize>,
+}
+
+impl Ready {
+    /// A readiness wait, submitted on first poll.
+    pub fn new(fd: RawFd, events: i16) -> Ready {
+        Ready {
+            fd,
+            events: events as u16 as u32,
+            token: None,
+        }
+    }
+}
+
+impl Future for Ready {
+    type Output = io::Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        with(|r| match self.token {
+            None => {
+                self.token = Some(r.poll_add(self.fd, self.events, cx.waker().clone()));
+                Poll::Pending
+            }
+            Some(token) => {
+                let mut ops = r.ops.borrow_mut();
+                match &mut ops[token] {
+                    Op::Done(res) => {
+                        let res = *res;
+                        ops.remove(token);
+                        drop(ops);
+                        self.token = None;
+                        if res < 0 {
+                            Poll::Ready(Err(io::Error::from_raw_os_error(-res)))
+                        } else {
+                            Poll::Ready(Ok(()))
+                        }
+                    }
+                    Op::Waiting(w) => {
+                        if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                            *w = Some(cx.waker().clone());
+                        }
+                        Poll::Pending
+                    }
+                    Op::Abandoned => unreachable!("a live future's op is never abandoned"),
+                }
+            }
+        })
+    }
+}
+
+impl Drop for Ready {
+    fn drop(&mut self) {
+        let Some(token) = self.token else { return };
+        // The reactor may be gone if the thread is exiting.
+        let _ = REACTOR.try_with(|r| {
+            let mut ops = r.ops.borrow_mut();
+            if matches!(ops.get(token), Some(Op::Done(_))) {
+                ops.remove(token);
+            } else {
+                ops[token] = Op::Abandoned;
+                drop(ops);
+                r.push(
+                    opcode::AsyncCancel::new(token as u64)
+                        .build()
+                        .user_data(CANCEL_TOKEN),
+                );
+            }
+        });
+    }
+}
+
+/// Completes after `duration`.
+pub fn sleep(duration: Duration) -> Sleep {
+    Sleep {
+        deadline: Instant::now() + duration,
+        key: None,
+    }
+}
+
+/// The future of [`sleep`].
+pub struct Sleep {
+    deadline: Instant,
+    key: Option<(Instant, u64)>,
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.deadline {
+            if let Some(key) = self.key.take() {
+                with(|r| r.timers.borrow_mut().remove(&key));
+            }
+            return Poll::Ready(());
+        }
+        with(|r| {
+            let mut timers = r.timers.borrow_mut();
+            match self.key {
+                Some(key) if timers.contains_key(&key) => {
+                    timers.insert(key, cx.waker().clone());
+                }
+                _ => {
+                    let seq = r.timer_seq.get() + 1;
+                    r.timer_seq.set(seq);
+                    let key = (self.deadline, seq);
+                    timers.insert(key, cx.waker().clone());
+                    self.key = Some(key);
+                }
+            }
+        });
+        Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            let _ = REACTOR.try_with(|r| r.timers.borrow_mut().remove(&key));
+        }
+    }
+}
+
+/// An eventfd: another thread signals it, this thread's tasks wait on it. The one
+/// cross-thread wake-up path of the runtime.
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A new non-blocking eventfd.
+    ///
+    /// # Errors
+    ///
+    /// `eventfd(2)` failed.
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: plain syscall; the fd is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd we own.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Signals it (from any thread).
+    pub fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our fd.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Waits until it was signalled, and resets it.
+    pub async fn wait(&self) {
+        loop {
+            let mut value: u64 = 0;
+            // SAFETY: reads 8 bytes into a valid u64 from our fd.
+            let n = unsafe { libc::read(self.0.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
+            if n == 8 {
+                return;
+            }
+            let _ = Ready::new(self.0.as_raw_fd(), libc::POLLIN).await;
+        }
+    }
+}
