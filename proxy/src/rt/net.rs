@@ -114,28 +114,40 @@ impl AsRawFd for TcpStream {
     }
 }
 
-/// Tries `op`; on "would block" waits for readiness in `slot` and tries again.
-fn poll_io<T>(
+/// Does `op` when the socket may be ready. A pending readiness wait in `slot` is polled
+/// first, so a task woken for another reason does not spend a syscall on a socket known to
+/// be empty; after "would block", or after a short transfer (the socket was drained or its
+/// buffer filled), the next attempt waits for readiness first. The readiness poll is
+/// submitted with the loop's one `io_uring_enter` and completes at once if the socket is
+/// already ready.
+fn poll_io(
     fd: RawFd,
     events: i16,
     slot: &mut Option<Ready>,
     cx: &mut Context<'_>,
-    mut op: impl FnMut() -> io::Result<T>,
-) -> Poll<io::Result<T>> {
+    len: usize,
+    mut op: impl FnMut() -> io::Result<usize>,
+) -> Poll<io::Result<usize>> {
     loop {
-        match op() {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let ready = slot.get_or_insert_with(|| Ready::new(fd, events));
-                match Pin::new(ready).poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(r) => {
-                        *slot = None;
-                        r?;
-                    }
+        if let Some(ready) = slot.as_mut() {
+            match Pin::new(ready).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => {
+                    *slot = None;
+                    r?;
                 }
             }
+        }
+        match op() {
+            Ok(n) => {
+                if n > 0 && n < len {
+                    *slot = Some(Ready::new(fd, events));
+                }
+                return Poll::Ready(Ok(n));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => *slot = Some(Ready::new(fd, events)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            other => return Poll::Ready(other),
+            Err(e) => return Poll::Ready(Err(e)),
         }
     }
 }
@@ -149,7 +161,8 @@ impl AsyncRead for TcpStream {
         let this = self.get_mut();
         let fd = this.inner.as_raw_fd();
         let inner = &mut this.inner;
-        poll_io(fd, libc::POLLIN, &mut this.read_ready, cx, || {
+        let len = buf.len();
+        poll_io(fd, libc::POLLIN, &mut this.read_ready, cx, len, || {
             inner.read(buf)
         })
     }
@@ -165,9 +178,14 @@ impl AsyncWrite for TcpStream {
         let fd = this.inner.as_raw_fd();
         let inner = &mut this.inner;
         // std's TcpStream sends with MSG_NOSIGNAL: a closed peer is an error, not SIGPIPE.
-        poll_io(fd, libc::POLLOUT, &mut this.write_ready, cx, || {
-            inner.write(buf)
-        })
+        poll_io(
+            fd,
+            libc::POLLOUT,
+            &mut this.write_ready,
+            cx,
+            buf.len(),
+            || inner.write(buf),
+        )
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
