@@ -55,7 +55,7 @@ pub fn run(
     let online = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let pin = cores <= online;
+    let pin = cores <= online && pinning_enabled();
 
     tracing::info!(addr = %sockets.addr, cores, pinned = pin, "listening");
     on_listening(sockets.addr);
@@ -79,6 +79,11 @@ pub fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `LOKADB_PIN=0` leaves core threads to the scheduler (default: pinned).
+fn pinning_enabled() -> bool {
+    std::env::var("LOKADB_PIN").map_or(true, |v| v != "0")
 }
 
 /// Pins the calling thread to one CPU (best effort: a restricted cpuset just logs).
