@@ -71,8 +71,12 @@ pub struct AuthQuery {
     user: String,
     password: Secret,
     query: String,
-    idle: RefCell<Vec<BackendConn>>,
+    /// Idle connections, with whether the query is prepared on each.
+    idle: RefCell<Vec<(BackendConn, bool)>>,
 }
+
+/// Name of the prepared auth query on auth connections.
+const AUTH_STATEMENT: &str = "lokadb_auth_query";
 
 /// At most this many auth connections stay open per database and core.
 const MAX_IDLE_AUTH_CONNS: usize = 2;
@@ -104,18 +108,22 @@ impl AuthQuery {
     /// The cloud could not be reached or refused `auth_user`.
     pub async fn lookup(&self, role: &str) -> Result<Option<UserSecret>, ConnError> {
         let pooled = self.idle.borrow_mut().pop();
-        let mut conn = match pooled {
-            Some(c) if c.is_idle_and_open() => c,
+        let (mut conn, prepared) = match pooled {
+            Some((c, prepared)) if c.is_idle_and_open() => (c, prepared),
             _ => {
                 let creds = Credentials::Password(self.password.clone());
-                BackendConn::connect(self.addr, &self.user, &self.dbname, &[], &creds).await?
+                let conn =
+                    BackendConn::connect(self.addr, &self.user, &self.dbname, &[], &creds).await?;
+                (conn, false)
             }
         };
-        let row = conn.query_one(&self.query, role).await;
+        let row = conn
+            .query_one(AUTH_STATEMENT, &self.query, !prepared, role)
+            .await;
         if row.is_ok() {
             let mut idle = self.idle.borrow_mut();
             if idle.len() < MAX_IDLE_AUTH_CONNS {
-                idle.push(conn);
+                idle.push((conn, true));
             }
         }
         let verifier = match row? {

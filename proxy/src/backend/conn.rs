@@ -271,18 +271,24 @@ impl BackendConn {
 
     /// Runs a one-parameter query with the extended protocol and returns the first
     /// column of the first row: `None` when there is no row, `Some(None)` for NULL.
+    /// The statement is prepared as `name` on this connection when `prepare` is set (the
+    /// first call), so the cloud parses and plans it once per connection.
     ///
     /// # Errors
     ///
     /// [`ConnError::Rejected`] when the query fails.
     pub async fn query_one(
         &mut self,
+        name: &str,
         sql: &str,
+        prepare: bool,
         param: &str,
     ) -> Result<Option<Option<String>>, ConnError> {
         let mut out = Vec::new();
-        frontend::parse(&mut out, sql);
-        frontend::bind_text(&mut out, &[Some(param)]);
+        if prepare {
+            frontend::parse(&mut out, name, sql);
+        }
+        frontend::bind_text(&mut out, name, &[Some(param)]);
         frontend::execute(&mut out);
         frontend::sync(&mut out);
         self.stream.write_all(&out).await?;

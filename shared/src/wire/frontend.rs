@@ -9,21 +9,22 @@ pub fn query(out: &mut Vec<u8>, sql: &str) {
     write_frame(out, FE_QUERY, |b| put_cstr(b, sql));
 }
 
-/// Appends Parse of an unnamed statement with no declared parameter types.
-pub fn parse(out: &mut Vec<u8>, sql: &str) {
+/// Appends Parse of statement `name` (`""`: the unnamed one) with no declared
+/// parameter types.
+pub fn parse(out: &mut Vec<u8>, name: &str, sql: &str) {
     write_frame(out, FE_PARSE, |b| {
-        b.push(0); // unnamed statement
+        put_cstr(b, name);
         put_cstr(b, sql);
         b.extend_from_slice(&0i16.to_be_bytes());
     });
 }
 
-/// Appends Bind of the unnamed portal to the unnamed statement, parameters in text
-/// format (`None` is NULL), results in text format.
-pub fn bind_text(out: &mut Vec<u8>, params: &[Option<&str>]) {
+/// Appends Bind of the unnamed portal to statement `statement` (`""`: the unnamed one),
+/// parameters in text format (`None` is NULL), results in text format.
+pub fn bind_text(out: &mut Vec<u8>, statement: &str, params: &[Option<&str>]) {
     write_frame(out, FE_BIND, |b| {
         b.push(0); // unnamed portal
-        b.push(0); // unnamed statement
+        put_cstr(b, statement);
         b.extend_from_slice(&0i16.to_be_bytes()); // all parameters text
         b.extend_from_slice(&(params.len() as i16).to_be_bytes());
         for p in params {
@@ -87,8 +88,18 @@ mod tests {
     #[test]
     fn bind_with_null() {
         let mut out = Vec::new();
-        bind_text(&mut out, &[Some("ab"), None]);
+        bind_text(&mut out, "", &[Some("ab"), None]);
         let expected: &[u8] = b"B\0\0\0\x16\0\0\0\0\0\x02\0\0\0\x02ab\xff\xff\xff\xff\0\0";
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn named_parse_and_bind() {
+        let mut out = Vec::new();
+        parse(&mut out, "s1", "SELECT $1");
+        bind_text(&mut out, "s1", &[Some("x")]);
+        let expected: &[u8] =
+            b"P\0\0\0\x15s1\0SELECT $1\0\0\0B\0\0\0\x15\0s1\0\0\0\0\x01\0\0\0\x01x\0\0";
         assert_eq!(out, expected);
     }
 
