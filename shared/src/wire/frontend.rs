@@ -99,7 +99,7 @@ mod tests {
         parse(&mut out, "s1", "SELECT $1");
         bind_text(&mut out, "s1", &[Some("x")]);
         let expected: &[u8] =
-            b"P\0\0\0\x15s1\0SELECT $1\0\0\0B\0\0\0\x15\0s1\0\0\0\0\x01\0\0\0\x01x\0\0";
+            b"P\0\0\0\x13s1\0SELECT $1\0\0\0B\0\0\0\x13\0s1\0\0\0\0\x01\0\0\0\x01x\0\0";
         assert_eq!(out, expected);
     }
 
