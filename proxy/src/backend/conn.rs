@@ -231,12 +231,16 @@ impl BackendConn {
                     return Ok((h.tag, body));
                 }
             }
-            let mut chunk = [0u8; 8192];
-            let n = self.stream.read(&mut chunk).await?;
-            if n == 0 {
+            // Read straight into the buffer's tail: a stack array here would live in
+            // every session's future (it is held across the await).
+            let filled = self.rbuf.len();
+            self.rbuf.resize(filled + 8192, 0);
+            let read = self.stream.read(&mut self.rbuf[filled..]).await;
+            let n = *read.as_ref().unwrap_or(&0);
+            self.rbuf.truncate(filled + n);
+            if read? == 0 {
                 return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()));
             }
-            self.rbuf.extend_from_slice(&chunk[..n]);
         }
     }
 

@@ -58,7 +58,8 @@ impl Pool {
     }
 
     /// Keeps a backend that has been reset.
-    pub fn put(&mut self, key: PoolKey, conn: BackendConn, now: Instant) {
+    pub fn put(&mut self, key: PoolKey, mut conn: BackendConn, now: Instant) {
+        conn.rbuf = Vec::new(); // empty after a reset; an idle backend keeps no buffer
         self.idle
             .entry(key)
             .or_default()

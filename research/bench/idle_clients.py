@@ -1,0 +1,49 @@
+"""RSS of a running proxy with N idle authenticated clients (a quick A/B between builds).
+
+Usage: .venv/bin/python research/bench/idle_clients.py "DSN through the proxy" N PROXY_PID
+
+Opens N psycopg connections from 10 threads (each runs SELECT 1), waits 0.5 s, prints the
+proxy's VmRSS before and with them and the difference per client, then closes them. The full
+suite (run.py) measures the same with 1000 clients as part of a run.
+"""
+import sys
+import threading
+import time
+
+import psycopg
+
+dsn, n, pid = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+
+def rss_kib():
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+before = rss_kib()
+conns = []
+lock = threading.Lock()
+
+
+def opener(k):
+    for _ in range(k):
+        c = psycopg.connect(dsn)
+        c.execute("SELECT 1")
+        with lock:
+            conns.append(c)
+
+
+threads = [threading.Thread(target=opener, args=(n // 10,)) for _ in range(10)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+time.sleep(0.5)
+with_clients = rss_kib()
+print(f"rss before {before} KiB, with {len(conns)} clients {with_clients} KiB, "
+      f"per client {(with_clients - before) / len(conns):.1f} KiB")
+for c in conns:
+    c.close()
