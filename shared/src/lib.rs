@@ -8,6 +8,8 @@
 //!
 //! - [`wire`]: the Postgres protocol 3.0 framing — tag constants, frame headers,
 //!   startup packets, the backend messages the proxy writes itself, field readers.
+//! - [`tunnel`]: the relay–agent tunnel protocol — frames, and the multiplexer
+//!   with per-stream flow control, as a state machine driven by the binaries.
 //! - [`config`]: the JSON configuration file (`lokadb.json`), typed, with unknown
 //!   keys rejected by name.
 //!
@@ -19,4 +21,5 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod tunnel;
 pub mod wire;
