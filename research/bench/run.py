@@ -811,33 +811,23 @@ def summary_markdown(meta: dict, summary: dict, idle: list[dict]) -> str:
         )
     L.append("")
 
-    L.append("## 32 clients (`-c 32 -j 2`): throughput, and ÷ direct\n")
-    L.append("| scenario | direct tps | LokaDB tps | LokaDB ÷ direct | PgBouncer tps | PgBouncer ÷ direct | notes |")
-    L.append("|---|---:|---:|---:|---:|---:|---|")
-    for sc, e in summary.items():
-        if e["kind"] != "throughput":
-            continue
-        d, l, b = (e["targets"][t] for t in TARGETS)
-        notes = "; ".join(f"{t}: {status_cell(e['targets'][t])}" for t in TARGETS if status_cell(e["targets"][t]))
-        L.append(
-            f"| {sc} | {fmt(d['tps'], 0)} | {fmt(l['tps'], 0)} | {fmt(l['tps_ratio'], 3)} | "
-            f"{fmt(b['tps'], 0)} | {fmt(b['tps_ratio'], 3)} | {notes} |"
-        )
-    L.append("")
+    def ratio_table(title, kind):
+        L.append(title)
+        L.append("| scenario | direct tps | LokaDB tps | LokaDB ÷ direct | PgBouncer tps | PgBouncer ÷ direct | notes |")
+        L.append("|---|---:|---:|---:|---:|---:|---|")
+        for sc, e in summary.items():
+            if e["kind"] != kind:
+                continue
+            d, l, b = (e["targets"][t] for t in TARGETS)
+            notes = "; ".join(f"{t}: {status_cell(e['targets'][t])}" for t in TARGETS if status_cell(e["targets"][t]))
+            L.append(
+                f"| {sc} | {fmt(d['tps'], 0)} | {fmt(l['tps'], 0)} | {fmt(l['tps_ratio'], 3)} | "
+                f"{fmt(b['tps'], 0)} | {fmt(b['tps_ratio'], 3)} | {notes} |"
+            )
+        L.append("")
 
-    L.append("## A new connection per transaction (`-C -c 16 -j 2`, point read, simple)\n")
-    L.append("| scenario | direct tps | LokaDB tps | LokaDB ÷ direct | PgBouncer tps | PgBouncer ÷ direct | notes |")
-    L.append("|---|---:|---:|---:|---:|---:|---|")
-    for sc, e in summary.items():
-        if e["kind"] != "connect":
-            continue
-        d, l, b = (e["targets"][t] for t in TARGETS)
-        notes = "; ".join(f"{t}: {status_cell(e['targets'][t])}" for t in TARGETS if status_cell(e["targets"][t]))
-        L.append(
-            f"| {sc} | {fmt(d['tps'], 0)} | {fmt(l['tps'], 0)} | {fmt(l['tps_ratio'], 3)} | "
-            f"{fmt(b['tps'], 0)} | {fmt(b['tps_ratio'], 3)} | {notes} |"
-        )
-    L.append("")
+    ratio_table("## 32 clients (`-c 32 -j 2`): throughput, and ÷ direct\n", "throughput")
+    ratio_table("## A new connection per transaction (`-C -c 16 -j 2`, point read, simple)\n", "connect")
 
     L.append("## CPU time per statement of the proxy process (µs, utime+stime from /proc ÷ transactions)\n")
     L.append(f"Clock tick = {1e6 / CLK_TCK:.0f} µs; one statement per transaction in every script.\n")
