@@ -217,10 +217,17 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     down.preload(&std::mem::take(&mut backend.rbuf));
     let slot = core.shutdown.slot();
 
+    // A task's waker does not change, so it is registered for shutdown once; each
+    // step then only reads a Cell.
+    let mut shutdown_registered = false;
     let end = futures_lite::future::poll_fn(|cx| {
+        if !shutdown_registered {
+            core.shutdown.poll_fired(slot, cx);
+            shutdown_registered = true;
+        }
         // Bounded work per poll so one busy session cannot starve the core.
         for _ in 0..32 {
-            if core.shutdown.poll_fired(slot, cx)
+            if core.shutdown.is_fired()
                 && exchange.is_idle()
                 && up.at_frame_boundary()
                 && !up.has_unwritten()
