@@ -75,16 +75,6 @@ impl Pool {
         });
     }
 
-    /// Number of idle backends.
-    pub fn len(&self) -> usize {
-        self.idle.values().map(Vec::len).sum()
-    }
-
-    /// Whether no backend is idle.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Removes every idle backend (shutdown).
     pub fn drain(&mut self) -> Vec<BackendConn> {
         self.idle

@@ -4,6 +4,11 @@
 use crate::world::{connect, World};
 use serde_json::json;
 
+/// The single `count(*)` a query returns.
+async fn count(c: &tokio_postgres::Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
 async fn backend_pid(c: &tokio_postgres::Client) -> i32 {
     c.query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -43,44 +48,27 @@ async fn the_next_client_reuses_the_backend_and_sees_nothing_of_the_last() {
     );
     let work_mem: String = second.query_one("SHOW work_mem", &[]).await.unwrap().get(0);
     assert_ne!(work_mem, "77MB");
-    let prepared: i64 = second
-        .query_one(
-            "SELECT count(*) FROM pg_prepared_statements WHERE name = 'leftover'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let prepared = count(
+        &second,
+        "SELECT count(*) FROM pg_prepared_statements WHERE name = 'leftover'",
+    )
+    .await;
     assert_eq!(prepared, 0);
-    let listening: i64 = second
-        .query_one("SELECT count(*) FROM pg_listening_channels()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let listening = count(&second, "SELECT count(*) FROM pg_listening_channels()").await;
     assert_eq!(listening, 0);
-    let temp: i64 = second
-        .query_one(
-            "SELECT count(*) FROM pg_class WHERE relname = 'leftover_temp'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let temp = count(
+        &second,
+        "SELECT count(*) FROM pg_class WHERE relname = 'leftover_temp'",
+    )
+    .await;
     assert_eq!(temp, 0);
-    let locks: i64 = second
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let locks = count(
+        &second,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+    )
+    .await;
     assert_eq!(locks, 0);
-    let rows: i64 = second
-        .query_one("SELECT count(*) FROM kept", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let rows = count(&second, "SELECT count(*) FROM kept").await;
     assert_eq!(rows, 0, "the open transaction was rolled back");
     let status: String = second.query_one("SELECT 'idle'", &[]).await.unwrap().get(0);
     assert_eq!(status, "idle");
