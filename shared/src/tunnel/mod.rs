@@ -30,6 +30,7 @@
 //! - [`flow`]: [`Tunnel`], the multiplexer for one end: stream table, flow control
 //!   and the DATA scheduler; `flow/peer.rs` handles frames from the peer (the
 //!   handshake included), `flow/app.rs` the application's calls.
+//! - [`link`]: [`Link`], a tunnel carried by a rustls connection, still sans-IO.
 //! - [`error`]: [`TunnelError`] (fatal to the tunnel) and [`StreamError`] (a refused
 //!   application call).
 
@@ -37,6 +38,7 @@ pub mod code;
 pub mod error;
 pub mod flow;
 pub mod frame;
+pub mod link;
 pub mod stream;
 
 #[cfg(test)]
@@ -49,4 +51,5 @@ pub use flow::{
     DEFAULT_MAX_STREAMS, DEFAULT_WINDOW,
 };
 pub use frame::{Frame, FrameError, FrameType, Role, StreamId};
+pub use link::{window_from_env, Link, LinkError};
 pub use stream::{StreamState, StreamStats};
