@@ -40,7 +40,7 @@ pub struct Shared {
     /// statement).
     pub connections: AtomicU32,
     /// Set by the signal thread on SIGTERM/SIGINT.
-    pub shutdown: AtomicBool,
+    pub shutdown: Arc<AtomicBool>,
     /// Salts the mock verifiers of unknown roles.
     pub mock_secret: [u8; 32],
     /// The auth password from `LOKADB_AUTH_PASSWORD`, for databases without one.
@@ -76,7 +76,7 @@ impl Shared {
             tls,
             users,
             connections: AtomicU32::new(0),
-            shutdown: AtomicBool::new(false),
+            shutdown: Arc::new(AtomicBool::new(false)),
             mock_secret: rand::random(),
             env_auth_password,
         })

@@ -21,6 +21,8 @@
 //!   every statement passes).
 //! - [`backend`]: the cloud side — [`backend::conn`] (login as the client's role),
 //!   [`backend::pool`] (warm backends), [`backend::auth_query`] (verifiers).
+//! - [`relay`]: the relay agents dial into, on a thread of its own, and its Postgres
+//!   listener for postgres_fdw and the direct path.
 //! - [`scram`]: SCRAM-SHA-256 for both sides, including passthrough.
 //! - [`cancel`]: per-session cancel keys and cross-core forwarding.
 //! - [`net`]: client streams, TLS, listening sockets.
@@ -37,6 +39,7 @@ pub mod core;
 pub mod error;
 pub mod frontend;
 pub mod net;
+pub mod relay;
 pub mod rt;
 pub mod scram;
 pub mod server;

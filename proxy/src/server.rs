@@ -22,7 +22,8 @@ const REAP_EVERY: u32 = 50;
 
 /// Runs the proxy until SIGTERM/SIGINT and the drain that follows.
 ///
-/// `on_listening` is called once every socket is bound, with the resolved address.
+/// `on_listening` is called once every socket is bound, with the resolved address
+/// (and the relay's, when it runs in this process).
 ///
 /// # Errors
 ///
@@ -31,13 +32,27 @@ const REAP_EVERY: u32 = 50;
 pub fn run(
     config: Config,
     cores: usize,
-    on_listening: impl FnOnce(SocketAddr),
+    on_listening: impl FnOnce(SocketAddr, Option<(SocketAddr, SocketAddr)>),
 ) -> anyhow::Result<()> {
+    if config.databases.is_empty() {
+        anyhow::bail!(
+            "\"databases\" is empty: name at least one database clients may ask for (to run only the relay, use `lokadb relay`)"
+        );
+    }
     let shared = Arc::new(Shared::new(config)?);
     let resolved = Arc::new(shared.resolve_databases()?);
     let sockets = crate::net::listener::bind_reuseport(shared.config.listen, cores)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
-    crate::signals::install(shared.clone())?;
+    crate::signals::install(shared.shutdown.clone())?;
+    let relay = match shared.config.relay.clone() {
+        Some(relay_config) => {
+            let flag = shared.shutdown.clone();
+            Some(crate::relay::start(relay_config, move || {
+                flag.load(Ordering::Relaxed)
+            })?)
+        }
+        None => None,
+    };
 
     // Each core's inbox for cancel requests that arrive on another core.
     let mut inboxes = Vec::with_capacity(cores);
@@ -58,7 +73,7 @@ pub fn run(
     let pin = cores <= online && pinning_enabled();
 
     tracing::info!(addr = %sockets.addr, cores, pinned = pin, "listening");
-    on_listening(sockets.addr);
+    on_listening(sockets.addr, relay.as_ref().map(|r| (r.agents, r.postgres)));
 
     let mut threads = Vec::with_capacity(cores);
     for (id, (fd, inbox)) in sockets.fds.into_iter().zip(inboxes).enumerate() {
@@ -77,8 +92,32 @@ pub fn run(
         t.join()
             .map_err(|_| anyhow::anyhow!("a core thread panicked"))?;
     }
+    if let Some(relay) = relay {
+        relay.join()?;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Runs the relay alone (`lokadb relay`) until SIGTERM/SIGINT and its drain.
+///
+/// `on_listening` gets the agents' and the Postgres listener's addresses.
+///
+/// # Errors
+///
+/// No `relay` in the config, its TLS files, or a listener that cannot be bound.
+pub fn run_relay(
+    config: Config,
+    on_listening: impl FnOnce(SocketAddr, SocketAddr),
+) -> anyhow::Result<()> {
+    let relay_config = config
+        .relay
+        .ok_or_else(|| anyhow::anyhow!("the config has no \"relay\" section"))?;
+    let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    crate::signals::install(flag.clone())?;
+    let relay = crate::relay::start(relay_config, move || flag.load(Ordering::Relaxed))?;
+    on_listening(relay.agents, relay.postgres);
+    relay.join()
 }
 
 /// `LOKADB_PIN=0` leaves core threads to the scheduler (default: pinned).

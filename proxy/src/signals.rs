@@ -1,23 +1,23 @@
 //! SIGTERM and SIGINT: the first starts a graceful shutdown, a second one exits at once.
 
-use crate::core::Shared;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// Starts the thread that turns signals into the shared shutdown flag.
+/// Starts the thread that turns signals into the shutdown flag, which the proxy's
+/// cores and the relay watch.
 ///
 /// # Errors
 ///
 /// The signal handlers cannot be installed.
-pub fn install(shared: Arc<Shared>) -> anyhow::Result<()> {
+pub fn install(shutdown: Arc<AtomicBool>) -> anyhow::Result<()> {
     let mut signals = Signals::new([SIGTERM, SIGINT])?;
     std::thread::Builder::new()
         .name("lokadb-signals".into())
         .spawn(move || {
             for signal in signals.forever() {
-                if shared.shutdown.swap(true, Ordering::Relaxed) {
+                if shutdown.swap(true, Ordering::Relaxed) {
                     tracing::warn!(signal, "second signal: exiting now");
                     std::process::exit(1);
                 }

@@ -41,7 +41,39 @@ pub struct Config {
     #[serde(default)]
     pub users_file: Option<PathBuf>,
     /// The databases clients may ask for, by the name they ask for.
+    #[serde(default)]
     pub databases: BTreeMap<String, DatabaseConfig>,
+    /// The relay agents dial into; run inside `lokadb proxy` when present, or alone
+    /// by `lokadb relay`.
+    #[serde(default)]
+    pub relay: Option<RelayConfig>,
+}
+
+/// The relay: where agents connect, where Postgres clients (postgres_fdw, the
+/// proxy's direct path) reach organizations, and who may connect.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Address agents dial (TLS).
+    pub agents: SocketAddr,
+    /// Address of the Postgres listener: database `ORG` or `ORG/DBNAME` reaches that
+    /// organization's database through its agent.
+    pub postgres: SocketAddr,
+    /// Streams open at once over all agents; past it, SQLSTATE 53300.
+    #[serde(default = "defaults::max_streams")]
+    pub max_streams: u32,
+    /// The relay's certificate and key, which agents verify.
+    pub tls: TlsConfig,
+    /// Organization id → the SHA-256 of its agent token, `"sha256:<64 hex digits>"`
+    /// (`lokadb token new ORG` makes both).
+    #[serde(default)]
+    pub tokens: BTreeMap<String, String>,
+    /// On SIGTERM, how long open streams may take to finish.
+    #[serde(default = "defaults::drain_timeout", with = "duration")]
+    pub drain_timeout: Duration,
+    /// Time a Postgres client has to send its startup packet.
+    #[serde(default = "defaults::startup_timeout", with = "duration")]
+    pub startup_timeout: Duration,
 }
 
 /// TLS certificate and key for client connections (PEM files).
@@ -103,6 +135,15 @@ mod defaults {
     }
     pub fn pool_idle_timeout() -> Duration {
         Duration::from_secs(300)
+    }
+    pub fn max_streams() -> u32 {
+        2048
+    }
+    pub fn drain_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn startup_timeout() -> Duration {
+        Duration::from_secs(10)
     }
     pub fn connect_timeout() -> Duration {
         Duration::from_secs(10)
@@ -189,10 +230,13 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.databases.is_empty() {
+        if self.databases.is_empty() && self.relay.is_none() {
             return bad(
-                "\"databases\" is empty: name at least one database clients may ask for".into(),
+                "nothing to run: name at least one database clients may ask for in \"databases\", or configure a \"relay\"".into(),
             );
+        }
+        if let Some(relay) = &self.relay {
+            relay.validate()?;
         }
         if self.max_connections == 0 {
             return bad("\"max_connections\" must be at least 1".into());
@@ -211,6 +255,53 @@ impl Config {
         }
         Ok(())
     }
+}
+
+impl RelayConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.max_streams == 0 {
+            return bad("relay.max_streams must be at least 1".into());
+        }
+        if self.agents == self.postgres {
+            return bad(format!(
+                "relay.agents and relay.postgres are both {}: they need different addresses",
+                self.agents
+            ));
+        }
+        for (org, hash) in &self.tokens {
+            if org.is_empty() || org.contains('/') {
+                return bad(format!(
+                    "relay.tokens: organization id {org:?} must be non-empty and without '/'"
+                ));
+            }
+            parse_token_hash(hash)
+                .map_err(|e| ConfigError::Invalid(format!("relay.tokens.{org}: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `"sha256:<64 hex digits>"` into the digest.
+///
+/// # Errors
+///
+/// A message saying what the form should be.
+pub fn parse_token_hash(s: &str) -> Result<[u8; 32], String> {
+    let hex = s.strip_prefix("sha256:").ok_or_else(|| {
+        "a token hash is written \"sha256:<64 hex digits>\" (see `lokadb token new`)".to_owned()
+    })?;
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "a token hash has 64 hex digits after \"sha256:\", got {} characters",
+            hex.len()
+        ));
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("checked hex");
+    }
+    Ok(out)
 }
 
 /// A parsed libpq keyword/value connection string (`host=… port=… dbname=…`).
@@ -329,6 +420,37 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("unknown field `pool`"), "{e}");
+    }
+
+    const RELAY: &str = r#"{"relay": {"agents": "127.0.0.1:7000", "postgres": "127.0.0.1:7001",
+        "tls": {"cert": "c.pem", "key": "k.pem"},
+        "tokens": {"acme": "sha256:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"}}}"#;
+
+    #[test]
+    fn a_relay_alone_is_a_config() {
+        let c = Config::from_json(RELAY).unwrap();
+        let r = c.relay.unwrap();
+        assert_eq!(r.max_streams, 2048);
+        assert_eq!(r.drain_timeout, Duration::from_secs(5));
+        assert_eq!(parse_token_hash(&r.tokens["acme"]).unwrap()[1], 0x11);
+        assert!(c.databases.is_empty());
+        let e = Config::from_json("{}").unwrap_err();
+        assert!(e.to_string().contains("nothing to run"), "{e}");
+    }
+
+    #[test]
+    fn relay_mistakes_are_named() {
+        let e = Config::from_json(&RELAY.replace("sha256:00", "sha1:00")).unwrap_err();
+        assert!(e.to_string().contains("relay.tokens.acme"), "{e}");
+        let e = Config::from_json(&RELAY.replace("7001", "7000")).unwrap_err();
+        assert!(e.to_string().contains("different addresses"), "{e}");
+        let e = Config::from_json(&RELAY.replace("\"tokens\"", "\"max_streams\": 0, \"tokens\""))
+            .unwrap_err();
+        assert!(e.to_string().contains("max_streams"), "{e}");
+        let e = Config::from_json(&RELAY.replace("\"acme\"", "\"a/b\"")).unwrap_err();
+        assert!(e.to_string().contains("without '/'"), "{e}");
+        let e = Config::from_json(&RELAY.replace("\"tokens\"", "\"token\"")).unwrap_err();
+        assert!(e.to_string().contains("unknown field `token`"), "{e}");
     }
 
     #[test]

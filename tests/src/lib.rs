@@ -11,11 +11,15 @@
 //!   `latency-link` binary (`src/bin/latency-link.rs`) runs one from the command line.
 //! - [`proxy`]: [`proxy::Proxy`], the `lokadb` binary started with a JSON config; it waits for
 //!   `lokadb proxy listening on HOST:PORT` and keeps the process's output.
+//! - [`agent`]: [`agent::Agent`], the `lokadb-agent` binary; [`certs`]: a test CA and relay
+//!   certificate.
 //! - this file: [`repo_root`], [`free_port`], [`TempDir`] and the spawner that starts long-lived
 //!   children so they die with the test process (`PR_SET_PDEATHSIG`).
 //!
 //! The integration tests themselves are in `tests/it/`, one binary.
 
+pub mod agent;
+pub mod certs;
 pub mod link;
 pub mod pg;
 pub mod proxy;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 const LISTENING: &str = "lokadb proxy listening on ";
+const RELAY_LISTENING: &str = "lokadb relay listening on ";
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A running proxy; dropping it kills the process (SIGKILL) and removes its config file.
@@ -24,6 +25,22 @@ pub struct Proxy {
     output: Arc<Mutex<String>>,
     exit: Option<ExitStatus>,
     config_dir: crate::TempDir,
+    relay: Option<RelayAddrs>,
+}
+
+/// The relay's listeners, from `lokadb relay listening on A (agents) and P (postgres)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayAddrs {
+    /// Where agents dial.
+    pub agents: SocketAddr,
+    /// The Postgres listener.
+    pub postgres: SocketAddr,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Listening {
+    Proxy(SocketAddr),
+    Relay(RelayAddrs),
 }
 
 /// Options for [`Proxy`]: `Proxy::builder(config).env("K", "V").start()`.
@@ -34,6 +51,7 @@ pub struct Builder {
     args: Vec<String>,
     bin: Option<PathBuf>,
     start_timeout: Duration,
+    subcommand: &'static str,
 }
 
 impl Builder {
@@ -60,6 +78,13 @@ impl Builder {
         self
     }
 
+    /// Runs `lokadb relay` instead of `lokadb proxy`; the returned handle's
+    /// [`Proxy::relay`] has the addresses and [`Proxy::addr`] is the agents' address.
+    pub fn relay_only(mut self) -> Self {
+        self.subcommand = "relay";
+        self
+    }
+
     pub fn start(self) -> Result<Proxy> {
         Proxy::start_with(self)
     }
@@ -68,10 +93,16 @@ impl Builder {
 /// `LOKADB_BIN` if set; else the newest of `lokadb` next to this test binary's target profile
 /// dir, `<repo>/target/release/lokadb` and `<repo>/target/debug/lokadb`.
 pub fn find_binary() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("LOKADB_BIN").filter(|b| !b.is_empty()) {
+    find_named_binary("lokadb", "LOKADB_BIN", "lokadb")
+}
+
+/// The binary `name`: the path in the environment variable `env` if set, else the newest
+/// build next to this test binary or in `<repo>/target/{release,debug}`.
+pub fn find_named_binary(name: &str, env: &str, package: &str) -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os(env).filter(|b| !b.is_empty()) {
         let bin = PathBuf::from(bin);
         if !bin.is_file() {
-            bail!("LOKADB_BIN={} is not a file", bin.display());
+            bail!("{env}={} is not a file", bin.display());
         }
         return Ok(bin);
     }
@@ -79,12 +110,12 @@ pub fn find_binary() -> Result<PathBuf> {
     // The test binary is <target>/<profile>/deps/it-<hash>.
     if let Ok(exe) = std::env::current_exe() {
         if let Some(profile_dir) = exe.parent().and_then(Path::parent) {
-            candidates.push(profile_dir.join("lokadb"));
+            candidates.push(profile_dir.join(name));
         }
     }
     let target = crate::repo_root().join("target");
-    candidates.push(target.join("release").join("lokadb"));
-    candidates.push(target.join("debug").join("lokadb"));
+    candidates.push(target.join("release").join(name));
+    candidates.push(target.join("debug").join(name));
     candidates
         .into_iter()
         .filter_map(|p| {
@@ -94,9 +125,7 @@ pub fn find_binary() -> Result<PathBuf> {
         .max_by_key(|(modified, _)| *modified)
         .map(|(_, p)| p)
         .ok_or_else(|| {
-            anyhow!(
-                "no lokadb binary: build it (cargo build --release -p lokadb) or set LOKADB_BIN"
-            )
+            anyhow!("no {name} binary: build it (cargo build --release -p {package}) or set {env}")
         })
 }
 
@@ -113,6 +142,7 @@ impl Proxy {
             args: Vec::new(),
             bin: None,
             start_timeout: START_TIMEOUT,
+            subcommand: "proxy",
         }
     }
 
@@ -129,7 +159,7 @@ impl Proxy {
             .with_context(|| format!("write {}", config_path.display()))?;
 
         let mut cmd = Command::new(&bin);
-        cmd.arg("proxy")
+        cmd.arg(b.subcommand)
             .arg("--config")
             .arg(&config_path)
             .args(&b.args)
@@ -145,16 +175,23 @@ impl Proxy {
             crate::spawn_long_lived(cmd).with_context(|| format!("spawn {}", bin.display()))?;
 
         let output = Arc::new(Mutex::new(String::new()));
-        let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
+        let (addr_tx, addr_rx) = mpsc::channel::<Listening>();
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
         drain(stdout, output.clone(), addr_tx.clone());
         drain(stderr, output.clone(), addr_tx);
 
         let deadline = Instant::now() + b.start_timeout;
+        let mut relay = None;
         let addr = loop {
             match addr_rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(addr) => break addr,
+                Ok(Listening::Relay(r)) => {
+                    relay = Some(r);
+                    if b.subcommand == "relay" {
+                        break r.agents;
+                    }
+                }
+                Ok(Listening::Proxy(addr)) => break addr,
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     // Both pipes closed: the process is exiting.
@@ -192,7 +229,13 @@ impl Proxy {
             output,
             exit: None,
             config_dir,
+            relay,
         })
+    }
+
+    /// The relay's addresses, when the process runs one.
+    pub fn relay(&self) -> Option<RelayAddrs> {
+        self.relay
     }
 
     /// The address from the listening line.
@@ -277,11 +320,28 @@ impl Drop for Proxy {
     }
 }
 
-/// Copies lines from `pipe` into `output` and reports the listening address once.
+/// Copies lines from `pipe` into `output` and reports the listening addresses.
 fn drain(
     pipe: impl Read + Send + 'static,
     output: Arc<Mutex<String>>,
-    addr_tx: mpsc::Sender<SocketAddr>,
+    addr_tx: mpsc::Sender<Listening>,
+) {
+    capture(pipe, output, move |text| {
+        if let Some(addr) = parse_listening(text) {
+            let _ = addr_tx.send(Listening::Proxy(addr));
+        }
+        if let Some(relay) = parse_relay_listening(text) {
+            let _ = addr_tx.send(Listening::Relay(relay));
+        }
+    });
+}
+
+/// Copies lines from `pipe` into `output` on a thread of its own, showing each line to
+/// `on_line` first.
+pub(crate) fn capture(
+    pipe: impl Read + Send + 'static,
+    output: Arc<Mutex<String>>,
+    on_line: impl Fn(&str) + Send + 'static,
 ) {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(pipe);
@@ -293,9 +353,7 @@ fn drain(
                 Ok(_) => {}
             }
             let text = String::from_utf8_lossy(&line);
-            if let Some(addr) = parse_listening(&text) {
-                let _ = addr_tx.send(addr);
-            }
+            on_line(&text);
             let mut out = output.lock().unwrap();
             out.push_str(&text);
             if !text.ends_with('\n') {
@@ -309,6 +367,14 @@ fn parse_listening(line: &str) -> Option<SocketAddr> {
     let rest = &line[line.find(LISTENING)? + LISTENING.len()..];
     let token = rest.split_whitespace().next()?;
     token.parse().ok()
+}
+
+fn parse_relay_listening(line: &str) -> Option<RelayAddrs> {
+    let rest = &line[line.find(RELAY_LISTENING)? + RELAY_LISTENING.len()..];
+    let mut words = rest.split_whitespace();
+    let agents = words.next()?.parse().ok()?;
+    let postgres = words.nth(2)?.parse().ok()?;
+    Some(RelayAddrs { agents, postgres })
 }
 
 #[cfg(test)]
@@ -326,5 +392,14 @@ mod tests {
             Some("[::1]:7".parse().unwrap())
         );
         assert_eq!(parse_listening("lokadb proxy starting"), None);
+        assert_eq!(
+            parse_relay_listening(
+                "lokadb relay listening on 127.0.0.1:7000 (agents) and 127.0.0.1:7001 (postgres)"
+            ),
+            Some(RelayAddrs {
+                agents: "127.0.0.1:7000".parse().unwrap(),
+                postgres: "127.0.0.1:7001".parse().unwrap()
+            })
+        );
     }
 }

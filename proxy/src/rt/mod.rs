@@ -30,7 +30,7 @@ pub mod net;
 pub mod reactor;
 
 pub use executor::{block_on, spawn};
-pub use reactor::sleep;
+pub use reactor::{sleep, sleep_until};
 
 #[cfg(test)]
 mod tests {

@@ -244,8 +244,13 @@ impl Drop for Ready {
 
 /// Completes after `duration`.
 pub fn sleep(duration: Duration) -> Sleep {
+    sleep_until(Instant::now() + duration)
+}
+
+/// Completes at `deadline`.
+pub fn sleep_until(deadline: Instant) -> Sleep {
     Sleep {
-        deadline: Instant::now() + duration,
+        deadline,
         key: None,
     }
 }

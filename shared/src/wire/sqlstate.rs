@@ -21,6 +21,8 @@ pub const TOO_MANY_CONNECTIONS: SqlState = "53300";
 pub const PROGRAM_LIMIT_EXCEEDED: SqlState = "54000";
 /// `57P01` admin_shutdown.
 pub const ADMIN_SHUTDOWN: SqlState = "57P01";
+/// `57P03` cannot_connect_now.
+pub const CANNOT_CONNECT_NOW: SqlState = "57P03";
 /// `0A000` feature_not_supported.
 pub const FEATURE_NOT_SUPPORTED: SqlState = "0A000";
 /// `XX000` internal_error.

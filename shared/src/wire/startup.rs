@@ -141,9 +141,14 @@ pub fn parse(packet: &[u8]) -> Result<StartupPacket, FrameError> {
 
 /// Encodes a StartupMessage for protocol 3.0 with the given parameters.
 pub fn encode_startup(params: &[(&str, &str)], out: &mut Vec<u8>) {
+    encode_startup_version(3, 0, params, out);
+}
+
+/// Encodes a StartupMessage asking for protocol `major.minor`.
+pub fn encode_startup_version(major: u16, minor: u16, params: &[(&str, &str)], out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&PROTOCOL_3_0.to_be_bytes());
+    out.extend_from_slice(&(i32::from(major) << 16 | i32::from(minor)).to_be_bytes());
     for (k, v) in params {
         super::backend::put_cstr(out, k);
         super::backend::put_cstr(out, v);

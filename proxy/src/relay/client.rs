@@ -1,0 +1,372 @@
+//! A Postgres client of the relay (postgres_fdw in the cloud database, or the
+//! proxy's direct path): its startup packet names the organization, and its bytes go
+//! through a stream of that organization's tunnel.
+//!
+//! The database name is `ORG` or `ORG/DBNAME`. With `ORG/DBNAME` the startup packet
+//! is rewritten to ask the organization's Postgres for `DBNAME`; with `ORG` alone it
+//! is forwarded unchanged (the database there has the organization's name).
+//! Authentication is end to end: the relay never sees a password.
+
+use super::cancel::KeySniffer;
+use super::registry::Relay;
+use super::tunnel_conn::TunnelConn;
+use crate::rt::net::TcpStream;
+use bytes::Bytes;
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use lokadb_shared::tunnel::{StreamError, StreamId};
+use lokadb_shared::wire::backend::{self, ErrorFields, Severity};
+use lokadb_shared::wire::sqlstate;
+use lokadb_shared::wire::startup::{self, StartupMessage, StartupPacket};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+/// Bytes a client may have queued in the tunnel beyond its window before the relay
+/// stops reading from it.
+const SEND_QUEUE_LIMIT: u64 = 256 * 1024;
+/// Largest read from a client, and from a stream, at once.
+const CHUNK: usize = 64 * 1024;
+
+/// A refusal sent to the client as a FATAL ErrorResponse.
+struct Refusal {
+    code: &'static str,
+    message: String,
+    hint: Option<&'static str>,
+}
+
+impl Refusal {
+    fn new(code: &'static str, message: String) -> Refusal {
+        Refusal {
+            code,
+            message,
+            hint: None,
+        }
+    }
+
+    fn hint(mut self, hint: &'static str) -> Refusal {
+        self.hint = Some(hint);
+        self
+    }
+}
+
+/// Serves one client connection of the relay's Postgres listener.
+pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
+    let _ = tcp.set_nodelay(true);
+    let timeout = relay.config.startup_timeout;
+    let startup = match crate::time::with_timeout(timeout, read_startup(&relay, &mut tcp)).await {
+        None => Err(Refusal::new(
+            sqlstate::PROTOCOL_VIOLATION,
+            format!("no startup packet within {timeout:?}"),
+        )),
+        Some(r) => r,
+    };
+    let m = match startup {
+        Ok(Some(m)) => m,
+        Ok(None) => return, // a cancel request, handled
+        Err(refusal) => return refuse(&mut tcp, refusal).await,
+    };
+    let route = match open(&relay, &m) {
+        Ok(r) => r,
+        Err(refusal) => return refuse(&mut tcp, refusal).await,
+    };
+    relay.streams.set(relay.streams.get() + 1);
+    relay.stats.borrow_mut().streams_opened += 1;
+    tracing::debug!(org = route.org, stream = route.id.0, "stream opened");
+    let result = pipe(&relay, &route, &mut tcp).await;
+    relay.streams.set(relay.streams.get() - 1);
+    route.conn.release(route.id);
+    match result {
+        Ok(()) => tracing::debug!(org = route.org, stream = route.id.0, "stream closed"),
+        Err(PipeError::Client(e)) => {
+            tracing::debug!(org = route.org, stream = route.id.0, error = %e, "client connection lost");
+        }
+        Err(PipeError::Stream { reason, answered }) => {
+            tracing::info!(
+                org = route.org,
+                stream = route.id.0,
+                reason,
+                "stream failed"
+            );
+            if !answered {
+                // Nothing from the organization reached the client yet, so a FATAL
+                // error keeps the protocol in step and says why.
+                refuse(&mut tcp, Refusal::new(sqlstate::CONNECTION_FAILURE, reason)).await;
+            }
+        }
+    }
+}
+
+/// Reads the startup phase: SSLRequest and GSSENCRequest are answered `N` (the
+/// tunnel is TLS; this listener is for the cloud database and the proxy, beside the
+/// relay), CancelRequest is forwarded, a StartupMessage returned.
+async fn read_startup(
+    relay: &Rc<Relay>,
+    tcp: &mut TcpStream,
+) -> Result<Option<StartupMessage>, Refusal> {
+    let mut encryption_asked = false;
+    loop {
+        let packet = read_packet(tcp).await?;
+        let parsed = startup::parse(&packet).map_err(|e| {
+            Refusal::new(
+                sqlstate::PROTOCOL_VIOLATION,
+                format!("invalid startup packet: {e}"),
+            )
+        })?;
+        match parsed {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
+                if encryption_asked {
+                    return Err(Refusal::new(
+                        sqlstate::PROTOCOL_VIOLATION,
+                        "second encryption request".into(),
+                    ));
+                }
+                encryption_asked = true;
+                tcp.write_all(b"N").await.map_err(|_| gone())?;
+            }
+            StartupPacket::Cancel { pid, secret } => {
+                super::cancel::forward(relay, pid, secret).await;
+                return Ok(None);
+            }
+            StartupPacket::Startup(m) => {
+                if m.major != 3 {
+                    return Err(Refusal::new(
+                        sqlstate::FEATURE_NOT_SUPPORTED,
+                        format!("unsupported frontend protocol {}.{}", m.major, m.minor),
+                    ));
+                }
+                return Ok(Some(m));
+            }
+        }
+    }
+}
+
+fn gone() -> Refusal {
+    Refusal::new(sqlstate::CONNECTION_FAILURE, "client went away".into())
+}
+
+async fn read_packet(tcp: &mut TcpStream) -> Result<Vec<u8>, Refusal> {
+    let mut len = [0u8; 4];
+    tcp.read_exact(&mut len).await.map_err(|_| gone())?;
+    let n = startup::peek_len(&len)
+        .map_err(|e| {
+            Refusal::new(
+                sqlstate::PROTOCOL_VIOLATION,
+                format!("invalid startup packet: {e}"),
+            )
+        })?
+        .expect("four bytes were read") as usize;
+    let mut packet = vec![0u8; n];
+    packet[..4].copy_from_slice(&len);
+    tcp.read_exact(&mut packet[4..]).await.map_err(|_| gone())?;
+    Ok(packet)
+}
+
+/// A client's stream.
+struct Route {
+    org: String,
+    conn: Rc<TunnelConn>,
+    id: StreamId,
+}
+
+/// Picks the organization and opens a stream carrying the (rewritten) startup packet.
+fn open(relay: &Relay, m: &StartupMessage) -> Result<Route, Refusal> {
+    let database = m
+        .param("database")
+        .or_else(|| m.param("user"))
+        .unwrap_or("");
+    let (org, dbname) = match database.split_once('/') {
+        Some((org, db)) if !db.is_empty() => (org, db),
+        Some(_) => {
+            return Err(Refusal::new(
+                sqlstate::INVALID_CATALOG_NAME,
+                format!("database \"{database}\" names no database after the '/'"),
+            )
+            .hint("The relay's database name is ORG or ORG/DBNAME."))
+        }
+        None => (database, database),
+    };
+    if relay.draining.get() {
+        return Err(Refusal::new(
+            sqlstate::CANNOT_CONNECT_NOW,
+            "the relay is shutting down".into(),
+        ));
+    }
+    if !relay.tokens.knows(org) {
+        relay.stats.borrow_mut().refused_unknown_org += 1;
+        return Err(Refusal::new(
+            sqlstate::INVALID_CATALOG_NAME,
+            format!("organization \"{org}\" is not known to this relay"),
+        )
+        .hint("The relay's database name is ORG or ORG/DBNAME, with ORG in relay.tokens."));
+    }
+    let Some(conn) = relay.live(org) else {
+        relay.stats.borrow_mut().refused_no_agent += 1;
+        return Err(Refusal::new(
+            sqlstate::CANNOT_CONNECT,
+            format!("organization \"{org}\" has no agent connected to this relay"),
+        )
+        .hint("Start lokadb-agent beside the organization's database, or check its logs."));
+    };
+    let max = relay.config.max_streams;
+    if relay.streams.get() >= max {
+        relay.stats.borrow_mut().refused_max_streams += 1;
+        return Err(Refusal::new(
+            sqlstate::TOO_MANY_CONNECTIONS,
+            format!("the relay's max_streams limit ({max} streams over all agents) is reached"),
+        )
+        .hint("Raise relay.max_streams, or use fewer connections per organization."));
+    }
+    let id = conn.open(dbname).map_err(|e| match e {
+        StreamError::Limit { max } => {
+            relay.stats.borrow_mut().refused_agent_limit += 1;
+            Refusal::new(
+                sqlstate::TOO_MANY_CONNECTIONS,
+                format!("the agent of organization \"{org}\" is at its -max-conns limit ({max} connections)"),
+            )
+            .hint("Raise the agent's -max-conns, or use fewer connections to this organization.")
+        }
+        StreamError::Draining => Refusal::new(
+            sqlstate::CANNOT_CONNECT_NOW,
+            format!("the agent of organization \"{org}\" is reconnecting"),
+        )
+        .hint("Try again in a second."),
+        e => Refusal::new(sqlstate::CONNECTION_FAILURE, format!("cannot open a stream to organization \"{org}\": {e}")),
+    })?;
+    let params: Vec<(&str, &str)> = m
+        .params
+        .iter()
+        .map(|(k, v)| {
+            if k == "database" {
+                (k.as_str(), dbname)
+            } else {
+                (k.as_str(), v.as_str())
+            }
+        })
+        .collect();
+    let mut packet = Vec::new();
+    startup::encode_startup_version(m.major, m.minor, &params, &mut packet);
+    let route = Route {
+        org: org.to_owned(),
+        conn,
+        id,
+    };
+    if let Err(reason) = route.conn.write(id, Bytes::from(packet)) {
+        route.conn.release(id);
+        return Err(Refusal::new(sqlstate::CONNECTION_FAILURE, reason));
+    }
+    Ok(route)
+}
+
+enum PipeError {
+    /// The client's socket failed.
+    Client(std::io::Error),
+    /// The stream was reset or its tunnel ended; `answered` if the client already got
+    /// bytes from the organization.
+    Stream { reason: String, answered: bool },
+}
+
+/// Moves bytes both ways until both directions have ended.
+async fn pipe(relay: &Relay, route: &Route, tcp: &mut TcpStream) -> Result<(), PipeError> {
+    let mut up = vec![0u8; CHUNK];
+    let mut up_done = false;
+    let mut down: Option<Bytes> = None;
+    let mut down_done = false;
+    let mut answered = false;
+    let mut sniffer = KeySniffer::default();
+    let (conn, id) = (&route.conn, route.id);
+    let result = futures_lite::future::poll_fn(|cx: &mut Context<'_>| loop {
+        let mut busy = false;
+
+        // Client → tunnel, while the stream's send queue is short.
+        if !up_done && conn.poll_send_capacity(id, SEND_QUEUE_LIMIT, cx).is_ready() {
+            match Pin::new(&mut *tcp).poll_read(cx, &mut up) {
+                Poll::Ready(Ok(0)) => {
+                    conn.close(id);
+                    up_done = true;
+                    busy = true;
+                }
+                Poll::Ready(Ok(n)) => {
+                    relay.stats.borrow_mut().bytes_to_agents += n as u64;
+                    if let Err(reason) = conn.write(id, Bytes::copy_from_slice(&up[..n])) {
+                        return Poll::Ready(Err(PipeError::Stream { reason, answered }));
+                    }
+                    busy = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(PipeError::Client(e))),
+                Poll::Pending => {}
+            }
+        }
+
+        // Tunnel → client.
+        if !down_done {
+            if down.is_none() {
+                match conn.poll_read(id, CHUNK, cx) {
+                    Poll::Ready(Ok(Some(data))) => {
+                        if !sniffer.done() {
+                            if let Some(key) = sniffer.feed(&data) {
+                                relay
+                                    .cancel_keys
+                                    .borrow_mut()
+                                    .insert(key, route.org.clone());
+                            }
+                        }
+                        relay.stats.borrow_mut().bytes_from_agents += data.len() as u64;
+                        down = Some(data);
+                    }
+                    Poll::Ready(Ok(None)) => {
+                        down_done = true;
+                        busy = true;
+                        // Half-close towards the client; errors mean it is gone.
+                        let _ = Pin::new(&mut *tcp).poll_close(cx);
+                    }
+                    Poll::Ready(Err(reason)) => {
+                        return Poll::Ready(Err(PipeError::Stream { reason, answered }))
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            if let Some(data) = down.as_mut() {
+                match Pin::new(&mut *tcp).poll_write(cx, data) {
+                    Poll::Ready(Ok(n)) => {
+                        answered = true;
+                        let _ = data.split_to(n);
+                        if data.is_empty() {
+                            down = None;
+                        }
+                        busy = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(PipeError::Client(e))),
+                    Poll::Pending => {}
+                }
+            }
+        }
+
+        if up_done && down_done {
+            return Poll::Ready(Ok(()));
+        }
+        if !busy {
+            return Poll::Pending;
+        }
+    })
+    .await;
+    if let Some(key) = sniffer.key() {
+        relay.cancel_keys.borrow_mut().remove(&key);
+    }
+    result
+}
+
+async fn refuse(tcp: &mut TcpStream, r: Refusal) {
+    let mut out = Vec::new();
+    backend::error_response(
+        &mut out,
+        &ErrorFields {
+            severity: Severity::Fatal,
+            code: r.code,
+            message: &r.message,
+            detail: None,
+            hint: r.hint,
+        },
+    );
+    tracing::debug!(code = r.code, message = r.message, "relay client refused");
+    let _ = crate::time::with_timeout(std::time::Duration::from_secs(1), tcp.write_all(&out)).await;
+}

@@ -1,0 +1,215 @@
+//! The relay: agents dial in over TLS, each carrying its organization's tunnel;
+//! Postgres clients (postgres_fdw in the cloud database, the proxy's direct path)
+//! connect to its Postgres listener and are piped through a stream of the tunnel of
+//! the organization their database name names.
+//!
+//! It runs on one thread of its own with its own runtime ([`crate::rt`]): inside
+//! `lokadb proxy` when the config has `relay`, or alone as `lokadb relay`. One thread
+//! keeps every tunnel and every stream in one place, so opening a stream is a local
+//! call; its work per byte is a copy and a TLS record.
+//!
+//! # Layout
+//!
+//! - [`registry`]: which agent serves which organization, counters.
+//! - [`tunnel_conn`]: one agent connection (TLS + tunnel) and its streams' slots.
+//! - [`client`]: one Postgres client: startup packet → organization → stream → pipe.
+//! - [`cancel`]: CancelRequests routed by the backend keys seen on streams.
+//! - [`tokens`]: agent tokens and their hashes.
+
+pub mod cancel;
+pub mod client;
+pub mod registry;
+pub mod tokens;
+pub mod tunnel_conn;
+
+use crate::rt::net::TcpListener;
+use crate::rt::{sleep, spawn};
+use registry::Relay;
+use std::net::SocketAddr;
+use std::os::fd::IntoRawFd;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// How often the relay checks for shutdown.
+const TICK: Duration = Duration::from_millis(50);
+/// How often the counters are logged (when they changed).
+const STATS_EVERY: Duration = Duration::from_secs(60);
+
+/// A running relay.
+pub struct Handle {
+    /// Where agents connect.
+    pub agents: SocketAddr,
+    /// The Postgres listener.
+    pub postgres: SocketAddr,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Handle {
+    /// Waits until the relay has drained and stopped.
+    ///
+    /// # Errors
+    ///
+    /// The relay thread panicked.
+    pub fn join(self) -> anyhow::Result<()> {
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the relay thread panicked"))
+    }
+}
+
+/// Binds the relay's two listeners and starts its thread; it drains and stops once
+/// `shutdown()` returns true.
+///
+/// # Errors
+///
+/// The TLS files, `LOKADB_MUX_WINDOW_KB`, or a listener that cannot be bound.
+pub fn start(
+    config: lokadb_shared::config::RelayConfig,
+    shutdown: impl Fn() -> bool + Send + 'static,
+) -> anyhow::Result<Handle> {
+    let mut tls = (*crate::net::tls::server_config(&config.tls)?).clone();
+    tls.alpn_protocols.clear();
+    let window = lokadb_shared::tunnel::window_from_env().map_err(|e| anyhow::anyhow!(e))?;
+    let agents = std::net::TcpListener::bind(config.agents).map_err(|e| {
+        anyhow::anyhow!("relay: cannot listen for agents on {}: {e}", config.agents)
+    })?;
+    let postgres = std::net::TcpListener::bind(config.postgres).map_err(|e| {
+        anyhow::anyhow!(
+            "relay: cannot listen for Postgres clients on {}: {e}",
+            config.postgres
+        )
+    })?;
+    let (agents_addr, postgres_addr) = (agents.local_addr()?, postgres.local_addr()?);
+    let (agents_fd, postgres_fd) = (agents.into_raw_fd(), postgres.into_raw_fd());
+    tracing::info!(
+        agents = %agents_addr,
+        postgres = %postgres_addr,
+        max_streams = config.max_streams,
+        window,
+        organizations = config.tokens.len(),
+        "relay listening"
+    );
+    let thread = std::thread::Builder::new()
+        .name("lokadb-relay".into())
+        .spawn(move || {
+            let relay = Rc::new(Relay::new(config, std::sync::Arc::new(tls), window));
+            // SAFETY: both fds are listening sockets handed over whole.
+            let (agents, postgres) = unsafe {
+                (
+                    TcpListener::from_raw_fd(agents_fd).expect("agents listener"),
+                    TcpListener::from_raw_fd(postgres_fd).expect("postgres listener"),
+                )
+            };
+            crate::rt::block_on(run(relay, agents, postgres, shutdown));
+        })?;
+    Ok(Handle {
+        agents: agents_addr,
+        postgres: postgres_addr,
+        thread,
+    })
+}
+
+async fn run(
+    relay: Rc<Relay>,
+    agents: TcpListener,
+    postgres: TcpListener,
+    shutdown: impl Fn() -> bool,
+) {
+    let agents_task = spawn(accept_agents(relay.clone(), agents));
+    let clients_task = spawn(accept_clients(relay.clone(), postgres));
+    let mut last_stats = String::new();
+    let mut next_stats = Instant::now() + STATS_EVERY;
+    while !shutdown() {
+        sleep(TICK).await;
+        if Instant::now() >= next_stats {
+            next_stats += STATS_EVERY;
+            let line = stats_line(&relay);
+            if line != last_stats {
+                tracing::info!("relay counters: {line}");
+                last_stats = line;
+            }
+        }
+    }
+    // Drain: close both listeners at once, so agents that reconnect find the next
+    // relay process instead of a backlog nobody accepts.
+    relay.draining.set(true);
+    drop(agents_task);
+    drop(clients_task);
+    let conns = relay.all_conns();
+    for conn in &conns {
+        conn.drain();
+    }
+    let deadline = Instant::now() + relay.config.drain_timeout;
+    tracing::info!(
+        agents = conns.len(),
+        streams = relay.streams.get(),
+        "relay draining: agents told to reconnect"
+    );
+    while relay.streams.get() > 0 && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+    }
+    if relay.streams.get() > 0 {
+        tracing::warn!(
+            streams = relay.streams.get(),
+            "relay drain_timeout reached; closing streams"
+        );
+    }
+    // Give DRAIN and the last bytes a moment to leave.
+    sleep(Duration::from_millis(20)).await;
+    tracing::info!("relay stopped");
+}
+
+async fn accept_agents(relay: Rc<Relay>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok(tcp) => {
+                let Ok(peer) = tcp.peer_addr() else { continue };
+                spawn(tunnel_conn::serve(relay.clone(), tcp, peer)).detach();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "relay: accept failed (agents)");
+                sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+async fn accept_clients(relay: Rc<Relay>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok(tcp) => spawn(client::serve(relay.clone(), tcp)).detach(),
+            Err(e) => {
+                tracing::warn!(error = %e, "relay: accept failed (postgres)");
+                sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// The counters as one log line.
+pub fn stats_line(relay: &Relay) -> String {
+    let s = relay.stats.borrow().clone();
+    let mut stalls = 0;
+    let mut refused_by_agents = 0;
+    for conn in relay.all_conns() {
+        let t = conn.stats();
+        stalls += t.window_stalls;
+        refused_by_agents += t.streams_refused;
+    }
+    format!(
+        "organizations_connected={} streams_open={} streams_opened={} bytes_to_agents={} bytes_from_agents={} window_stalls={} agents_connected={} agents_refused={} refused_no_agent={} refused_max_streams={} refused_agent_limit={} refused_unknown_org={} refused_by_agents={}",
+        relay.connected_orgs(),
+        relay.streams.get(),
+        s.streams_opened,
+        s.bytes_to_agents,
+        s.bytes_from_agents,
+        stalls,
+        s.agents_connected,
+        s.agents_refused,
+        s.refused_no_agent,
+        s.refused_max_streams,
+        s.refused_agent_limit,
+        s.refused_unknown_org,
+        refused_by_agents,
+    )
+}

@@ -1,0 +1,156 @@
+//! The relay's state: which tunnel serves which organization, the relay-wide stream
+//! count, and the counters operators read. One thread owns it all (`Rc`, `Cell`).
+
+use super::tokens::Tokens;
+use super::tunnel_conn::TunnelConn;
+use lokadb_shared::config::RelayConfig;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Agents beyond the live one that an organization may keep connected as standbys.
+pub const MAX_STANDBY: usize = 4;
+
+/// The relay of this process.
+pub struct Relay {
+    /// Its configuration.
+    pub config: RelayConfig,
+    /// TLS for agent connections.
+    pub tls: Arc<rustls::ServerConfig>,
+    /// Known organizations and their token hashes.
+    pub tokens: Tokens,
+    /// The per-stream window announced to agents.
+    pub window: u32,
+    orgs: RefCell<HashMap<String, OrgTunnels>>,
+    /// Streams open now over all agents (checked against `max_streams`).
+    pub streams: Cell<u32>,
+    /// Set on SIGTERM: no new agents, no new streams.
+    pub draining: Cell<bool>,
+    /// Counters.
+    pub stats: RefCell<RelayStats>,
+    /// Backend keys seen on streams, for CancelRequests: key → organization.
+    pub cancel_keys: RefCell<HashMap<(u32, Vec<u8>), String>>,
+    /// Read buffer shared by every agent connection (each read is consumed at once).
+    pub scratch: RefCell<Vec<u8>>,
+    next_id: Cell<u64>,
+}
+
+/// An organization's tunnels: the live one carries new streams; standbys wait.
+#[derive(Default)]
+struct OrgTunnels {
+    live: Option<Rc<TunnelConn>>,
+    standby: VecDeque<Rc<TunnelConn>>,
+}
+
+/// Counters since the relay started.
+#[derive(Debug, Default, Clone)]
+pub struct RelayStats {
+    /// Agents authenticated.
+    pub agents_connected: u64,
+    /// Agents refused (bad token, version, duplicate beyond the standbys).
+    pub agents_refused: u64,
+    /// Streams opened.
+    pub streams_opened: u64,
+    /// Client connections refused, by reason.
+    pub refused_no_agent: u64,
+    /// … at the relay's `max_streams`.
+    pub refused_max_streams: u64,
+    /// … at the agent's `-max-conns`.
+    pub refused_agent_limit: u64,
+    /// … organization not known.
+    pub refused_unknown_org: u64,
+    /// Bytes from clients to agents.
+    pub bytes_to_agents: u64,
+    /// Bytes from agents to clients.
+    pub bytes_from_agents: u64,
+}
+
+/// What registering an authenticated agent gave.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Registered {
+    /// It carries the organization's new streams.
+    Live,
+    /// Another agent is live; this one takes over when that one goes.
+    Standby,
+    /// Too many agents for the organization.
+    Refused,
+}
+
+impl Relay {
+    /// A relay with no agent yet.
+    pub fn new(config: RelayConfig, tls: Arc<rustls::ServerConfig>, window: u32) -> Relay {
+        Relay {
+            tokens: Tokens::new(&config.tokens),
+            config,
+            tls,
+            window,
+            orgs: RefCell::default(),
+            streams: Cell::new(0),
+            draining: Cell::new(false),
+            stats: RefCell::default(),
+            cancel_keys: RefCell::default(),
+            scratch: RefCell::new(vec![0; 64 * 1024]),
+            next_id: Cell::new(1),
+        }
+    }
+
+    /// A number for log lines about one agent connection.
+    pub fn next_conn_id(&self) -> u64 {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        id
+    }
+
+    /// Registers an authenticated agent of `org`.
+    pub fn register(&self, org: &str, conn: &Rc<TunnelConn>) -> Registered {
+        let mut orgs = self.orgs.borrow_mut();
+        let entry = orgs.entry(org.to_owned()).or_default();
+        if entry.live.is_none() {
+            entry.live = Some(conn.clone());
+            Registered::Live
+        } else if entry.standby.len() < MAX_STANDBY {
+            entry.standby.push_back(conn.clone());
+            Registered::Standby
+        } else {
+            Registered::Refused
+        }
+    }
+
+    /// Forgets an agent connection that ended; a standby takes over if it was live.
+    /// Returns the id of the promoted standby.
+    pub fn unregister(&self, org: &str, conn: &Rc<TunnelConn>) -> Option<u64> {
+        let mut orgs = self.orgs.borrow_mut();
+        let entry = orgs.get_mut(org)?;
+        let mut promoted = None;
+        if entry.live.as_ref().is_some_and(|l| Rc::ptr_eq(l, conn)) {
+            entry.live = entry.standby.pop_front();
+            promoted = entry.live.as_ref().map(|c| c.id);
+        } else {
+            entry.standby.retain(|c| !Rc::ptr_eq(c, conn));
+        }
+        if entry.live.is_none() {
+            orgs.remove(org);
+        }
+        promoted
+    }
+
+    /// The tunnel carrying `org`'s new streams.
+    pub fn live(&self, org: &str) -> Option<Rc<TunnelConn>> {
+        self.orgs.borrow().get(org).and_then(|e| e.live.clone())
+    }
+
+    /// Every connected agent, live and standby.
+    pub fn all_conns(&self) -> Vec<Rc<TunnelConn>> {
+        self.orgs
+            .borrow()
+            .values()
+            .flat_map(|e| e.live.iter().chain(e.standby.iter()).cloned())
+            .collect()
+    }
+
+    /// Organizations with a live agent.
+    pub fn connected_orgs(&self) -> usize {
+        self.orgs.borrow().len()
+    }
+}
