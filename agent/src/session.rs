@@ -238,12 +238,13 @@ impl Session {
             }
         }
         self.pipes.pump(self.link.tunnel());
-        if self.draining && self.pipes.len() == 0 {
-            self.link.close();
-            return self.finish(End::Drained);
-        }
         if let Err(e) = self.write_relay() {
-            self.finish(End::Io(e));
+            return self.finish(End::Io(e));
+        }
+        // Drained: once the last stream's bytes and CLOSE are written, say goodbye.
+        if self.draining && self.pipes.len() == 0 && self.out_pos == self.out.len() {
+            self.link.close();
+            self.finish(End::Drained);
         }
     }
 
