@@ -263,7 +263,7 @@ impl RelayConfig {
         if self.max_streams == 0 {
             return bad("relay.max_streams must be at least 1".into());
         }
-        if self.agents == self.postgres {
+        if self.agents == self.postgres && self.agents.port() != 0 {
             return bad(format!(
                 "relay.agents and relay.postgres are both {}: they need different addresses",
                 self.agents

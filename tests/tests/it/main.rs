@@ -24,3 +24,7 @@ mod proxy_limits;
 mod proxy_tools;
 // SIGTERM drain.
 mod proxy_shutdown;
+// Organization databases behind agents and the relay: the fixture of the tunnel tests.
+mod tunnel_world;
+// postgres_fdw and direct clients through relay → tunnel → agent; refusals; agents dying.
+mod tunnel_fdw;

@@ -1,0 +1,164 @@
+//! Organization databases behind agents, a relay, and a cloud database reaching them
+//! through postgres_fdw: the fixture of the tunnel tests.
+
+use anyhow::Result;
+use lokadb_tests::agent::Agent;
+use lokadb_tests::certs::TestCerts;
+use lokadb_tests::link::LatencyLink;
+use lokadb_tests::pg::Cluster;
+use lokadb_tests::proxy::{Proxy, RelayAddrs};
+use lokadb_tests::TempDir;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub const APP_USER: &str = "app";
+pub const APP_PASSWORD: &str = "app-secret";
+/// The organization's database name in its own cluster.
+pub const ORG_DB: &str = "orgdb";
+
+/// One organization: its database and the token of its agent.
+pub struct Org {
+    pub id: String,
+    pub token: String,
+    pub db: Cluster,
+}
+
+impl Org {
+    /// A cluster with role `app`, database `orgdb` and a table `items` of 1000 rows.
+    pub fn start(id: &str) -> Result<Org> {
+        let db = Cluster::builder()
+            .setting("max_connections", "300")
+            .start()?;
+        db.create_role(APP_USER, APP_PASSWORD)?;
+        db.create_database(ORG_DB, APP_USER)?;
+        db.psql(
+            ORG_DB,
+            &format!(
+                "CREATE TABLE items (id int PRIMARY KEY, organization_id text NOT NULL, body text);
+                 INSERT INTO items SELECT g, '{id}', 'row ' || g FROM generate_series(1, 1000) g;
+                 ALTER TABLE items OWNER TO {APP_USER};"
+            ),
+        )?;
+        Ok(Org {
+            id: id.to_owned(),
+            token: format!("{id}.{:032x}", rand::random::<u128>()),
+            db,
+        })
+    }
+
+    /// The `relay.tokens` value for this organization's token.
+    pub fn token_hash(&self) -> String {
+        token_hash(&self.token)
+    }
+}
+
+/// `sha256:<hex>` of a token, as `lokadb token new` prints it.
+pub fn token_hash(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Test certificates in a directory that lives as long as the fixture.
+pub struct Certs {
+    _dir: TempDir,
+    pub files: TestCerts,
+}
+
+impl Certs {
+    pub fn new() -> Result<Certs> {
+        let dir = TempDir::new("lokadb-certs")?;
+        let files = TestCerts::generate(dir.path())?;
+        Ok(Certs { _dir: dir, files })
+    }
+}
+
+/// The relay config section for `orgs`, with `extra` merged in.
+pub fn relay_section(certs: &Certs, orgs: &[&Org], extra: Value) -> Value {
+    let tokens: serde_json::Map<String, Value> = orgs
+        .iter()
+        .map(|o| (o.id.clone(), Value::String(o.token_hash())))
+        .collect();
+    let mut relay = json!({
+        "agents": "127.0.0.1:0",
+        "postgres": "127.0.0.1:0",
+        "tls": { "cert": certs.files.cert, "key": certs.files.key },
+        "tokens": tokens,
+    });
+    if let (Some(base), Value::Object(extra)) = (relay.as_object_mut(), extra) {
+        for (k, v) in extra {
+            base.insert(k, v);
+        }
+    }
+    relay
+}
+
+/// `lokadb relay` for `orgs`.
+pub fn start_relay(
+    certs: &Certs,
+    orgs: &[&Org],
+    extra: Value,
+    env: &[(&str, &str)],
+) -> Result<Proxy> {
+    let mut b = Proxy::builder(json!({ "relay": relay_section(certs, orgs, extra) })).relay_only();
+    for (k, v) in env {
+        b = b.env(k, v);
+    }
+    b.start()
+}
+
+/// The addresses of a running relay.
+pub fn addrs(relay: &Proxy) -> RelayAddrs {
+    relay.relay().expect("a relay")
+}
+
+/// An agent for `org` dialing `relay` (an address: the relay's, or a latency link's).
+pub fn start_agent(certs: &Certs, org: &Org, relay: SocketAddr, extra: &[&str]) -> Result<Agent> {
+    Agent::start(&[relay], &org.token, org.db.addr(), &certs.files.ca, extra)
+}
+
+/// A latency link in front of the relay's agent port, `one_way` each way.
+pub fn link_to(relay: &Proxy, one_way: Duration) -> Result<LatencyLink> {
+    Ok(LatencyLink::start(addrs(relay).agents, one_way)?)
+}
+
+/// The DSN of `org`'s database through the relay's Postgres listener.
+pub fn relay_dsn(relay: &Proxy, org: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user={APP_USER} password={APP_PASSWORD} dbname={org}/{ORG_DB} connect_timeout=10",
+        addrs(relay).postgres.port()
+    )
+}
+
+/// A cloud cluster where `cloud_items_<org>` is a foreign table on each
+/// organization's `items`, through the relay.
+pub fn start_cloud(relay: &Proxy, orgs: &[&Org]) -> Result<Cluster> {
+    let cloud = Cluster::builder()
+        .setting("max_connections", "300")
+        .start()?;
+    cloud.create_role(APP_USER, APP_PASSWORD)?;
+    cloud.create_database("app", APP_USER)?;
+    let port = addrs(relay).postgres.port();
+    let mut sql = String::from("CREATE EXTENSION postgres_fdw;\n");
+    for org in orgs {
+        let id = &org.id;
+        sql.push_str(&format!(
+            "CREATE SERVER org_{id} FOREIGN DATA WRAPPER postgres_fdw
+               OPTIONS (host '127.0.0.1', port '{port}', dbname '{id}/{ORG_DB}', fetch_size '1000');
+             CREATE USER MAPPING FOR {APP_USER} SERVER org_{id}
+               OPTIONS (user '{APP_USER}', password '{APP_PASSWORD}');
+             CREATE FOREIGN TABLE items_{id} (id int, organization_id text, body text)
+               SERVER org_{id} OPTIONS (table_name 'items');
+             ALTER FOREIGN TABLE items_{id} OWNER TO {APP_USER};\n"
+        ));
+    }
+    cloud.psql("app", &sql)?;
+    Ok(cloud)
+}
+
+/// A tokio-postgres client as `app` on the cloud database.
+pub async fn cloud_client(cloud: &Cluster) -> Result<tokio_postgres::Client> {
+    cloud.client(APP_USER, APP_PASSWORD, "app").await
+}
