@@ -18,7 +18,7 @@ use tracing::{debug, error, info};
 use crate::backoff::{self, Backoff, FIRST_DELAY, MAX_DELAY};
 use crate::config::{AgentConfig, Relay};
 use crate::poller::Poller;
-use crate::session::{Notice, Session, Token};
+use crate::session::{End, Notice, Session, Token};
 
 /// How often the counters are logged (when they changed).
 const SUMMARY_EVERY: Duration = Duration::from_secs(60);
@@ -160,7 +160,14 @@ impl RelayLoop {
     fn ended(&mut self, s: Session, now: Instant) {
         let end = s.end().expect("ended session");
         if s.is_draining() {
-            info!(relay = %self.label, "drained tunnel to relay {} closed: {end}", self.label);
+            match end {
+                End::Drained => {
+                    info!(relay = %self.label, "drained tunnel to relay {} closed: its streams ended", self.label)
+                }
+                _ => {
+                    info!(relay = %self.label, "drained tunnel to relay {} ended: {end}", self.label)
+                }
+            }
             return;
         }
         let delay = self.backoff.next_delay();
