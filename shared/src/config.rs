@@ -270,9 +270,9 @@ impl RelayConfig {
             ));
         }
         for (org, hash) in &self.tokens {
-            if org.is_empty() || org.contains('/') {
+            if org.is_empty() || org.contains('/') || org == "lokadb_relay" {
                 return bad(format!(
-                    "relay.tokens: organization id {org:?} must be non-empty and without '/'"
+                    "relay.tokens: organization id {org:?} must be non-empty, without '/', and not lokadb_relay (the relay's admin database)"
                 ));
             }
             parse_token_hash(hash)

@@ -21,13 +21,15 @@ pub struct Agent {
 impl Agent {
     /// Starts an agent for `relays` (each `HOST:PORT`) that trusts `ca`, serving the
     /// Postgres at `postgres`; `extra` are more arguments (e.g. `--max-conns 5`).
-    /// Does not wait for the tunnel: see [`Agent::wait_connected`].
+    /// `env` are more environment variables. Does not wait for the tunnel: see
+    /// [`Agent::wait_connected`].
     pub fn spawn(
         relays: &[SocketAddr],
         token: &str,
         postgres: SocketAddr,
         ca: &Path,
         extra: &[&str],
+        env: &[(&str, &str)],
     ) -> Result<Agent> {
         let bin = find_named_binary("lokadb-agent", "LOKADB_AGENT_BIN", "lokadb-agent")?;
         let mut cmd = Command::new(&bin);
@@ -47,6 +49,9 @@ impl Agent {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         crate::die_with_parent(&mut cmd, libc::SIGKILL);
         let mut child =
             crate::spawn_long_lived(cmd).with_context(|| format!("spawn {}", bin.display()))?;
@@ -66,8 +71,9 @@ impl Agent {
         postgres: SocketAddr,
         ca: &Path,
         extra: &[&str],
+        env: &[(&str, &str)],
     ) -> Result<Agent> {
-        let agent = Agent::spawn(relays, token, postgres, ca, extra)?;
+        let agent = Agent::spawn(relays, token, postgres, ca, extra, env)?;
         agent.wait_connected(Duration::from_secs(20))?;
         Ok(agent)
     }

@@ -65,6 +65,9 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
         Ok(None) => return, // a cancel request, handled
         Err(refusal) => return refuse(&mut tcp, refusal).await,
     };
+    if m.param("database") == Some(super::admin::ADMIN_DB) {
+        return super::admin::serve(&relay, &mut tcp).await;
+    }
     let route = match open(&relay, &m) {
         Ok(r) => r,
         Err(refusal) => return refuse(&mut tcp, refusal).await,

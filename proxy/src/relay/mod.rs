@@ -15,7 +15,9 @@
 //! - [`client`]: one Postgres client: startup packet → organization → stream → pipe.
 //! - [`cancel`]: CancelRequests routed by the backend keys seen on streams.
 //! - [`tokens`]: agent tokens and their hashes.
+//! - [`admin`]: the `lokadb_relay` admin database (`SHOW STATS`, `SHOW TUNNELS`).
 
+pub mod admin;
 pub mod cancel;
 pub mod client;
 pub mod registry;
@@ -189,21 +191,25 @@ async fn accept_clients(relay: Rc<Relay>, listener: TcpListener) {
 /// The counters as one log line.
 pub fn stats_line(relay: &Relay) -> String {
     let s = relay.stats.borrow().clone();
-    let mut stalls = 0;
+    let (mut stalls, mut violations, mut max_buffered) = (0, 0, 0);
     let mut refused_by_agents = 0;
     for conn in relay.all_conns() {
         let t = conn.stats();
         stalls += t.window_stalls;
+        violations += t.flow_violations;
+        max_buffered = max_buffered.max(conn.max_stream_buffered());
         refused_by_agents += t.streams_refused;
     }
     format!(
-        "organizations_connected={} streams_open={} streams_opened={} bytes_to_agents={} bytes_from_agents={} window_stalls={} agents_connected={} agents_refused={} refused_no_agent={} refused_max_streams={} refused_agent_limit={} refused_unknown_org={} refused_by_agents={}",
+        "organizations_connected={} streams_open={} streams_opened={} bytes_to_agents={} bytes_from_agents={} window_stalls={} flow_violations={} max_stream_buffered={} agents_connected={} agents_refused={} refused_no_agent={} refused_max_streams={} refused_agent_limit={} refused_unknown_org={} refused_by_agents={}",
         relay.connected_orgs(),
         relay.streams.get(),
         s.streams_opened,
         s.bytes_to_agents,
         s.bytes_from_agents,
         stalls,
+        violations,
+        max_buffered,
         s.agents_connected,
         s.agents_refused,
         s.refused_no_agent,

@@ -101,6 +101,25 @@ impl TunnelConn {
         self.inner.borrow().link.tunnel_ref().stats()
     }
 
+    /// The most bytes any stream holds received and not yet read by its client: at
+    /// most the window, which is what bounds the relay's memory per stream.
+    pub fn max_stream_buffered(&self) -> u64 {
+        let inner = self.inner.borrow();
+        let tunnel = inner.link.tunnel_ref();
+        inner
+            .slots
+            .keys()
+            .filter_map(|id| tunnel.stream_stats(*id))
+            .map(|s| s.buffered)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The round-trip time measured by the last keepalive PING.
+    pub fn rtt(&self) -> Option<Duration> {
+        self.inner.borrow().link.tunnel_ref().rtt()
+    }
+
     /// Opens a stream towards `target`.
     ///
     /// # Errors

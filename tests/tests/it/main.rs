@@ -28,3 +28,5 @@ mod proxy_shutdown;
 mod tunnel_world;
 // postgres_fdw and direct clients through relay → tunnel → agent; refusals; agents dying.
 mod tunnel_fdw;
+// Relay restarts, cut links, slow readers, counters, the relay inside the proxy.
+mod tunnel_ops;

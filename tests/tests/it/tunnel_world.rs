@@ -48,6 +48,19 @@ impl Org {
         })
     }
 
+    /// Lets role `raw` log in without a password over TCP, for raw-protocol clients.
+    pub fn trust_raw_role(&self) -> Result<()> {
+        self.db.psql(
+            "postgres",
+            &format!("CREATE ROLE raw LOGIN; GRANT {APP_USER} TO raw"),
+        )?;
+        let hba = self.db.data_dir().join("pg_hba.conf");
+        let old = std::fs::read_to_string(&hba)?;
+        std::fs::write(&hba, format!("host all raw 127.0.0.1/32 trust\n{old}"))?;
+        self.db.psql("postgres", "SELECT pg_reload_conf()")?;
+        Ok(())
+    }
+
     /// The `relay.tokens` value for this organization's token.
     pub fn token_hash(&self) -> String {
         token_hash(&self.token)
@@ -116,7 +129,25 @@ pub fn addrs(relay: &Proxy) -> RelayAddrs {
 
 /// An agent for `org` dialing `relay` (an address: the relay's, or a latency link's).
 pub fn start_agent(certs: &Certs, org: &Org, relay: SocketAddr, extra: &[&str]) -> Result<Agent> {
-    Agent::start(&[relay], &org.token, org.db.addr(), &certs.files.ca, extra)
+    start_agent_env(certs, org, relay, extra, &[])
+}
+
+/// [`start_agent`] with environment variables.
+pub fn start_agent_env(
+    certs: &Certs,
+    org: &Org,
+    relay: SocketAddr,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Agent> {
+    Agent::start(
+        &[relay],
+        &org.token,
+        org.db.addr(),
+        &certs.files.ca,
+        extra,
+        env,
+    )
 }
 
 /// A latency link in front of the relay's agent port, `one_way` each way.

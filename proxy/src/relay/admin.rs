@@ -1,0 +1,150 @@
+//! The relay's admin database: `psql "host=RELAY port=PG_PORT dbname=lokadb_relay"`
+//! answers `SHOW STATS` (the relay's counters) and `SHOW TUNNELS` (one row per agent
+//! connection). Read-only, no password: it is on the relay's Postgres listener, which
+//! only the cloud database and the proxy reach, and it shows counters, not data.
+
+use super::registry::Relay;
+use crate::rt::net::TcpStream;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use lokadb_shared::wire::backend::{self, ErrorFields, Severity};
+use lokadb_shared::wire::{sqlstate, Header};
+use std::rc::Rc;
+
+/// The database name of the admin interface; no organization may have it.
+pub const ADMIN_DB: &str = "lokadb_relay";
+/// Largest query accepted.
+const MAX_MESSAGE: u32 = 64 * 1024;
+
+/// Serves one admin session.
+pub async fn serve(relay: &Rc<Relay>, tcp: &mut TcpStream) {
+    let mut out = Vec::new();
+    backend::auth_ok(&mut out);
+    for (k, v) in [
+        ("server_version", "18.0 (lokadb relay)"),
+        ("client_encoding", "UTF8"),
+        ("standard_conforming_strings", "on"),
+        ("DateStyle", "ISO, MDY"),
+    ] {
+        backend::parameter_status(&mut out, k, v);
+    }
+    backend::ready_for_query(&mut out, b'I');
+    if tcp.write_all(&out).await.is_err() {
+        return;
+    }
+    loop {
+        let mut head = [0u8; 5];
+        if tcp.read_exact(&mut head).await.is_err() {
+            return;
+        }
+        let header = match Header::peek(&head, MAX_MESSAGE) {
+            Ok(Some(h)) => h,
+            _ => return,
+        };
+        let mut body = vec![0u8; header.body_len()];
+        if tcp.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        out.clear();
+        match header.tag {
+            b'X' => return,
+            b'Q' => {
+                let sql = String::from_utf8_lossy(&body);
+                let sql = sql
+                    .trim_end_matches('\0')
+                    .trim()
+                    .trim_end_matches(';')
+                    .trim();
+                answer(relay, sql, &mut out);
+                backend::ready_for_query(&mut out, b'I');
+            }
+            b'S' => backend::ready_for_query(&mut out, b'I'),
+            _ => error(
+                &mut out,
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "the relay's admin database takes simple queries only",
+            ),
+        }
+        if tcp.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn answer(relay: &Relay, sql: &str, out: &mut Vec<u8>) {
+    match sql.to_ascii_uppercase().as_str() {
+        "SHOW STATS" => {
+            let line = super::stats_line(relay);
+            backend::row_description_text(out, &["counter", "value"]);
+            let mut n = 0;
+            for pair in line.split(' ') {
+                if let Some((k, v)) = pair.split_once('=') {
+                    backend::data_row(out, &[Some(k), Some(v)]);
+                    n += 1;
+                }
+            }
+            backend::command_complete(out, &format!("SELECT {n}"));
+        }
+        "SHOW TUNNELS" => {
+            let columns = [
+                "organization",
+                "connection",
+                "agent",
+                "role",
+                "streams_open",
+                "streams_opened",
+                "bytes_sent",
+                "bytes_received",
+                "window_stalls",
+                "flow_violations",
+                "max_stream_buffered",
+                "rtt_ms",
+            ];
+            backend::row_description_text(out, &columns);
+            let conns = relay.all_conns();
+            for conn in &conns {
+                let org = conn.org().unwrap_or_default();
+                let live = relay.live(&org).is_some_and(|l| Rc::ptr_eq(&l, conn));
+                let s = conn.stats();
+                let rtt = conn
+                    .rtt()
+                    .map(|d| format!("{:.3}", d.as_secs_f64() * 1000.0));
+                let values = [
+                    org.clone(),
+                    conn.id.to_string(),
+                    conn.peer.to_string(),
+                    if live { "live" } else { "standby" }.to_owned(),
+                    s.streams_open.to_string(),
+                    s.streams_opened.to_string(),
+                    s.bytes_sent.to_string(),
+                    s.bytes_received.to_string(),
+                    s.window_stalls.to_string(),
+                    s.flow_violations.to_string(),
+                    conn.max_stream_buffered().to_string(),
+                ];
+                let mut row: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
+                row.push(rtt.as_deref());
+                backend::data_row(out, &row);
+            }
+            backend::command_complete(out, &format!("SELECT {}", conns.len()));
+        }
+        "" => backend::write_frame(out, b'I', |_| {}),
+        _ => error(
+            out,
+            "42601",
+            "the relay's admin database answers SHOW STATS and SHOW TUNNELS",
+        ),
+    }
+}
+
+fn error(out: &mut Vec<u8>, code: &str, message: &str) {
+    backend::error_response(
+        out,
+        &ErrorFields {
+            severity: Severity::Error,
+            code,
+            message,
+            detail: None,
+            hint: None,
+        },
+    );
+}

@@ -1,0 +1,263 @@
+//! The tunnel in operation: relay restarts, cut links, slow readers, counters, and the
+//! relay inside the proxy.
+
+use crate::tunnel_world::*;
+use crate::world::connect;
+use lokadb_tests::proxy::Proxy;
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `SHOW STATS` of the relay's admin database as a map.
+async fn relay_stats(relay: &Proxy) -> HashMap<String, u64> {
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=ops dbname=lokadb_relay",
+        addrs(relay).postgres.port()
+    );
+    let c = connect(&dsn).await.unwrap();
+    let mut stats = HashMap::new();
+    for m in c.simple_query("SHOW STATS").await.unwrap() {
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+            stats.insert(
+                r.get(0).unwrap().to_owned(),
+                r.get(1).unwrap().parse().unwrap(),
+            );
+        }
+    }
+    stats
+}
+
+/// Polls a new connection through the relay until a query works.
+async fn wait_reachable(dsn: &str, timeout: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if let Ok(c) = connect(dsn).await {
+            if c.simple_query("SELECT 1").await.is_ok() {
+                return started.elapsed();
+            }
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "not reachable within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// SIGTERM under load: the relay drains (no new streams, agents told to reconnect,
+/// streams finish within drain_timeout), and a new relay process on the same ports has
+/// the agents back within a second of listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_relay_has_its_agents_back_within_a_second() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let globex = Org::start("globex").unwrap();
+    let relay = start_relay(&certs, &[&acme, &globex], json!({}), &[]).unwrap();
+    let ports = addrs(&relay);
+    let _a = start_agent(&certs, &acme, ports.agents, &[]).unwrap();
+    let _g = start_agent(&certs, &globex, ports.agents, &[]).unwrap();
+
+    // Load: clients querying in a loop, reconnecting after errors.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for org in ["acme", "globex"] {
+        let dsn = relay_dsn(&relay, org);
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match connect(&dsn).await {
+                    Ok(c) => {
+                        for _ in 0..20 {
+                            match c.simple_query("SELECT count(*) FROM items").await {
+                                Ok(_) => ok += 1,
+                                Err(_) => {
+                                    failed += 1;
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        failed += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut old = relay;
+    let stopping = Instant::now();
+    old.sigterm();
+    let status = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(10)));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        old.output()
+    );
+    // The drain is bounded by drain_timeout (5 s).
+    assert!(stopping.elapsed() < Duration::from_secs(7));
+    assert!(old.output().contains("relay draining"), "{}", old.output());
+
+    let section = relay_section(
+        &certs,
+        &[&acme, &globex],
+        json!({ "agents": ports.agents.to_string(), "postgres": ports.postgres.to_string() }),
+    );
+    let new = Proxy::builder(json!({ "relay": section }))
+        .relay_only()
+        .start()
+        .unwrap();
+    // Time from the listening line until both organizations answer again.
+    let listening = Instant::now();
+    for org in ["acme", "globex"] {
+        wait_reachable(&relay_dsn(&new, org), Duration::from_secs(5)).await;
+    }
+    let back = listening.elapsed();
+    assert!(back < Duration::from_secs(1), "agents back after {back:?}");
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for l in load {
+        let (ok, _failed) = l.await.unwrap();
+        assert!(ok > 0);
+    }
+}
+
+/// A link cut by the latency link: the agent notices by its pings and reconnects
+/// once the link is restored; new streams work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_link_is_noticed_and_the_agent_reconnects() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let relay = start_relay(&certs, &[&acme], json!({}), &[]).unwrap();
+    let link = link_to(&relay, Duration::from_millis(2)).unwrap();
+    let agent = start_agent(&certs, &acme, link.addr(), &[]).unwrap();
+    let dsn = relay_dsn(&relay, "acme");
+    wait_reachable(&dsn, Duration::from_secs(5)).await;
+
+    link.cut();
+    // Both ends notice through the keepalive (idle timeout 6 s).
+    assert!(
+        relay.wait_for_output("agent disconnected", Duration::from_secs(10)),
+        "{}",
+        relay.output()
+    );
+    let e = connect(&dsn).await.unwrap_err();
+    assert!(format!("{e:?}").contains("has no agent"), "{e:?}");
+    link.restore();
+    let took = wait_reachable(&dsn, Duration::from_secs(15)).await;
+    assert!(took < Duration::from_secs(15));
+    assert!(agent.count_output("lokadb-agent connected to") >= 1);
+}
+
+/// With a 64 KiB window, a client that stops reading a large result holds only its
+/// own stream: another stream on the same tunnel keeps working. The relay's counters
+/// show the stalled stream holding a full window and never more: the agent never sent
+/// beyond it (a violation would be counted and the stream reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_does_not_stall_other_streams() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let env = [("LOKADB_MUX_WINDOW_KB", "64")];
+    let relay = start_relay(&certs, &[&acme], json!({}), &env).unwrap();
+    let _agent = start_agent_env(&certs, &acme, addrs(&relay).agents, &[], &env).unwrap();
+
+    // A raw client through the relay that asks for ~50 MB and never reads.
+    acme.trust_raw_role().unwrap();
+    let dsn = relay_dsn(&relay, "acme");
+    let stalled = raw_query_then_stall(
+        addrs(&relay).postgres,
+        "acme/orgdb",
+        "SELECT repeat('x', 1000) FROM generate_series(1, 50000)",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Another stream on the same tunnel is unaffected.
+    let c = connect(&dsn).await.unwrap();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM items", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 1000);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+    let stats = relay_stats(&relay).await;
+    assert_eq!(stats["max_stream_buffered"], 64 * 1024, "{stats:?}");
+    assert_eq!(stats["flow_violations"], 0, "{stats:?}");
+    // The stalled stream and `c`; the admin session is not a stream.
+    assert_eq!(stats["streams_open"], 2, "{stats:?}");
+    drop(stalled);
+}
+
+/// Logs in as `raw` (trusted), sends `sql`, and returns the socket unread.
+async fn raw_query_then_stall(
+    addr: std::net::SocketAddr,
+    database: &str,
+    sql: &str,
+) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut startup = Vec::new();
+    lokadb_shared::wire::startup::encode_startup(
+        &[("user", "raw"), ("database", database)],
+        &mut startup,
+    );
+    s.write_all(&startup).await.unwrap();
+    // Read up to ReadyForQuery.
+    loop {
+        let tag = s.read_u8().await.unwrap();
+        let len = s.read_u32().await.unwrap() as usize;
+        let mut body = vec![0u8; len - 4];
+        s.read_exact(&mut body).await.unwrap();
+        assert_ne!(tag, b'E', "{}", String::from_utf8_lossy(&body));
+        if tag == b'Z' {
+            break;
+        }
+    }
+    let mut q = Vec::new();
+    lokadb_shared::wire::frontend::query(&mut q, sql);
+    s.write_all(&q).await.unwrap();
+    s
+}
+
+/// The relay inside `lokadb proxy` (the default deployment): agents and relay clients
+/// next to application clients, and one SIGTERM stops both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_runs_inside_the_proxy() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let mut world = crate::world::World::start(
+        json!({ "relay": relay_section(&certs, &[&acme], json!({})) }),
+        &[],
+    )
+    .unwrap();
+    let ports = addrs(&world.proxy);
+    let _agent = start_agent(&certs, &acme, ports.agents, &[]).unwrap();
+    let org = connect(&relay_dsn(&world.proxy, "acme")).await.unwrap();
+    let app = world.client().await.unwrap();
+    let n: i64 = org
+        .query_one("SELECT count(*) FROM items", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1000);
+    app.simple_query("SELECT 1").await.unwrap();
+    let stats = relay_stats(&world.proxy).await;
+    assert_eq!(stats["organizations_connected"], 1, "{stats:?}");
+    drop((org, app));
+    world.proxy.sigterm();
+    let status = tokio::task::block_in_place(|| world.proxy.wait_exit(Duration::from_secs(10)));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{}",
+        world.proxy.output()
+    );
+    assert!(world.proxy.output().contains("relay stopped"));
+}
