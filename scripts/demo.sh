@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# LokaDB demo: build the proxy, start a throwaway "cloud" Postgres 18 cluster and the proxy in
-# front of it, run a short workload straight to Postgres and through LokaDB side by side, and
-# leave both running for you to connect to (Ctrl-C stops them and removes the data).
+# LokaDB demo: build the proxy and the agent, start a throwaway "cloud" Postgres 18 cluster and
+# an organization's own cluster, the proxy (with the relay inside) and an agent beside the
+# organization's database; run a short workload straight to Postgres and through LokaDB side by
+# side, then read and write the organization's rows from the cloud through postgres_fdw → relay →
+# TLS tunnel → agent, and leave everything running for you to connect to (Ctrl-C stops it all
+# and removes the data).
 #
 #   bash scripts/demo.sh              # on Debian 12, as root
 #   bash scripts/demo.sh --no-wait    # stop everything at the end (CI smoke)
 #   bash scripts/demo.sh --no-build   # use target/release/lokadb as it is
 #
-# Everything lives in <repo>/.demo (git-ignored): the cluster's data dir, lokadb.json,
-# proxy.log, postgres.log. A second run first stops whatever a previous run left behind.
+# Everything lives in <repo>/.demo (git-ignored): the clusters' data dirs, lokadb.json,
+# certificates, proxy.log, agent.log, postgres*.log. A second run first stops whatever a previous run left behind.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEMO="$REPO/.demo"
 PG_BIN="$REPO/.pg/bin"
 LOKADB="${CARGO_TARGET_DIR:-$REPO/target}/release/lokadb"
+AGENT="${CARGO_TARGET_DIR:-$REPO/target}/release/lokadb-agent"
+TEST_CERTS="${CARGO_TARGET_DIR:-$REPO/target}/release/test-certs"
 PG_USER="lokadb-pg"
 APP_PASSWORD="app"
 BENCH_SECONDS=5   # per round; two rounds per target, interleaved
@@ -27,7 +32,7 @@ for arg in "$@"; do
         --no-wait) WAIT=0 ;;
         --no-build) BUILD=0 ;;
         -h | --help)
-            sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
@@ -62,24 +67,35 @@ stop_previous() {
             kill -KILL "$pid" 2>/dev/null || true
         fi
     fi
-    if [[ -f "$DEMO/pgdata/postmaster.pid" ]]; then
-        say "stopping the cluster of a previous run"
-        runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$DEMO/pgdata" -m immediate -w stop >/dev/null 2>&1 || true
+    if [[ -f "$DEMO/agent.pid" ]]; then
+        local pid
+        pid="$(cat "$DEMO/agent.pid")"
+        if [[ "$pid" =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" == lokadb* ]]; then
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
     fi
+    for data in "$DEMO/pgdata" "$DEMO/orgdata"; do
+        if [[ -f "$data/postmaster.pid" ]]; then
+            say "stopping a cluster of a previous run"
+            runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || true
+        fi
+    done
     rm -rf "$DEMO"
 }
 
 # --- 1. setup and build ---------------------------------------------------------------------
-say "step 1/5: setup (apt packages, PostgreSQL 18 venv, user $PG_USER)"
+say "step 1/6: setup (apt packages, PostgreSQL 18 venv, user $PG_USER)"
 bash "$REPO/scripts/setup.sh" </dev/null
 if ((BUILD)); then
-    say "step 2/5: cargo build --release -p lokadb"
+    say "step 2/6: cargo build --release -p lokadb -p lokadb-agent -p lokadb-tests --bins"
     command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs) first"
-    (cd "$REPO" && cargo build --release -p lokadb)
+    (cd "$REPO" && cargo build --release -p lokadb -p lokadb-agent -p lokadb-tests --bins)
 else
-    say "step 2/5: build skipped (--no-build)"
+    say "step 2/6: build skipped (--no-build)"
 fi
-[[ -x "$LOKADB" ]] || die "$LOKADB does not exist (run without --no-build)"
+for b in "$LOKADB" "$AGENT" "$TEST_CERTS"; do
+    [[ -x "$b" ]] || die "$b does not exist (run without --no-build)"
+done
 for b in initdb pg_ctl psql pgbench; do
     [[ -x "$PG_BIN/$b" ]] || die "$PG_BIN/$b missing: scripts/setup.sh did not finish"
 done
@@ -88,26 +104,32 @@ stop_previous
 
 # --- 2. a throwaway cloud cluster -----------------------------------------------------------
 PROXY_PID=""
+AGENT_PID=""
 FAILED=1
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    if [[ -n "$AGENT_PID" ]]; then
+        kill -TERM "$AGENT_PID" 2>/dev/null || true
+    fi
     if [[ -n "$PROXY_PID" ]] && kill -0 "$PROXY_PID" 2>/dev/null; then
         kill -TERM "$PROXY_PID" 2>/dev/null || true
         for _ in $(seq 100); do kill -0 "$PROXY_PID" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$PROXY_PID" 2>/dev/null || true
     fi
-    if [[ -f "$DEMO/pgdata/postmaster.pid" ]]; then
-        runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$DEMO/pgdata" -m fast -w stop >/dev/null 2>&1 || true
-    fi
+    for data in "$DEMO/pgdata" "$DEMO/orgdata"; do
+        if [[ -f "$data/postmaster.pid" ]]; then
+            runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$data" -m fast -w stop >/dev/null 2>&1 || true
+        fi
+    done
     if ((FAILED)) && [[ -d "$DEMO" ]]; then
-        for log in proxy.log postgres.log; do
+        for log in proxy.log agent.log postgres.log postgres-org.log; do
             if [[ -s "$DEMO/$log" ]]; then
                 printf '\n[demo] last lines of .demo/%s:\n' "$log" >&2
                 tail -n 20 "$DEMO/$log" >&2
             fi
         done
-        rm -rf "$DEMO/pgdata"
+        rm -rf "$DEMO/pgdata" "$DEMO/orgdata"
         say "stopped; logs kept in $DEMO" >&2
     elif [[ -d "$DEMO" ]]; then
         rm -rf "$DEMO"
@@ -123,37 +145,47 @@ free_port() {
     /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-say "step 3/5: throwaway cloud cluster (PostgreSQL 18, run as $PG_USER, data in .demo/pgdata)"
+# start_cluster NAME DATA LOG: initdb + start as $PG_USER on a free port; sets CLUSTER_PORT.
+start_cluster() {
+    local name="$1" data="$2" log="$3" pwfile="$DEMO/run/$1.pw"
+    mkdir -m 700 "$data"
+    chown "$PG_USER:" "$data"
+    printf '%s\n' "$SUPER_PASSWORD" >"$pwfile"
+    chown "$PG_USER:" "$pwfile"
+    chmod 600 "$pwfile"
+    runuser -u "$PG_USER" -- "$PG_BIN/initdb" -D "$data" -U postgres --pwfile="$pwfile" \
+        --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-instructions >"$DEMO/initdb-$name.log" 2>&1 ||
+        { cat "$DEMO/initdb-$name.log" >&2; die "initdb of $name failed"; }
+    rm -f "$pwfile"
+    touch "$log"
+    chown "$PG_USER:" "$log"
+    CLUSTER_PORT=""
+    for _ in 1 2 3 4 5; do
+        CLUSTER_PORT="$(free_port)"
+        if runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$data" -l "$log" -w -t 60 \
+            -o "-c port=$CLUSTER_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$DEMO/run \
+                -c password_encryption=scram-sha-256 -c fsync=off -c synchronous_commit=off \
+                -c max_connections=100" start >/dev/null; then
+            return 0
+        fi
+        CLUSTER_PORT=""
+    done
+    die "PostgreSQL ($name) did not start (see $log)"
+}
+
+say "step 3/6: throwaway clusters (PostgreSQL 18, run as $PG_USER): the cloud, and organization acme's own"
 mkdir -p "$DEMO"
 chmod 755 "$DEMO"
-mkdir -m 700 "$DEMO/pgdata" "$DEMO/run"
-chown "$PG_USER:" "$DEMO/pgdata" "$DEMO/run"
+mkdir -m 700 "$DEMO/run"
+chown "$PG_USER:" "$DEMO/run"
 SUPER_PASSWORD="$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
 AUTH_PASSWORD="$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
-PWFILE="$DEMO/run/superuser.pw"
-printf '%s\n' "$SUPER_PASSWORD" >"$PWFILE"
-chown "$PG_USER:" "$PWFILE"
-chmod 600 "$PWFILE"
-runuser -u "$PG_USER" -- "$PG_BIN/initdb" -D "$DEMO/pgdata" -U postgres --pwfile="$PWFILE" \
-    --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-instructions >"$DEMO/initdb.log" 2>&1 ||
-    { cat "$DEMO/initdb.log" >&2; die "initdb failed"; }
-rm -f "$PWFILE"
-touch "$DEMO/postgres.log"
-chown "$PG_USER:" "$DEMO/postgres.log"
-
-PG_PORT=""
-for _ in 1 2 3 4 5; do
-    PG_PORT="$(free_port)"
-    if runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$DEMO/pgdata" -l "$DEMO/postgres.log" -w -t 60 \
-        -o "-c port=$PG_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$DEMO/run \
-            -c password_encryption=scram-sha-256 -c fsync=off -c synchronous_commit=off \
-            -c max_connections=100" start >/dev/null; then
-        break
-    fi
-    PG_PORT=""
-done
-[[ -n "$PG_PORT" ]] || die "PostgreSQL did not start (see .demo/postgres.log)"
-say "cloud PostgreSQL on 127.0.0.1:$PG_PORT"
+start_cluster cloud "$DEMO/pgdata" "$DEMO/postgres.log"
+PG_PORT="$CLUSTER_PORT"
+say "cloud PostgreSQL on 127.0.0.1:$PG_PORT (data .demo/pgdata)"
+start_cluster org "$DEMO/orgdata" "$DEMO/postgres-org.log"
+ORG_PORT="$CLUSTER_PORT"
+say "organization acme's PostgreSQL on 127.0.0.1:$ORG_PORT (data .demo/orgdata) — in real life behind acme's firewall"
 
 su_psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$DEMO/run" -p "$PG_PORT" -U postgres "$@"; }
 su_psql -d postgres >/dev/null <<SQL
@@ -162,9 +194,30 @@ CREATE DATABASE app OWNER app;
 CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '$AUTH_PASSWORD';
 SQL
 say "roles: app (password '$APP_PASSWORD', owns database app), lokadb_auth (superuser, reads verifiers)"
+org_psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$DEMO/run" -p "$ORG_PORT" -U postgres "$@"; }
+org_psql -d postgres >/dev/null <<SQL
+CREATE ROLE app LOGIN PASSWORD '$APP_PASSWORD';
+CREATE DATABASE acme OWNER app;
+SQL
+org_psql -d acme >/dev/null <<SQL
+CREATE TABLE documents (id int PRIMARY KEY, organization_id text NOT NULL, title text);
+INSERT INTO documents SELECT g, 'acme', 'acme document ' || g FROM generate_series(1, 1000) g;
+ALTER TABLE documents OWNER TO app;
+SQL
+say "acme's database: table documents with 1000 rows"
 
 # --- 3. the proxy ---------------------------------------------------------------------------
-say "step 4/5: LokaDB proxy"
+say "step 4/6: LokaDB proxy, with the relay inside"
+mkdir -m 700 "$DEMO/certs"
+"$TEST_CERTS" "$DEMO/certs" >/dev/null
+say "a throwaway CA and relay certificate in .demo/certs (bring your own PKI in production)"
+"$LOKADB" token new acme >"$DEMO/token.txt"
+ACME_TOKEN="$(sed -n 's/^token: //p' "$DEMO/token.txt")"
+ACME_HASH="$(sed -n 's/^relay.tokens entry: "acme": "\(.*\)"$/\1/p' "$DEMO/token.txt")"
+chmod 600 "$DEMO/token.txt"
+say "lokadb token new acme: the agent gets the token, the relay keeps only its hash ($ACME_HASH)"
+RELAY_AGENTS_PORT="$(free_port)"
+RELAY_PG_PORT="$(free_port)"
 cat >"$DEMO/lokadb.json" <<JSON
 {
   "listen": "127.0.0.1:0",
@@ -174,6 +227,12 @@ cat >"$DEMO/lokadb.json" <<JSON
       "auth_user": "lokadb_auth",
       "auth_password": "$AUTH_PASSWORD"
     }
+  },
+  "relay": {
+    "agents": "127.0.0.1:$RELAY_AGENTS_PORT",
+    "postgres": "127.0.0.1:$RELAY_PG_PORT",
+    "tls": { "cert": "$DEMO/certs/relay.crt", "key": "$DEMO/certs/relay.key" },
+    "tokens": { "acme": "$ACME_HASH" }
   }
 }
 JSON
@@ -193,12 +252,13 @@ done
 [[ -n "$PROXY_ADDR" ]] || die "no 'lokadb proxy listening on' line within 20 s"
 PROXY_PORT="${PROXY_ADDR##*:}"
 say "proxy listening on $PROXY_ADDR (pid $PROXY_PID, log .demo/proxy.log)"
+say "relay: agents dial 127.0.0.1:$RELAY_AGENTS_PORT (TLS); postgres_fdw and the direct path use 127.0.0.1:$RELAY_PG_PORT"
 
 # --- 4. workload ----------------------------------------------------------------------------
 DIRECT_DSN="host=127.0.0.1 port=$PG_PORT dbname=app user=app password=$APP_PASSWORD"
 PROXY_DSN="host=127.0.0.1 port=$PROXY_PORT dbname=app user=app password=$APP_PASSWORD"
 
-say "step 5/5: workload"
+say "step 5/6: workload"
 say "pgbench -i -s 5 through LokaDB (COPY of 500k rows)"
 "$PG_BIN/pgbench" -i -s 5 -q "$PROXY_DSN" >"$DEMO/pgbench-init.log" 2>&1 ||
     { cat "$DEMO/pgbench-init.log" >&2; die "pgbench -i through the proxy failed"; }
@@ -251,10 +311,51 @@ distinct="$(cut -d' ' -f2 "$DEMO/pids-proxy.txt" | sort -u | wc -l)"
 echo "  -> 4 sessions through LokaDB used $distinct backend(s); each core keeps its own pool"
 echo
 
+say "step 6/6: the tunnel — an agent beside acme's database dials out to the relay"
+: >"$DEMO/agent.log"
+LOKADB_LOG=info LOKADB_TOKEN="$ACME_TOKEN" setsid "$AGENT" --relay "127.0.0.1:$RELAY_AGENTS_PORT" \
+    --postgres "127.0.0.1:$ORG_PORT" --ca "$DEMO/certs/ca.crt" --max-conns 50 \
+    >>"$DEMO/agent.log" 2>&1 </dev/null &
+AGENT_PID=$!
+echo "$AGENT_PID" >"$DEMO/agent.pid"
+for _ in $(seq 100); do
+    grep -q '^lokadb-agent connected to' "$DEMO/agent.log" && break
+    kill -0 "$AGENT_PID" 2>/dev/null || die "the agent exited (see .demo/agent.log)"
+    sleep 0.1
+done
+grep -q '^lokadb-agent connected to' "$DEMO/agent.log" || die "the agent did not connect within 10 s"
+say "agent connected (pid $AGENT_PID, log .demo/agent.log; $(du -h "$AGENT" | cut -f1) binary, $(awk '/VmRSS/ {print $2 " kB"}' "/proc/$AGENT_PID/status") resident)"
+su_psql -d app >/dev/null <<SQL
+CREATE EXTENSION postgres_fdw;
+CREATE SERVER org_acme FOREIGN DATA WRAPPER postgres_fdw
+  OPTIONS (host '127.0.0.1', port '$RELAY_PG_PORT', dbname 'acme/acme', fetch_size '1000');
+CREATE USER MAPPING FOR app SERVER org_acme OPTIONS (user 'app', password '$APP_PASSWORD');
+CREATE FOREIGN TABLE acme_documents (id int, organization_id text, title text)
+  SERVER org_acme OPTIONS (table_name 'documents');
+ALTER FOREIGN TABLE acme_documents OWNER TO app;
+SQL
+say "the cloud has a postgres_fdw server for acme through the relay (dbname 'acme/acme' = organization/database)"
+app_sql() { "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" -c "$1"; }
+echo "  through the proxy, the cloud reads acme's rows in acme's own database:"
+echo "    SELECT count(*) FROM acme_documents  -> $(app_sql 'SELECT count(*) FROM acme_documents')"
+app_sql "INSERT INTO acme_documents VALUES (1001, 'acme', 'written from the cloud')"
+app_sql "UPDATE acme_documents SET title = 'updated from the cloud' WHERE id = 1"
+echo "  an INSERT and an UPDATE from the cloud landed in acme's database:"
+org_psql -d acme -At -c "SELECT id, title FROM documents WHERE id IN (1, 1001) ORDER BY id" | sed 's/^/    /'
+echo "  the relay's counters (psql dbname=lokadb_relay, SHOW TUNNELS):"
+"$PG_BIN/psql" -X -q -P pager=off -h 127.0.0.1 -p "$RELAY_PG_PORT" -U ops -d lokadb_relay \
+    -c "SHOW TUNNELS" | sed 's/^/    /'
+echo "  an organization the relay does not know is refused at once, with a reason:"
+"$PG_BIN/psql" -X -q "host=127.0.0.1 port=$RELAY_PG_PORT dbname=initech/app user=app" -c 'SELECT 1' 2>&1 |
+    sed 's/^/    /' || true
+echo
+
 FAILED=0
 echo "LokaDB is running:"
 echo "  proxy : $PROXY_ADDR   (log: $DEMO/proxy.log)"
 echo "  cloud : 127.0.0.1:$PG_PORT (PostgreSQL 18, data: $DEMO/pgdata)"
+echo "  relay : agents 127.0.0.1:$RELAY_AGENTS_PORT, postgres 127.0.0.1:$RELAY_PG_PORT (inside the proxy)"
+echo "  acme  : 127.0.0.1:$ORG_PORT behind agent pid $AGENT_PID (log: $DEMO/agent.log)"
 echo "  connect through the proxy:"
 echo "    $PG_BIN/psql \"$PROXY_DSN\""
 echo "    postgresql://app:$APP_PASSWORD@127.0.0.1:$PROXY_PORT/app"
