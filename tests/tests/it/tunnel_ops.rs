@@ -261,3 +261,35 @@ async fn the_relay_runs_inside_the_proxy() {
     );
     assert!(world.proxy.output().contains("relay stopped"));
 }
+
+/// An agent with two `--relay`s keeps a tunnel to each: with one relay gone, the
+/// organization is still reachable through the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_with_two_relays_survives_one() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let mut first = start_relay(&certs, &[&acme], json!({}), &[]).unwrap();
+    let second = start_relay(&certs, &[&acme], json!({}), &[]).unwrap();
+    let agent = lokadb_tests::agent::Agent::start(
+        &[addrs(&first).agents, addrs(&second).agents],
+        &acme.token,
+        acme.db.addr(),
+        &certs.files.ca,
+        &[],
+        &[],
+    )
+    .unwrap();
+    for relay in [&first, &second] {
+        wait_reachable(&relay_dsn(relay, "acme"), Duration::from_secs(10)).await;
+    }
+    first.sigterm();
+    tokio::task::block_in_place(|| first.wait_exit(Duration::from_secs(10))).unwrap();
+    let c = connect(&relay_dsn(&second, "acme")).await.unwrap();
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM items", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1000);
+    assert!(agent.output().contains("connected to"));
+}
