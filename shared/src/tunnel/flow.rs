@@ -23,10 +23,12 @@ use bytes::{Bytes, BytesMut};
 use super::code::ErrorCode;
 use super::error::{StreamError, TunnelError};
 use super::frame::{Frame, Hello, Role, StreamId, MAX_FRAME_BODY, MAX_TEXT_LEN, PROTOCOL_VERSION};
+use super::memory::{AutoWindow, MemoryBudget};
 use super::stream::{Stream, StreamState, StreamStats};
 
 mod app;
 mod peer;
+mod tune;
 
 /// Default per-stream receive window: 4 MiB (`LOKADB_MUX_WINDOW_KB` = 4096).
 pub const DEFAULT_WINDOW: u32 = 4 << 20;
@@ -41,7 +43,9 @@ pub const DEFAULT_MAX_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_QUEUED_CONTROL: usize = 4096;
 
 /// Settings of one end. Both ends announce `window` and `max_streams` in the
-/// handshake, so they may differ between the ends.
+/// handshake, so they may differ between the ends. The receive memory settings
+/// (`auto_window`, `memory_cap`, `memory_budget`) are local: the peer never learns
+/// them, and an end that uses them works with any version-1 peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Receive window granted to each stream, in bytes, at least 1.
@@ -55,6 +59,18 @@ pub struct Config {
     /// End the tunnel when nothing at all is received for this long (the handshake
     /// included, so it also bounds the time to authenticate).
     pub idle_timeout: Option<Duration>,
+    /// Window auto-tuning: grow the window of a stream whose reader keeps up towards
+    /// twice its bandwidth-delay product. Off (`None`) by default: every stream has
+    /// exactly `window`.
+    pub auto_window: Option<AutoWindow>,
+    /// Cap on this tunnel's receive memory, in bytes: unread bytes within the base
+    /// windows plus the credit reserved by auto-tuning. Reaching it resets the
+    /// stream with the most unread bytes (`FLOW_CONTROL`); window growth stops at
+    /// half of it. `None` (default): no cap, `max_streams × window` at most.
+    pub memory_cap: Option<u64>,
+    /// A budget shared with other tunnels (the relay passes one to all its tunnels),
+    /// charged like `memory_cap`, with the same effects. `None` by default.
+    pub memory_budget: Option<MemoryBudget>,
 }
 
 impl Default for Config {
@@ -65,6 +81,9 @@ impl Default for Config {
             max_payload: DEFAULT_MAX_PAYLOAD,
             keepalive: Some(Duration::from_secs(2)),
             idle_timeout: Some(Duration::from_secs(6)),
+            auto_window: None,
+            memory_cap: None,
+            memory_budget: None,
         }
     }
 }
@@ -172,6 +191,17 @@ pub struct TunnelStats {
     pub window_stalls: u64,
     /// Streams reset because the peer sent beyond their window.
     pub flow_violations: u64,
+    /// Times auto-tuning doubled a stream's window.
+    pub window_growths: u64,
+    /// Times a window should have grown and the memory cap or the shared budget
+    /// did not allow it.
+    pub window_growths_refused: u64,
+    /// Streams reset to keep receive memory under `memory_cap` or the shared
+    /// budget (their reader was the slowest).
+    pub streams_shed: u64,
+    /// Receive memory charged now (unread bytes within base windows plus credit
+    /// reserved by auto-tuning), in bytes.
+    pub memory_charged: u64,
 }
 
 /// One end of a tunnel.
@@ -204,6 +234,11 @@ pub struct Tunnel {
     ping_seq: u64,
     ping_out: Option<(u64, Instant)>,
     rtt: Option<Duration>,
+    /// The latest `now` passed in: the time of reads ([`Tunnel::handle_read`] takes
+    /// none) for auto-tuning.
+    clock: Instant,
+    /// What the streams charge to the caps: the sum of their `recv.charge()`.
+    memory: u64,
     stats: TunnelStats,
 }
 
@@ -266,7 +301,16 @@ impl Tunnel {
             ping_seq: 0,
             ping_out: None,
             rtt: None,
+            clock: now,
+            memory: 0,
             stats: TunnelStats::default(),
+        }
+    }
+
+    /// Moves the tunnel's clock forward (never back).
+    fn tick(&mut self, now: Instant) {
+        if now > self.clock {
+            self.clock = now;
         }
     }
 
@@ -283,6 +327,7 @@ impl Tunnel {
         if self.phase == Phase::Closed {
             return Err(TunnelError::Closed);
         }
+        self.tick(now);
         if !buf.is_empty() {
             self.last_recv = now;
         }
@@ -308,6 +353,8 @@ impl Tunnel {
         if self.phase == Phase::Closed {
             return Ok(());
         }
+        self.tick(now);
+        self.shrink_idle_windows();
         if let Some(idle) = self.config.idle_timeout {
             if now.saturating_duration_since(self.last_recv) >= idle {
                 return Err(self.fail(TunnelError::IdleTimeout { idle }));
@@ -439,6 +486,7 @@ impl Tunnel {
             streams_open: self.streams.len() as u64,
             window_stalls: self.streams.values().map(|s| s.send.stalls).sum::<u64>()
                 + self.stats.window_stalls,
+            memory_charged: self.memory,
             ..self.stats
         }
     }
@@ -496,6 +544,7 @@ impl Tunnel {
         }
         // Keep the stalls of removed streams in the tunnel's total.
         self.stats.window_stalls += s.send.stalls;
+        self.uncharge(s.recv.charge());
         Some(s)
     }
 
@@ -506,9 +555,22 @@ impl Tunnel {
     }
 }
 
+/// Gives the receive memory of the streams still here back to the shared budget.
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        if let Some(budget) = &self.config.memory_budget {
+            budget.release(self.streams.values().map(|s| s.recv.charge()).sum());
+        }
+    }
+}
+
 #[cfg(test)]
 #[path = "flow_test.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "flow_auto_test.rs"]
+mod auto_tests;
 
 #[cfg(test)]
 #[path = "flow_proptest.rs"]

@@ -335,6 +335,7 @@ fn run(ops: &[Op], windows: [u32; 2], max_payload: u32) {
         max_payload,
         keepalive: None,
         idle_timeout: None,
+        ..Config::default()
     };
     let mut h = Harness {
         pair: Pair::new(cfg(windows[0]), cfg(windows[1])),

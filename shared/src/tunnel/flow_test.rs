@@ -13,6 +13,7 @@ fn config(window: u32, max_streams: u32) -> Config {
         max_payload: DEFAULT_MAX_PAYLOAD,
         keepalive: None,
         idle_timeout: None,
+        ..Config::default()
     }
 }
 

@@ -14,6 +14,7 @@ use rustls::Connection;
 
 use super::error::TunnelError;
 use super::flow::Tunnel;
+use super::memory::{AutoWindow, DEFAULT_MAX_WINDOW};
 
 /// Frames pulled from the tunnel per [`Link::transmit`] round before they are
 /// encrypted: large enough for full TLS records, small enough that a stalled socket
@@ -188,17 +189,48 @@ pub fn window_from_env() -> Result<u32, String> {
 }
 
 fn parse_window_kb(v: &str) -> Result<u32, String> {
+    parse_kb("LOKADB_MUX_WINDOW_KB", v)
+}
+
+fn parse_kb(name: &str, v: &str) -> Result<u32, String> {
     let kb: u32 = v
         .trim()
         .parse()
-        .map_err(|_| format!("LOKADB_MUX_WINDOW_KB must be a whole number of KiB, got {v:?}"))?;
+        .map_err(|_| format!("{name} must be a whole number of KiB, got {v:?}"))?;
     if kb == 0 || kb > (u32::MAX >> 10) {
         return Err(format!(
-            "LOKADB_MUX_WINDOW_KB must be from 1 to {}, got {kb}",
+            "{name} must be from 1 to {}, got {kb}",
             u32::MAX >> 10
         ));
     }
     Ok(kb << 10)
+}
+
+/// Window auto-tuning from the environment, for [`super::Config::auto_window`]:
+/// `LOKADB_MUX_AUTO` (`1` on, `0` or unset off) and `LOKADB_MUX_MAX_WINDOW_KB`
+/// (the largest window a stream may grow to, in KiB; default 16384, 16 MiB).
+///
+/// # Errors
+///
+/// `LOKADB_MUX_AUTO` other than `0` or `1`, or a maximum that is not a whole
+/// number from 1 to 4194303.
+pub fn auto_from_env() -> Result<Option<AutoWindow>, String> {
+    parse_auto(
+        std::env::var("LOKADB_MUX_AUTO").ok().as_deref(),
+        std::env::var("LOKADB_MUX_MAX_WINDOW_KB").ok().as_deref(),
+    )
+}
+
+fn parse_auto(auto: Option<&str>, max_kb: Option<&str>) -> Result<Option<AutoWindow>, String> {
+    let max = match max_kb {
+        None => DEFAULT_MAX_WINDOW,
+        Some(v) => parse_kb("LOKADB_MUX_MAX_WINDOW_KB", v)?,
+    };
+    match auto.map(str::trim) {
+        None | Some("0") => Ok(None),
+        Some("1") => Ok(Some(AutoWindow { max })),
+        Some(v) => Err(format!("LOKADB_MUX_AUTO must be 0 or 1, got {v:?}")),
+    }
 }
 
 #[cfg(test)]
@@ -212,6 +244,26 @@ mod tests {
         assert!(parse_window_kb("0").unwrap_err().contains("from 1"));
         assert!(parse_window_kb("4MB").unwrap_err().contains("whole number"));
         assert!(parse_window_kb("99999999").is_err());
+    }
+
+    #[test]
+    fn auto_window_is_off_unless_asked() {
+        assert_eq!(parse_auto(None, None), Ok(None));
+        assert_eq!(parse_auto(Some("0"), Some("1024")), Ok(None));
+        assert_eq!(
+            parse_auto(Some("1"), None),
+            Ok(Some(AutoWindow { max: 16 << 20 }))
+        );
+        assert_eq!(
+            parse_auto(Some(" 1 "), Some("65536")),
+            Ok(Some(AutoWindow { max: 64 << 20 }))
+        );
+        assert!(parse_auto(Some("yes"), None)
+            .unwrap_err()
+            .contains("LOKADB_MUX_AUTO must be 0 or 1"));
+        assert!(parse_auto(Some("1"), Some("0"))
+            .unwrap_err()
+            .contains("LOKADB_MUX_MAX_WINDOW_KB must be from 1"));
     }
 }
 

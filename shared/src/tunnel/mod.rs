@@ -39,6 +39,7 @@ pub mod error;
 pub mod flow;
 pub mod frame;
 pub mod link;
+pub mod memory;
 pub mod stream;
 
 #[cfg(test)]
@@ -51,5 +52,6 @@ pub use flow::{
     DEFAULT_MAX_STREAMS, DEFAULT_WINDOW,
 };
 pub use frame::{Frame, FrameError, FrameType, Role, StreamId};
-pub use link::{window_from_env, Link, LinkError};
+pub use link::{auto_from_env, window_from_env, Link, LinkError};
+pub use memory::{AutoWindow, MemoryBudget, DEFAULT_MAX_WINDOW};
 pub use stream::{StreamState, StreamStats};

@@ -118,6 +118,36 @@ impl Pair {
         result.map(|()| n)
     }
 
+    /// Encodes what `from` has to send and takes at most `max` bytes of it off its
+    /// wire, for a simulated link that delivers them later ([`Pair::deliver`]).
+    /// Frames are pulled from the tunnel only as the link takes them, so the backlog
+    /// stays in the tunnel, where control frames (PING, PONG) jump the DATA queue.
+    pub(super) fn take_wire(&mut self, from: Side, max: usize) -> BytesMut {
+        let src = self.end(from);
+        if src.wire.len() < max {
+            let want = max - src.wire.len();
+            src.tunnel.poll_transmit(&mut src.wire, want);
+        }
+        let n = max.min(src.wire.len());
+        src.wire.split_to(n)
+    }
+
+    /// Hands `bytes` to `to` at `self.now`.
+    ///
+    /// # Errors
+    ///
+    /// The receiving end's [`TunnelError`].
+    pub(super) fn deliver(&mut self, to: Side, bytes: &[u8]) -> Result<(), TunnelError> {
+        let now = self.now;
+        let dst = self.end(to);
+        dst.input.extend_from_slice(bytes);
+        let result = dst.tunnel.handle_input(now, &mut dst.input);
+        while let Some(e) = dst.tunnel.poll_event() {
+            dst.events.push(e);
+        }
+        result
+    }
+
     /// Shuttles bytes both ways until neither end has anything to send.
     ///
     /// # Panics

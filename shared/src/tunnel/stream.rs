@@ -5,6 +5,7 @@
 //! sent. Nothing here touches other streams; [`super::Tunnel`] schedules between them.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
@@ -93,6 +94,13 @@ pub struct StreamStats {
     pub buffered: u64,
     /// Times the stream had bytes to send and no window left.
     pub stalls: u64,
+    /// The receive window granted to the peer now: the base window, or more once
+    /// auto-tuning grew it. `recv_limit - consumed <= window` after every read,
+    /// except after a shrink, while the peer uses credit granted before it.
+    pub window: u64,
+    /// Total bytes the peer may send on this stream: its base window plus every
+    /// WINDOW_UPDATE sent. `received <= recv_limit` always holds.
+    pub recv_limit: u64,
 }
 
 /// One stream's state and buffers.
@@ -122,6 +130,7 @@ impl Stream {
             },
             recv: RecvHalf {
                 buf: BytesMut::new(),
+                base: recv_window,
                 window: recv_window,
                 limit: u64::from(recv_window),
                 received: 0,
@@ -129,6 +138,10 @@ impl Stream {
                 update_queued: false,
                 signalled: false,
                 eof_read: false,
+                reserved: 0,
+                charged: 0,
+                epoch: None,
+                last_read: None,
             },
         }
     }
@@ -160,6 +173,8 @@ impl Stream {
             consumed: self.recv.consumed,
             buffered: self.recv.buf.len() as u64,
             stalls: self.send.stalls,
+            window: u64::from(self.recv.window),
+            recv_limit: self.recv.limit,
         }
     }
 }
@@ -245,9 +260,11 @@ pub(super) struct RecvHalf {
     /// the input buffer: a peer sending one-byte frames could otherwise pin a whole
     /// read buffer per byte, and memory would no longer be bounded by the window.
     pub(super) buf: BytesMut,
-    /// The window we grant this stream.
+    /// The window announced in the handshake, which every stream starts with.
+    pub(super) base: u32,
+    /// The window we grant this stream now: `base`, or more once auto-tuning grew it.
     pub(super) window: u32,
-    /// Total bytes the peer may send: `window` plus every WINDOW_UPDATE we sent.
+    /// Total bytes the peer may send: `base` plus every WINDOW_UPDATE we sent.
     pub(super) limit: u64,
     pub(super) received: u64,
     pub(super) consumed: u64,
@@ -257,6 +274,15 @@ pub(super) struct RecvHalf {
     pub(super) signalled: bool,
     /// The application was told the stream ended ([`super::Read::Finished`]).
     pub(super) eof_read: bool,
+    /// Bytes reserved for credit beyond `base` (auto-tuning): at least
+    /// `max(window, granted) - base`, so that `granted <= base + reserved`.
+    pub(super) reserved: u64,
+    /// Bytes charged for unread bytes within the base window: `min(buffered, base)`.
+    pub(super) charged: u64,
+    /// Auto-tuning: when the current measurement began, and `consumed` then.
+    pub(super) epoch: Option<(Instant, u64)>,
+    /// When the application last read bytes (the tunnel's clock).
+    pub(super) last_read: Option<Instant>,
 }
 
 impl RecvHalf {
@@ -270,10 +296,22 @@ impl RecvHalf {
         self.buf.extend_from_slice(payload);
     }
 
-    /// Credit consumed by the reader and not yet returned to the peer.
+    /// Credit consumed by the reader and not yet returned to the peer: what brings
+    /// the granted credit (`limit - consumed`) back up to the window. None while the
+    /// peer still holds more than the window (after the window shrank).
     pub(super) fn pending_credit(&self) -> u64 {
-        // limit - window = credit returned so far; consumed >= that always.
-        self.consumed - (self.limit - u64::from(self.window))
+        (self.consumed + u64::from(self.window)).saturating_sub(self.limit)
+    }
+
+    /// Bytes the peer may still send plus bytes received and not read: the most this
+    /// stream can hold without granting more.
+    pub(super) fn granted(&self) -> u64 {
+        self.limit - self.consumed
+    }
+
+    /// What this stream charges to the caps now: `reserved + charged`.
+    pub(super) fn charge(&self) -> u64 {
+        self.reserved + self.charged
     }
 
     /// Whether enough has been consumed to be worth a WINDOW_UPDATE. Half the window

@@ -19,6 +19,7 @@ impl Tunnel {
     /// [`StreamError::NotReady`] unless a HELLO is awaiting an answer.
     pub fn handle_accept(&mut self, now: Instant) -> Result<(), StreamError> {
         self.expect_phase(Phase::HelloReceived)?;
+        self.tick(now);
         self.control.push_back(Frame::HelloOk(HelloOk {
             version: PROTOCOL_VERSION,
             window: self.config.window,
@@ -107,6 +108,9 @@ impl Tunnel {
     /// # Errors
     ///
     /// [`StreamError::Unknown`] if the stream does not exist (or was reset).
+    ///
+    /// With [`super::Config::auto_window`], the time of the read is the latest `now`
+    /// given to the tunnel; [`Tunnel::handle_read_at`] gives it exactly.
     pub fn handle_read(&mut self, stream: StreamId, max: usize) -> Result<Read, StreamError> {
         let s = self
             .streams
@@ -116,11 +120,12 @@ impl Tunnel {
         let read = if !s.recv.buf.is_empty() {
             let n = max.min(s.recv.buf.len());
             let data = s.recv.buf.split_to(n).freeze();
+            let before = s.recv.consumed;
             s.recv.consumed += n as u64;
-            if s.state.can_receive() && s.recv.update_due() && !s.recv.update_queued {
-                s.recv.update_queued = true;
-                self.updates.push_back(stream);
-            }
+            s.recv.last_read = Some(self.clock);
+            self.settle(stream);
+            self.measure_read(stream, before);
+            self.queue_update(stream);
             Read::Data(data)
         } else if s.state.can_receive() {
             Read::Blocked
@@ -130,6 +135,24 @@ impl Tunnel {
         };
         self.remove_if_done(stream);
         Ok(read)
+    }
+
+    /// [`Tunnel::handle_read`] at `now`: drivers that enable
+    /// [`super::Config::auto_window`] read with it (or give the time to another
+    /// `handle_*` call just before), so that the time a window takes to read is
+    /// measured exactly.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamError::Unknown`] if the stream does not exist (or was reset).
+    pub fn handle_read_at(
+        &mut self,
+        now: Instant,
+        stream: StreamId,
+        max: usize,
+    ) -> Result<Read, StreamError> {
+        self.tick(now);
+        self.handle_read(stream, max)
     }
 
     /// Closes the sending side of the stream: a CLOSE follows the bytes already

@@ -212,6 +212,12 @@ impl Tunnel {
             self.stats.flow_violations += 1;
             return self.stream_fault(stream, ErrorCode::FLOW_CONTROL, reason);
         }
+        if !self.charge_arrival(stream, payload.len())? {
+            return Ok(()); // shed: this stream's reader was the slowest
+        }
+        let Some(s) = self.streams.get_mut(&stream) else {
+            return Ok(());
+        };
         s.recv.push(payload);
         self.stats.bytes_received += payload.len() as u64;
         if !payload.is_empty() && !s.recv.signalled {
@@ -257,8 +263,9 @@ impl Tunnel {
         })
     }
 
-    /// The peer broke a stream rule: reset that stream only.
-    fn stream_fault(
+    /// The peer broke a stream rule, or this end sheds the stream: reset that
+    /// stream only.
+    pub(super) fn stream_fault(
         &mut self,
         stream: StreamId,
         code: ErrorCode,
