@@ -5,6 +5,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::super::frame::tests::frame_strategy;
+use super::super::memory::{AutoWindow, MemoryBudget};
 use super::super::pair::{Pair, Side};
 use super::*;
 
@@ -37,6 +38,10 @@ enum Op {
         max: usize,
     },
     Drive,
+    /// Move the clock: keepalives (and so RTT samples) and idle-window shrinking.
+    Tick {
+        ms: u64,
+    },
 }
 
 fn side() -> impl Strategy<Value = Side> {
@@ -54,6 +59,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), side()).prop_map(|(stream, side)| Op::Reset { stream, side }),
         3 => (side(), 1..3000usize).prop_map(|(from, max)| Op::Deliver { from, max }),
         2 => Just(Op::Drive),
+        2 => (1..40u64).prop_map(|ms| Op::Tick { ms }),
     ]
 }
 
@@ -93,7 +99,11 @@ struct ModelStream {
 struct Harness {
     pair: Pair,
     streams: Vec<ModelStream>,
-    windows: [u32; 2],
+    /// The largest window each end may grant (its auto-tuning maximum, or its window).
+    windows: [u64; 2],
+    /// Each end's `memory_cap`, and the budget both share, if any.
+    caps: [Option<u64>; 2],
+    budget: Option<MemoryBudget>,
 }
 
 impl Harness {
@@ -174,6 +184,13 @@ impl Harness {
                 self.pair.step(*from, *max).unwrap();
             }
             Op::Drive => self.pair.drive(),
+            Op::Tick { ms } => {
+                self.pair.now += std::time::Duration::from_millis(*ms);
+                let now = self.pair.now;
+                for side in [Side::Relay, Side::Agent] {
+                    self.tunnel(side).handle_timeout(now).unwrap();
+                }
+            }
         }
         self.check();
     }
@@ -253,7 +270,8 @@ impl Harness {
     }
 
     /// After every operation: the window holds from the sender's counters, the
-    /// receiver never buffers past its window, and no honest end resets a stream.
+    /// receiver never buffers past its window, memory stays under the caps, and no
+    /// honest end resets a stream except to shed it under a cap.
     fn check(&mut self) {
         for side in [Side::Relay, Side::Agent] {
             for e in self.pair.end(side).take_events() {
@@ -262,10 +280,19 @@ impl Harness {
                         stream,
                         remote,
                         code,
-                        ..
+                        reason,
                     } => {
-                        assert!(remote, "{side:?} reset {stream} itself ({code})");
+                        let capped = self.caps[side as usize].is_some() || self.budget.is_some();
+                        let shed = code == ErrorCode::FLOW_CONTROL && reason.contains("too slow");
+                        assert!(
+                            remote || (capped && shed),
+                            "{side:?} reset {stream} itself ({code}: {reason})"
+                        );
+                        let peer_had = self.tunnel(other(side)).stream_state(stream).is_some();
                         let s = self.streams.iter_mut().find(|s| s.id == stream).unwrap();
+                        if !remote && s.reset.is_none() {
+                            s.reset = Some((side, peer_had));
+                        }
                         s.reset_seen_by[side as usize] = true;
                     }
                     Event::Opened { stream, target } => {
@@ -280,9 +307,11 @@ impl Harness {
         for s in &self.streams {
             for writer in [Side::Relay, Side::Agent] {
                 let reader = other(writer);
-                let window = u64::from(self.windows[reader as usize]);
+                let window = self.windows[reader as usize];
                 let read = s.dirs[writer as usize].read;
-                if let Some(st) = self.pair.end(writer).tunnel.stream_stats(s.id) {
+                let tx = self.pair.end(writer).tunnel.stream_stats(s.id);
+                let rx = self.pair.end(reader).tunnel.stream_stats(s.id);
+                if let Some(st) = tx {
                     assert!(st.sent <= st.send_limit);
                     assert!(
                         st.sent <= read + window,
@@ -290,10 +319,29 @@ impl Harness {
                         st.sent
                     );
                 }
-                if let Some(st) = self.pair.end(reader).tunnel.stream_stats(s.id) {
+                if let Some(st) = rx {
                     assert!(st.buffered <= window);
+                    assert!(st.received <= st.recv_limit);
+                    assert!(st.window <= window);
+                    assert!(st.recv_limit - st.consumed <= window, "{st:?}");
+                }
+                if let (Some(tx), Some(rx)) = (tx, rx) {
+                    // In flight: never more than the receiver granted.
+                    assert!(tx.send_limit <= rx.recv_limit, "{tx:?} {rx:?}");
                 }
             }
+        }
+        for side in [Side::Relay, Side::Agent] {
+            let charged = self.pair.end(side).tunnel.stats().memory_charged;
+            if let Some(cap) = self.caps[side as usize] {
+                assert!(
+                    charged <= cap,
+                    "{side:?} charges {charged} over its cap {cap}"
+                );
+            }
+        }
+        if let Some(b) = &self.budget {
+            assert!(b.used() <= b.capacity());
         }
     }
 
@@ -337,10 +385,21 @@ fn run(ops: &[Op], windows: [u32; 2], max_payload: u32) {
         idle_timeout: None,
         ..Config::default()
     };
+    run_with(ops, [cfg(windows[0]), cfg(windows[1])]);
+}
+
+fn run_with(ops: &[Op], cfgs: [Config; 2]) {
+    let largest = |c: &Config| u64::from(c.auto_window.map_or(c.window, |a| a.max.max(c.window)));
+    let budget = cfgs[0]
+        .memory_budget
+        .clone()
+        .or_else(|| cfgs[1].memory_budget.clone());
     let mut h = Harness {
-        pair: Pair::new(cfg(windows[0]), cfg(windows[1])),
+        windows: [largest(&cfgs[0]), largest(&cfgs[1])],
+        caps: [cfgs[0].memory_cap, cfgs[1].memory_cap],
+        budget: budget.clone(),
+        pair: Pair::new(cfgs[0].clone(), cfgs[1].clone()),
         streams: Vec::new(),
-        windows,
     };
     for op in ops {
         h.apply(op);
@@ -372,6 +431,12 @@ fn run(ops: &[Op], windows: [u32; 2], max_payload: u32) {
                 );
             }
         }
+    }
+    for side in [Side::Relay, Side::Agent] {
+        assert_eq!(h.pair.end(side).tunnel.stats().memory_charged, 0);
+    }
+    if let Some(b) = budget {
+        assert_eq!(b.used(), 0, "memory not given back");
     }
 }
 
@@ -423,6 +488,39 @@ proptest! {
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
+
+    /// The same with window auto-tuning, per-tunnel caps and a budget shared by
+    /// both ends: windows grow and shrink, slow readers may be shed, and still
+    /// nothing is in flight beyond what the receiver granted, memory stays under
+    /// the caps, and every byte reserved is given back.
+    #[test]
+    fn random_operations_with_auto_tuning_and_memory_caps(
+        ops in proptest::collection::vec(op(), 1..80),
+        windows in (window(), window()),
+        growth in (1..64u32, 1..64u32),
+        caps in (
+            proptest::option::of(1..20_000u64),
+            proptest::option::of(1..20_000u64),
+            proptest::option::of(1..40_000u64),
+        ),
+        max_payload in prop_oneof![Just(1u32), 2..5000u32, Just(MAX_FRAME_BODY)],
+    ) {
+        let budget = caps.2.map(MemoryBudget::new);
+        let cfg = |window: u32, growth: u32, cap| Config {
+            window,
+            max_streams: MAX_STREAMS as u32,
+            max_payload,
+            keepalive: Some(std::time::Duration::from_millis(5)),
+            idle_timeout: None,
+            auto_window: Some(AutoWindow { max: window.saturating_mul(growth) }),
+            memory_cap: cap,
+            memory_budget: budget.clone(),
+        };
+        run_with(
+            &ops,
+            [cfg(windows.0, growth.0, caps.0), cfg(windows.1, growth.1, caps.1)],
+        );
+    }
 
     #[test]
     fn random_operations_deliver_every_byte_in_order(

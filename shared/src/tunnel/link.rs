@@ -14,7 +14,10 @@ use rustls::Connection;
 
 use super::error::TunnelError;
 use super::flow::Tunnel;
-use super::memory::{AutoWindow, DEFAULT_MAX_WINDOW};
+use super::memory::{
+    AutoWindow, MemoryCaps, DEFAULT_MAX_WINDOW, DEFAULT_SHARED_MEMORY_CAP,
+    DEFAULT_TUNNEL_MEMORY_CAP,
+};
 
 /// Frames pulled from the tunnel per [`Link::transmit`] round before they are
 /// encrypted: large enough for full TLS records, small enough that a stalled socket
@@ -221,6 +224,46 @@ pub fn auto_from_env() -> Result<Option<AutoWindow>, String> {
     )
 }
 
+/// Receive memory caps from the environment: `LOKADB_MUX_TUNNEL_MEMORY_MB`, the cap
+/// of one tunnel (default 512), and `LOKADB_MUX_MEMORY_MB`, the budget shared by all
+/// tunnels of the process (default 1024); `0` turns a cap off. The relay uses both;
+/// see `docs/tunnel-protocol.md` for what they bound.
+///
+/// # Errors
+///
+/// A value that is not a whole number of MiB.
+pub fn memory_caps_from_env() -> Result<MemoryCaps, String> {
+    parse_memory_caps(
+        std::env::var("LOKADB_MUX_TUNNEL_MEMORY_MB").ok().as_deref(),
+        std::env::var("LOKADB_MUX_MEMORY_MB").ok().as_deref(),
+    )
+}
+
+fn parse_memory_caps(tunnel: Option<&str>, shared: Option<&str>) -> Result<MemoryCaps, String> {
+    let mb = |name: &str, v: Option<&str>, default: u64| -> Result<Option<u64>, String> {
+        let Some(v) = v else {
+            return Ok(Some(default));
+        };
+        let mb: u64 = v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&mb: &u64| mb <= 1 << 40)
+            .ok_or_else(|| {
+                format!("{name} must be a whole number of MiB (0: no cap), got {v:?}")
+            })?;
+        Ok((mb > 0).then_some(mb << 20))
+    };
+    Ok(MemoryCaps {
+        tunnel: mb(
+            "LOKADB_MUX_TUNNEL_MEMORY_MB",
+            tunnel,
+            DEFAULT_TUNNEL_MEMORY_CAP,
+        )?,
+        shared: mb("LOKADB_MUX_MEMORY_MB", shared, DEFAULT_SHARED_MEMORY_CAP)?,
+    })
+}
+
 fn parse_auto(auto: Option<&str>, max_kb: Option<&str>) -> Result<Option<AutoWindow>, String> {
     let max = match max_kb {
         None => DEFAULT_MAX_WINDOW,
@@ -244,6 +287,25 @@ mod tests {
         assert!(parse_window_kb("0").unwrap_err().contains("from 1"));
         assert!(parse_window_kb("4MB").unwrap_err().contains("whole number"));
         assert!(parse_window_kb("99999999").is_err());
+    }
+
+    #[test]
+    fn memory_caps_default_and_turn_off() {
+        assert_eq!(
+            parse_memory_caps(None, None),
+            Ok(MemoryCaps {
+                tunnel: Some(512 << 20),
+                shared: Some(1 << 30)
+            })
+        );
+        let caps = parse_memory_caps(Some("0"), Some(" 64 ")).unwrap();
+        assert_eq!(caps.tunnel, None);
+        assert_eq!(caps.shared, Some(64 << 20));
+        assert_eq!(caps.budget().unwrap().capacity(), 64 << 20);
+        assert!(parse_memory_caps(Some("1GB"), None)
+            .unwrap_err()
+            .contains("LOKADB_MUX_TUNNEL_MEMORY_MB must be a whole number"));
+        assert!(parse_memory_caps(None, Some("-1")).is_err());
     }
 
     #[test]

@@ -115,6 +115,31 @@ impl Default for AutoWindow {
     }
 }
 
+/// Default per-tunnel receive memory cap suggested for the relay: 512 MiB
+/// (`LOKADB_MUX_TUNNEL_MEMORY_MB` = 512), 128 full 4 MiB windows.
+pub const DEFAULT_TUNNEL_MEMORY_CAP: u64 = 512 << 20;
+
+/// Default receive memory budget shared by all the relay's tunnels: 1 GiB
+/// (`LOKADB_MUX_MEMORY_MB` = 1024).
+pub const DEFAULT_SHARED_MEMORY_CAP: u64 = 1 << 30;
+
+/// Receive memory caps read from the environment ([`super::memory_caps_from_env`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryCaps {
+    /// For [`super::Config::memory_cap`] of each tunnel; `None` when set to 0.
+    pub tunnel: Option<u64>,
+    /// The capacity of the one [`MemoryBudget`] shared by all tunnels, for
+    /// [`super::Config::memory_budget`]; `None` when set to 0.
+    pub shared: Option<u64>,
+}
+
+impl MemoryCaps {
+    /// The shared budget to create once and clone into every tunnel's config.
+    pub fn budget(&self) -> Option<MemoryBudget> {
+        self.shared.map(MemoryBudget::new)
+    }
+}
+
 /// Share of a cap (per tunnel or shared) that window growth may fill: growth is
 /// refused once the charges would pass half the cap, so the other half stays for
 /// the bytes of base windows, and auto-tuning alone never makes a tunnel shed.

@@ -52,6 +52,9 @@ pub use flow::{
     DEFAULT_MAX_STREAMS, DEFAULT_WINDOW,
 };
 pub use frame::{Frame, FrameError, FrameType, Role, StreamId};
-pub use link::{auto_from_env, window_from_env, Link, LinkError};
-pub use memory::{AutoWindow, MemoryBudget, DEFAULT_MAX_WINDOW};
+pub use link::{auto_from_env, memory_caps_from_env, window_from_env, Link, LinkError};
+pub use memory::{
+    AutoWindow, MemoryBudget, MemoryCaps, DEFAULT_MAX_WINDOW, DEFAULT_SHARED_MEMORY_CAP,
+    DEFAULT_TUNNEL_MEMORY_CAP,
+};
 pub use stream::{StreamState, StreamStats};
