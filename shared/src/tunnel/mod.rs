@@ -14,10 +14,13 @@
 //!
 //! # Limits of this version
 //!
-//! - Windows are fixed per tunnel (set in the handshake); auto-tuning towards the
-//!   bandwidth-delay product, and the per-tunnel and relay-wide memory caps that go
-//!   with it, are not built. The receive memory of one tunnel is bounded by
-//!   `max_streams × window` (plus one frame being decoded).
+//! - Windows are fixed per tunnel (set in the handshake) unless
+//!   [`Config::auto_window`] is set (off by default): then a stream whose reader
+//!   keeps up grows its window towards twice its bandwidth-delay product.
+//!   [`Config::memory_cap`] and a [`MemoryBudget`] shared by tunnels bound receive
+//!   memory by resetting the slowest reader ([`memory`] has the accounting,
+//!   `docs/tunnel-protocol.md` the worst cases). Without caps, the receive memory of
+//!   one tunnel is bounded by `max_streams × window` (plus one frame being decoded).
 //! - There is no connection-level window: by design, so that one stream's reader
 //!   cannot take credit from the others.
 //!
@@ -30,6 +33,8 @@
 //! - [`flow`]: [`Tunnel`], the multiplexer for one end: stream table, flow control
 //!   and the DATA scheduler; `flow/peer.rs` handles frames from the peer (the
 //!   handshake included), `flow/app.rs` the application's calls.
+//! - [`memory`]: [`MemoryBudget`] and [`AutoWindow`]; `flow/tune.rs` charges,
+//!   sheds and grows windows.
 //! - [`link`]: [`Link`], a tunnel carried by a rustls connection, still sans-IO.
 //! - [`error`]: [`TunnelError`] (fatal to the tunnel) and [`StreamError`] (a refused
 //!   application call).
