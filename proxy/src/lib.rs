@@ -12,6 +12,8 @@
 //!
 //! # Layout
 //!
+//! - [`admin`]: the admin commands (`lokadb init | org | pause | resume`) on a blocking
+//!   Postgres client.
 //! - [`server`]: core threads, listeners, shutdown drain.
 //! - [`rt`]: the per-core runtime — io_uring reactor, task queue, TCP.
 //! - [`core`]: shared settings and per-core state.
@@ -33,6 +35,7 @@
 //!
 //! Session pooling only: a client keeps its backend until it disconnects.
 
+pub mod admin;
 pub mod backend;
 pub mod cancel;
 pub mod core;

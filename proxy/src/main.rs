@@ -34,6 +34,102 @@ enum Command {
     /// Agent tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Create or upgrade the lokadb schema in the cloud database (idempotent).
+    Init {
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+    /// Organizations whose database is registered (reached through the relay).
+    #[command(subcommand)]
+    Org(OrgCommand),
+    /// Hold an organization's writes (reads go on) until `lokadb resume`.
+    Pause {
+        /// The organization.
+        org: String,
+        /// Writers wait at most this long, then get an error (55P03).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// The pause ends by itself after this long.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        max: std::time::Duration,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+    /// End an organization's pause.
+    Resume {
+        /// The organization.
+        org: String,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+    /// Internal: the process that holds a pause (started by `lokadb pause`).
+    #[command(hide = true)]
+    PauseHolder {
+        org: String,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        max: std::time::Duration,
+        #[arg(long, default_value = "lokadb pause")]
+        reason: String,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+}
+
+/// The cloud database an admin command works on.
+#[derive(clap::Args)]
+struct Cloud {
+    /// Connection string of the cloud database, as a role that may create schemas,
+    /// servers and triggers (libpq keywords or a postgresql:// URL).
+    #[arg(long = "cloud", env = "LOKADB_CLOUD", hide_env_values = true)]
+    dsn: String,
+}
+
+#[derive(Subcommand)]
+enum OrgCommand {
+    /// Register an organization's database, reached through the relay.
+    Add {
+        /// The organization id (as in relay.tokens).
+        id: String,
+        /// The relay's Postgres listener as the cloud database reaches it, HOST:PORT.
+        #[arg(long = "via-relay")]
+        via_relay: String,
+        /// The database in the organization's Postgres.
+        #[arg(long)]
+        dbname: String,
+        /// fdw (through the cloud) or fdw+direct (the proxy may go straight there).
+        #[arg(long, default_value = "fdw")]
+        profile: String,
+        /// Display name.
+        #[arg(long)]
+        name: Option<String>,
+        /// The role postgres_fdw logs in as in the organization's database.
+        #[arg(long, env = "LOKADB_ORG_USER")]
+        user: String,
+        /// Its password.
+        #[arg(long, env = "LOKADB_ORG_PASSWORD", hide_env_values = true)]
+        password: String,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+    /// List registered organizations.
+    List {
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+    /// Show one organization.
+    Show {
+        id: String,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+    /// Unregister an organization whose rows are in the cloud.
+    Remove {
+        id: String,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
 }
 
 #[derive(Subcommand)]
@@ -52,6 +148,51 @@ fn main() -> ExitCode {
     init_logging();
     match cli.command {
         Command::Token(t) => token(t),
+        Command::Init { cloud } => admin(lokadb::admin::migrations::init(&cloud.dsn).map(|r| {
+            if r.from == r.to {
+                format!("lokadb schema is up to date (version {})", r.to)
+            } else {
+                format!("lokadb schema upgraded from version {} to {}", r.from, r.to)
+            }
+        })),
+        Command::Org(o) => org(o),
+        Command::Pause {
+            org,
+            timeout,
+            max,
+            cloud,
+        } => {
+            let opts = lokadb::admin::pause::PauseOptions {
+                timeout,
+                max,
+                reason: "lokadb pause".into(),
+            };
+            admin(lokadb::admin::pause::pause(&cloud.dsn, &org, &opts).map(|pid| {
+                format!(
+                    "organization {org} is paused: its writes wait (at most {}), reads go on; `lokadb resume {org}` ends it (holder pid {pid}, ends by itself after {})",
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(max)
+                )
+            }))
+        }
+        Command::Resume { org, cloud } => admin(
+            lokadb::admin::pause::resume(&cloud.dsn, &org)
+                .map(|()| format!("organization {org} resumed")),
+        ),
+        Command::PauseHolder {
+            org,
+            timeout,
+            max,
+            reason,
+            cloud,
+        } => {
+            let opts = lokadb::admin::pause::PauseOptions {
+                timeout,
+                max,
+                reason,
+            };
+            admin(lokadb::admin::pause::hold(&cloud.dsn, &org, &opts).map(|()| String::new()))
+        }
         Command::Relay { config } => {
             let config = match load(&config) {
                 Ok(c) => c,
@@ -97,6 +238,64 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
             ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Prints an admin command's result; exit status 2 for bad input, 1 for a failure.
+fn admin(result: Result<String, lokadb::admin::AdminError>) -> ExitCode {
+    match result {
+        Ok(out) => {
+            if !out.is_empty() {
+                println!("{}", out.trim_end());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lokadb: {e}");
+            ExitCode::from(if e.usage { 2 } else { 1 })
+        }
+    }
+}
+
+fn org(command: OrgCommand) -> ExitCode {
+    use lokadb::admin::org;
+    match command {
+        OrgCommand::Add {
+            id,
+            via_relay,
+            dbname,
+            profile,
+            name,
+            user,
+            password,
+            cloud,
+        } => {
+            let Some((host, port)) = via_relay
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
+            else {
+                eprintln!("lokadb: --via-relay must be HOST:PORT, got {via_relay:?}");
+                return ExitCode::from(2);
+            };
+            let new = org::NewOrg {
+                id: id.clone(),
+                name,
+                relay_host: host.to_owned(),
+                relay_port: port,
+                dbname,
+                profile,
+                user,
+                password,
+            };
+            admin(org::add(&cloud.dsn, &new).map(|v| {
+                format!("organization {id} registered: its database answers through the relay (PostgreSQL {v})")
+            }))
+        }
+        OrgCommand::List { cloud } => admin(org::list(&cloud.dsn)),
+        OrgCommand::Show { id, cloud } => admin(org::show(&cloud.dsn, &id)),
+        OrgCommand::Remove { id, cloud } => {
+            admin(org::remove(&cloud.dsn, &id).map(|()| format!("organization {id} removed")))
         }
     }
 }

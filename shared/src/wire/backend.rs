@@ -146,6 +146,43 @@ pub fn negotiate_protocol_version(out: &mut Vec<u8>, newest_minor: i32, unrecogn
     });
 }
 
+/// Appends a RowDescription of text columns (type `text`, OID 25, text format).
+pub fn row_description_text(out: &mut Vec<u8>, columns: &[&str]) {
+    write_frame(out, BE_ROW_DESCRIPTION, |b| {
+        b.extend_from_slice(&(columns.len() as i16).to_be_bytes());
+        for name in columns {
+            put_cstr(b, name);
+            b.extend_from_slice(&0i32.to_be_bytes()); // table OID
+            b.extend_from_slice(&0i16.to_be_bytes()); // column number
+            b.extend_from_slice(&25i32.to_be_bytes()); // type OID: text
+            b.extend_from_slice(&(-1i16).to_be_bytes()); // type size: varlena
+            b.extend_from_slice(&(-1i32).to_be_bytes()); // type modifier
+            b.extend_from_slice(&0i16.to_be_bytes()); // text format
+        }
+    });
+}
+
+/// Appends a DataRow of text values (`None` is NULL).
+pub fn data_row(out: &mut Vec<u8>, values: &[Option<&str>]) {
+    write_frame(out, BE_DATA_ROW, |b| {
+        b.extend_from_slice(&(values.len() as i16).to_be_bytes());
+        for v in values {
+            match v {
+                Some(v) => {
+                    b.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                    b.extend_from_slice(v.as_bytes());
+                }
+                None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+        }
+    });
+}
+
+/// Appends a CommandComplete with `tag` (e.g. `SHOW`, `SELECT 3`).
+pub fn command_complete(out: &mut Vec<u8>, tag: &str) {
+    write_frame(out, BE_COMMAND_COMPLETE, |b| put_cstr(b, tag));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,41 +224,4 @@ mod tests {
         backend_key_data(&mut out, 1, 2);
         assert_eq!(out, b"K\0\0\0\x0c\0\0\0\x01\0\0\0\x02");
     }
-}
-
-/// Appends a RowDescription of text columns (type `text`, OID 25, text format).
-pub fn row_description_text(out: &mut Vec<u8>, columns: &[&str]) {
-    write_frame(out, BE_ROW_DESCRIPTION, |b| {
-        b.extend_from_slice(&(columns.len() as i16).to_be_bytes());
-        for name in columns {
-            put_cstr(b, name);
-            b.extend_from_slice(&0i32.to_be_bytes()); // table OID
-            b.extend_from_slice(&0i16.to_be_bytes()); // column number
-            b.extend_from_slice(&25i32.to_be_bytes()); // type OID: text
-            b.extend_from_slice(&(-1i16).to_be_bytes()); // type size: varlena
-            b.extend_from_slice(&(-1i32).to_be_bytes()); // type modifier
-            b.extend_from_slice(&0i16.to_be_bytes()); // text format
-        }
-    });
-}
-
-/// Appends a DataRow of text values (`None` is NULL).
-pub fn data_row(out: &mut Vec<u8>, values: &[Option<&str>]) {
-    write_frame(out, BE_DATA_ROW, |b| {
-        b.extend_from_slice(&(values.len() as i16).to_be_bytes());
-        for v in values {
-            match v {
-                Some(v) => {
-                    b.extend_from_slice(&(v.len() as i32).to_be_bytes());
-                    b.extend_from_slice(v.as_bytes());
-                }
-                None => b.extend_from_slice(&(-1i32).to_be_bytes()),
-            }
-        }
-    });
-}
-
-/// Appends a CommandComplete with `tag` (e.g. `SHOW`, `SELECT 3`).
-pub fn command_complete(out: &mut Vec<u8>, tag: &str) {
-    write_frame(out, BE_COMMAND_COMPLETE, |b| put_cstr(b, tag));
 }

@@ -30,3 +30,8 @@ mod tunnel_world;
 mod tunnel_fdw;
 // Relay restarts, cut links, slow readers, counters, the relay inside the proxy.
 mod tunnel_ops;
+// Bad input on the agent port: wrong tokens, garbage, malformed frames, silent and
+// non-reading agents; refused or cut with a logged reason, nothing else affected.
+mod tunnel_bad_input;
+// lokadb init, org, pause and resume against real clusters.
+mod admin_schema;

@@ -1,0 +1,97 @@
+//! The `lokadb` schema in the cloud database, versioned: each `sql/NNNN_name.sql` is one
+//! migration, applied once, in order, each in its own transaction, and recorded in
+//! `lokadb.migrations`. `lokadb init` applies what is missing, so running it again is
+//! harmless and a newer `lokadb` upgrades an existing install.
+
+use super::db::{connect, AdminError};
+
+/// Every migration, in order: (version, description, SQL).
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "organizations, metadata generation, pause",
+    include_str!("sql/0001_init.sql"),
+)];
+
+/// Serializes concurrent `lokadb init` runs.
+const INIT_LOCK: i64 = 0x4c4f_4b41_0000_0001;
+
+/// What `init` did.
+#[derive(Debug, PartialEq, Eq)]
+pub struct InitReport {
+    /// Version before.
+    pub from: i32,
+    /// Version now.
+    pub to: i32,
+}
+
+/// The version installed in the database (0 without the schema).
+///
+/// # Errors
+///
+/// The query failed.
+pub fn installed_version(client: &mut postgres::Client) -> Result<i32, AdminError> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('lokadb.migrations') IS NOT NULL", &[])?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    Ok(client
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM lokadb.migrations",
+            &[],
+        )?
+        .get(0))
+}
+
+/// `lokadb init --cloud DSN`.
+///
+/// # Errors
+///
+/// Connection or migration failure (a failed migration is rolled back whole).
+pub fn init(dsn: &str) -> Result<InitReport, AdminError> {
+    let mut client = connect(dsn)?;
+    client.execute("SELECT pg_advisory_lock($1)", &[&INIT_LOCK])?;
+    let from = installed_version(&mut client)?;
+    let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+    if from > newest {
+        return Err(AdminError::failed(format!(
+            "the lokadb schema is at version {from}, newer than this lokadb ({newest}): upgrade lokadb"
+        )));
+    }
+    for (version, description, sql) in MIGRATIONS.iter().filter(|m| m.0 > from) {
+        let mut tx = client.transaction()?;
+        tx.batch_execute(sql).map_err(|e| {
+            AdminError::failed(format!(
+                "migration {version} ({description}) failed and was rolled back: {}",
+                super::db::describe(&e)
+            ))
+        })?;
+        tx.execute(
+            "INSERT INTO lokadb.migrations (version, description) VALUES ($1, $2)",
+            &[version, description],
+        )?;
+        tx.commit()?;
+    }
+    client.execute("SELECT pg_advisory_unlock($1)", &[&INIT_LOCK])?;
+    Ok(InitReport { from, to: newest })
+}
+
+/// Fails unless `lokadb init` has been run.
+///
+/// # Errors
+///
+/// No schema, or an older one.
+pub fn require_current(client: &mut postgres::Client) -> Result<(), AdminError> {
+    let v = installed_version(client)?;
+    let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+    match v {
+        0 => Err(AdminError::usage(
+            "the cloud database has no lokadb schema: run `lokadb init --cloud DSN` first",
+        )),
+        v if v < newest => Err(AdminError::usage(format!(
+            "the lokadb schema is at version {v}, this lokadb needs {newest}: run `lokadb init --cloud DSN` to upgrade"
+        ))),
+        _ => Ok(()),
+    }
+}

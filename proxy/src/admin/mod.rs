@@ -1,0 +1,15 @@
+//! The admin commands (`lokadb init | org | pause | resume`): they prepare the cloud
+//! database and change organizations. They run once and exit, so they use a plain
+//! blocking Postgres client (the `postgres` crate), not the proxy's runtime.
+//!
+//! - [`db`]: connecting, and the errors the commands report.
+//! - [`migrations`]: the versioned `lokadb` schema (`sql/NNNN_*.sql`) and `lokadb init`.
+//! - [`org`]: `lokadb org add | list | show | remove`.
+//! - [`pause`]: `lokadb pause` / `lokadb resume` and the holder that keeps a pause.
+
+pub mod db;
+pub mod migrations;
+pub mod org;
+pub mod pause;
+
+pub use db::AdminError;
