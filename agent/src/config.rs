@@ -44,6 +44,10 @@ pub struct AgentConfig {
     pub max_conns: u32,
     /// Receive window per stream (`LOKADB_MUX_WINDOW_KB`).
     pub window: u32,
+    /// Window auto-tuning (`LOKADB_MUX_AUTO`, `LOKADB_MUX_MAX_WINDOW_KB`); off by default.
+    pub auto_window: Option<lokadb_shared::tunnel::AutoWindow>,
+    /// Receive memory one tunnel may hold (`LOKADB_MUX_TUNNEL_MEMORY_MB`).
+    pub memory_cap: Option<u64>,
     /// TLS client configuration (trusted CA certificates).
     pub tls: Arc<ClientConfig>,
 }
@@ -86,6 +90,8 @@ impl AgentConfig {
             postgres,
             max_conns: args.max_conns,
             window,
+            auto_window: None,
+            memory_cap: None,
             tls,
         })
     }

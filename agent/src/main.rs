@@ -78,7 +78,13 @@ fn main() -> ExitCode {
         ca: args.ca,
         server_name: args.server_name,
     };
-    let config = match AgentConfig::check(raw, lokadb_shared::tunnel::window_from_env()) {
+    let checked =
+        AgentConfig::check(raw, lokadb_shared::tunnel::window_from_env()).and_then(|mut c| {
+            c.auto_window = lokadb_shared::tunnel::auto_from_env()?;
+            c.memory_cap = lokadb_shared::tunnel::memory_caps_from_env()?.tunnel;
+            Ok(c)
+        });
+    let config = match checked {
         Ok(config) => Arc::new(config),
         Err(e) => {
             eprintln!("lokadb-agent: {e}");

@@ -278,4 +278,7 @@ fn add(total: &mut TunnelStats, s: &TunnelStats) {
     total.bytes_received += s.bytes_received;
     total.window_stalls += s.window_stalls;
     total.flow_violations += s.flow_violations;
+    total.window_growths += s.window_growths;
+    total.window_growths_refused += s.window_growths_refused;
+    total.streams_shed += s.streams_shed;
 }

@@ -120,6 +120,8 @@ impl Session {
         let tunnel_config = Config {
             window: config.window,
             max_streams: config.max_conns,
+            auto_window: config.auto_window,
+            memory_cap: config.memory_cap,
             ..Config::default()
         };
         let tunnel = Tunnel::agent(tunnel_config, config.token.clone(), now);

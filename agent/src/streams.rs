@@ -222,7 +222,7 @@ fn flush(p: &mut Pipe) -> io::Result<()> {
 /// socket for writing once the relay's side has ended and every byte is written.
 fn to_postgres(p: &mut Pipe, tunnel: &mut Tunnel, stream: StreamId) -> io::Result<()> {
     while p.tunnel_readable && p.to_postgres.is_empty() {
-        match tunnel.handle_read(stream, CHUNK) {
+        match tunnel.handle_read_at(std::time::Instant::now(), stream, CHUNK) {
             Ok(Read::Data(data)) => {
                 p.to_postgres = data;
                 flush(p)?;

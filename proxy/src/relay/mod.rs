@@ -71,7 +71,15 @@ pub fn start(
 ) -> anyhow::Result<Handle> {
     let mut tls = (*crate::net::tls::server_config(&config.tls)?).clone();
     tls.alpn_protocols.clear();
-    let window = lokadb_shared::tunnel::window_from_env().map_err(|e| anyhow::anyhow!(e))?;
+    let window = lokadb_shared::tunnel::window_from_env().map_err(anyhow::Error::msg)?;
+    let caps = lokadb_shared::tunnel::memory_caps_from_env().map_err(anyhow::Error::msg)?;
+    let tunnel = lokadb_shared::tunnel::Config {
+        window,
+        auto_window: lokadb_shared::tunnel::auto_from_env().map_err(anyhow::Error::msg)?,
+        memory_cap: caps.tunnel,
+        memory_budget: caps.budget(),
+        ..lokadb_shared::tunnel::Config::default()
+    };
     let agents = std::net::TcpListener::bind(config.agents).map_err(|e| {
         anyhow::anyhow!("relay: cannot listen for agents on {}: {e}", config.agents)
     })?;
@@ -88,13 +96,16 @@ pub fn start(
         postgres = %postgres_addr,
         max_streams = config.max_streams,
         window,
+        auto_window = tunnel.auto_window.is_some(),
+        tunnel_memory_cap = ?caps.tunnel,
+        relay_memory_cap = ?caps.shared,
         organizations = config.tokens.len(),
         "relay listening"
     );
     let thread = std::thread::Builder::new()
         .name("lokadb-relay".into())
         .spawn(move || {
-            let relay = Rc::new(Relay::new(config, std::sync::Arc::new(tls), window));
+            let relay = Rc::new(Relay::new(config, std::sync::Arc::new(tls), tunnel));
             // SAFETY: both fds are listening sockets handed over whole.
             let (agents, postgres) = unsafe {
                 (
@@ -192,16 +203,19 @@ async fn accept_clients(relay: Rc<Relay>, listener: TcpListener) {
 pub fn stats_line(relay: &Relay) -> String {
     let s = relay.stats.borrow().clone();
     let (mut stalls, mut violations, mut max_buffered) = (0, 0, 0);
+    let (mut growths, mut shed) = (0, 0);
     let mut refused_by_agents = 0;
     for conn in relay.all_conns() {
         let t = conn.stats();
         stalls += t.window_stalls;
         violations += t.flow_violations;
         max_buffered = max_buffered.max(conn.max_stream_buffered());
+        growths += t.window_growths;
+        shed += t.streams_shed;
         refused_by_agents += t.streams_refused;
     }
     format!(
-        "organizations_connected={} streams_open={} streams_opened={} bytes_to_agents={} bytes_from_agents={} window_stalls={} flow_violations={} max_stream_buffered={} agents_connected={} agents_refused={} refused_no_agent={} refused_max_streams={} refused_agent_limit={} refused_unknown_org={} refused_by_agents={}",
+        "organizations_connected={} streams_open={} streams_opened={} bytes_to_agents={} bytes_from_agents={} window_stalls={} flow_violations={} max_stream_buffered={} window_growths={} streams_shed={} relay_memory_used={} agents_connected={} agents_refused={} refused_no_agent={} refused_max_streams={} refused_agent_limit={} refused_unknown_org={} refused_by_agents={}",
         relay.connected_orgs(),
         relay.streams.get(),
         s.streams_opened,
@@ -210,6 +224,9 @@ pub fn stats_line(relay: &Relay) -> String {
         stalls,
         violations,
         max_buffered,
+        growths,
+        shed,
+        relay.tunnel.memory_budget.as_ref().map_or(0, |b| b.used()),
         s.agents_connected,
         s.agents_refused,
         s.refused_no_agent,

@@ -20,8 +20,9 @@ pub struct Relay {
     pub tls: Arc<rustls::ServerConfig>,
     /// Known organizations and their token hashes.
     pub tokens: Tokens,
-    /// The per-stream window announced to agents.
-    pub window: u32,
+    /// The tunnel settings every agent connection starts with: window, auto-tuning,
+    /// memory caps (the relay-wide budget is shared by all of them).
+    pub tunnel: lokadb_shared::tunnel::Config,
     orgs: RefCell<HashMap<String, OrgTunnels>>,
     /// Streams open now over all agents (checked against `max_streams`).
     pub streams: Cell<u32>,
@@ -79,12 +80,16 @@ pub enum Registered {
 
 impl Relay {
     /// A relay with no agent yet.
-    pub fn new(config: RelayConfig, tls: Arc<rustls::ServerConfig>, window: u32) -> Relay {
+    pub fn new(
+        config: RelayConfig,
+        tls: Arc<rustls::ServerConfig>,
+        tunnel: lokadb_shared::tunnel::Config,
+    ) -> Relay {
         Relay {
             tokens: Tokens::new(&config.tokens),
             config,
             tls,
-            window,
+            tunnel,
             orgs: RefCell::default(),
             streams: Cell::new(0),
             draining: Cell::new(false),

@@ -72,10 +72,9 @@ impl TunnelConn {
         let tls = rustls::ServerConnection::new(relay.tls.clone())
             .expect("server TLS config without client auth");
         let config = tunnel::Config {
-            window: relay.window,
             // The relay opens every stream; an agent's OPEN is refused by the tunnel.
             max_streams: 0,
-            ..tunnel::Config::default()
+            ..relay.tunnel.clone()
         };
         TunnelConn {
             id: relay.next_conn_id(),
@@ -196,7 +195,7 @@ impl TunnelConn {
         if let Some(reason) = inner.slots.get(&id).and_then(|s| s.reset.clone()) {
             return Poll::Ready(Err(reason));
         }
-        match inner.link.tunnel().handle_read(id, max) {
+        match inner.link.tunnel().handle_read_at(Instant::now(), id, max) {
             Ok(Read::Data(data)) => {
                 // Reading may have made a WINDOW_UPDATE due.
                 inner.wake_driver();

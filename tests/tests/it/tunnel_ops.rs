@@ -293,3 +293,75 @@ async fn an_agent_with_two_relays_survives_one() {
     assert_eq!(n, 1000);
     assert!(agent.output().contains("connected to"));
 }
+
+/// With a 1 MiB tunnel memory cap and 512 KiB windows, three clients that stop reading
+/// cannot make the relay hold more than the cap: the one holding the most is shed (its
+/// connection closes), and another client on the same tunnel keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tunnel_memory_cap_sheds_the_slowest_reader() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    acme.trust_raw_role().unwrap();
+    let env = [
+        ("LOKADB_MUX_WINDOW_KB", "512"),
+        ("LOKADB_MUX_TUNNEL_MEMORY_MB", "1"),
+    ];
+    let relay = start_relay(&certs, &[&acme], json!({}), &env).unwrap();
+    let _agent = start_agent(&certs, &acme, addrs(&relay).agents, &[]).unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        stalled.push(
+            raw_query_then_stall(
+                addrs(&relay).postgres,
+                "acme/orgdb",
+                "SELECT repeat('x', 1000) FROM generate_series(1, 50000)",
+            )
+            .await,
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let c = connect(&relay_dsn(&relay, "acme")).await.unwrap();
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM items", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1000);
+    let stats = relay_stats(&relay).await;
+    assert!(stats["streams_shed"] >= 1, "{stats:?}");
+    assert!(stats["max_stream_buffered"] <= 512 * 1024, "{stats:?}");
+    drop(stalled);
+}
+
+/// With auto-tuning on, a stream over a 20 ms link grows its window beyond the 64 KiB
+/// base and moves data faster than 64 KiB per round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_tuning_grows_a_window_on_a_long_link() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let env = [("LOKADB_MUX_WINDOW_KB", "64"), ("LOKADB_MUX_AUTO", "1")];
+    let relay = start_relay(&certs, &[&acme], json!({}), &env).unwrap();
+    let link = link_to(&relay, Duration::from_millis(10)).unwrap();
+    let _agent = start_agent_env(&certs, &acme, link.addr(), &[], &env).unwrap();
+    let c = connect(&relay_dsn(&relay, "acme")).await.unwrap();
+    // Let a keepalive measure the RTT first (pings every 2 s).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let started = Instant::now();
+    let rows = c
+        .query(
+            "SELECT repeat('x', 10000) FROM generate_series(1, 2000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(rows.len(), 2000);
+    // 20 MB at the fixed 64 KiB per 20 ms would take over 6 s.
+    let mb_per_s = 20.0 / took.as_secs_f64();
+    let stats = relay_stats(&relay).await;
+    assert!(stats["window_growths"] > 0, "{stats:?}");
+    assert!(
+        mb_per_s > 3.2 * 1.5,
+        "{mb_per_s:.1} MB/s in {took:?}; {stats:?}"
+    );
+}
