@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 
 /// Ciphertext gathered per socket write.
 const WRITE_CHUNK: usize = 256 * 1024;
+/// An agent whose socket takes no bytes for this long while the relay has some to
+/// send is cut: it is stuck or not reading, and its streams' clients get an error
+/// instead of waiting forever.
+const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A write buffer grown past this is given back when it empties, so idle agents
 /// stay small.
 const KEEP_WRITE_CAPACITY: usize = 64 * 1024;
@@ -269,6 +273,7 @@ pub async fn serve(relay: Rc<Relay>, tcp: TcpStream, peer: SocketAddr) {
         out: Vec::new(),
         sent: 0,
         timer: None,
+        stall: None,
     };
     let reason = futures_lite::future::poll_fn(|cx| driver.poll(cx)).await;
     // A last flush carries the RESET, HELLO_REJECT or TLS alert that says why.
@@ -320,6 +325,9 @@ struct Driver {
     out: Vec<u8>,
     sent: usize,
     timer: Option<(Instant, Sleep)>,
+    /// Armed while bytes wait for the socket: fires [`WRITE_STALL_TIMEOUT`] after the
+    /// last write progress.
+    stall: Option<Sleep>,
 }
 
 impl Driver {
@@ -398,10 +406,21 @@ impl Driver {
                 match Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.sent..]) {
                     Poll::Ready(Ok(n)) => {
                         self.sent += n;
+                        self.stall = None;
                         busy = true;
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(format!("write failed: {e}")),
-                    Poll::Pending => break,
+                    Poll::Pending => {
+                        let stall = self
+                            .stall
+                            .get_or_insert_with(|| crate::rt::sleep(WRITE_STALL_TIMEOUT));
+                        if Pin::new(stall).poll(cx).is_ready() {
+                            return Poll::Ready(format!(
+                                "the agent took no bytes for {WRITE_STALL_TIMEOUT:?}: it is not reading"
+                            ));
+                        }
+                        break;
+                    }
                 }
             }
 
