@@ -134,10 +134,8 @@ fn application(tunnel: &mut Tunnel, now: Instant) {
                         }
                     }
                 } else {
-                    let _ = tunnel.handle_reject(
-                        lokadb_shared::tunnel::ErrorCode::BAD_TOKEN,
-                        "no".into(),
-                    );
+                    let _ = tunnel
+                        .handle_reject(lokadb_shared::tunnel::ErrorCode::BAD_TOKEN, "no".into());
                 }
             }
             Event::Opened { stream, .. } => {
