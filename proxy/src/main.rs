@@ -62,6 +62,30 @@ enum Command {
         #[command(flatten)]
         cloud: Cloud,
     },
+    /// Make a table a LokaDB table: LIST-partitioned by organization, its rows in a
+    /// DEFAULT partition, every constraint kept (online; a rerun resumes).
+    Enable {
+        /// The table (schema-qualified, or found through the search_path).
+        table: String,
+        /// The organization column.
+        #[arg(long, default_value = "organization_id")]
+        org_column: String,
+        /// Print the SQL it would run and change nothing.
+        #[arg(long)]
+        plan: bool,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+    /// Make a LokaDB table a plain table again (every organization's rows in the cloud).
+    Disable {
+        /// The table.
+        table: String,
+        /// Print the SQL it would run and change nothing.
+        #[arg(long)]
+        plan: bool,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
     /// Internal: the process that holds a pause (started by `lokadb pause`).
     #[command(hide = true)]
     PauseHolder {
@@ -179,6 +203,22 @@ fn main() -> ExitCode {
             lokadb::admin::pause::resume(&cloud.dsn, &org)
                 .map(|()| format!("organization {org} resumed")),
         ),
+        Command::Enable {
+            table,
+            org_column,
+            plan,
+            cloud,
+        } => admin(lokadb::admin::enable::enable(
+            &cloud.dsn,
+            &lokadb::admin::enable::EnableOptions {
+                table,
+                org_column,
+                plan,
+            },
+        )),
+        Command::Disable { table, plan, cloud } => {
+            admin(lokadb::admin::disable::disable(&cloud.dsn, &table, plan))
+        }
         Command::PauseHolder {
             org,
             timeout,

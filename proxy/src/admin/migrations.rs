@@ -6,11 +6,18 @@
 use super::db::{connect, AdminError};
 
 /// Every migration, in order: (version, description, SQL).
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "organizations, metadata generation, pause",
-    include_str!("sql/0001_init.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "organizations, metadata generation, pause",
+        include_str!("sql/0001_init.sql"),
+    ),
+    (
+        2,
+        "LokaDB tables, key maps, re-pointed foreign keys",
+        include_str!("sql/0002_tables.sql"),
+    ),
+];
 
 /// Serializes concurrent `lokadb init` runs.
 const INIT_LOCK: i64 = 0x4c4f_4b41_0000_0001;

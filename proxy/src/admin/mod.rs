@@ -1,4 +1,4 @@
-//! The admin commands (`lokadb init | org | pause | resume`): they prepare the cloud
+//! The admin commands (`lokadb init | org | pause | resume | enable | disable`): they prepare the cloud
 //! database and change organizations. They run once and exit, so they use a plain
 //! blocking Postgres client (the `postgres` crate), not the proxy's runtime.
 //!
@@ -6,8 +6,16 @@
 //! - [`migrations`]: the versioned `lokadb` schema (`sql/NNNN_*.sql`) and `lokadb init`.
 //! - [`org`]: `lokadb org add | list | show | remove`.
 //! - [`pause`]: `lokadb pause` / `lokadb resume` and the holder that keeps a pause.
+//! - [`enable`]: `lokadb enable TABLE`, the online swap to a LokaDB table; [`disable`]
+//!   reverses it. They read tables through [`catalog`], keep unique keys without the
+//!   organization column in [`keymap`]s, and move foreign keys with [`fkeys`].
 
+pub mod catalog;
 pub mod db;
+pub mod disable;
+pub mod enable;
+pub mod fkeys;
+pub mod keymap;
 pub mod migrations;
 pub mod org;
 pub mod pause;
