@@ -33,10 +33,20 @@ impl Table {
         qualify(&self.schema, &self.name)
     }
 
+    /// `schema.name`, for messages.
+    pub fn display(&self) -> String {
+        plain(&self.schema, &self.name)
+    }
+
     /// The column named `name`.
     pub fn column(&self, name: &str) -> Option<&Column> {
         self.columns.iter().find(|c| c.name == name)
     }
+}
+
+/// `schema.name` unquoted, for messages.
+pub fn plain(schema: &str, name: &str) -> String {
+    format!("{schema}.{name}")
 }
 
 /// `"schema"."name"`.
@@ -107,6 +117,11 @@ pub struct ForeignKey {
 impl ForeignKey {
     pub fn child(&self) -> String {
         qualify(&self.child_schema, &self.child_table)
+    }
+
+    /// `schema.table` of the child, for messages.
+    pub fn child_display(&self) -> String {
+        plain(&self.child_schema, &self.child_table)
     }
 
     /// `FOREIGN KEY (cols) REFERENCES target (ref cols) tail`.

@@ -25,14 +25,15 @@ pub fn disable(dsn: &str, table: &str, plan: bool) -> Result<String, AdminError>
     let Some(r) = registered(&mut client, &t)? else {
         return Err(AdminError::usage(format!(
             "{} is not a LokaDB table (lokadb enable makes one)",
-            t.qualified()
+            t.display()
         )));
     };
     let name = qualify(&r.schema, &r.table);
     if r.table != t.name {
         return Err(AdminError::usage(format!(
-            "{} is the default partition of LokaDB table {name}: disable {name}",
-            t.qualified()
+            "{} is the default partition of LokaDB table {}: disable it",
+            t.display(),
+            catalog::plain(&r.schema, &r.table)
         )));
     }
     let part = qualify(&r.schema, &r.partition);
@@ -49,7 +50,8 @@ pub fn disable(dsn: &str, table: &str, plan: bool) -> Result<String, AdminError>
         .collect();
     if !others.is_empty() {
         return Err(AdminError::usage(format!(
-            "{name} has partitions other than the default one: {}; move those organizations back (lokadb move-back) first",
+            "{} has partitions other than the default one: {}; move those organizations back (lokadb move-back) first",
+            catalog::plain(&r.schema, &r.table),
             others.join(", ")
         )));
     }
@@ -69,7 +71,10 @@ pub fn disable(dsn: &str, table: &str, plan: bool) -> Result<String, AdminError>
         fks.extend(catalog::referencing(&mut client, *oid)?);
     }
     if plan {
-        let mut out = vec![format!("-- lokadb disable {name}: the SQL it would run\n")];
+        let mut out = vec![format!(
+            "-- lokadb disable {}: the SQL it would run\n",
+            catalog::plain(&r.schema, &r.table)
+        )];
         if !fks.is_empty() {
             out.push("-- 1. Foreign keys back to the table: three short transactions each.".into());
             for fk in &fks {
@@ -94,26 +99,32 @@ pub fn disable(dsn: &str, table: &str, plan: bool) -> Result<String, AdminError>
     for fk in &fks {
         fkeys::repoint(&mut client, fk, &part, &fkeys::unrecord_sql(fk))?;
         report.push(format!(
-            "foreign key {} of {} references {name} again",
+            "foreign key {} of {} references {} again",
             fk.name,
-            fk.child()
+            fk.child_display(),
+            catalog::plain(&r.schema, &r.table)
         ));
     }
-    with_lock_retry(&mut client, &format!("disabling {name}"), |tx| {
-        let lock = format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE");
-        tx.batch_execute(&lock)
-            .map_err(|e| StepError::Pg(e, lock))?;
-        let sql = swap_back_sql(tx, &r, &keymaps)?;
-        run_all(tx, &sql)
-    })?;
+    with_lock_retry(
+        &mut client,
+        &format!("disabling {}", catalog::plain(&r.schema, &r.table)),
+        |tx| {
+            let lock = format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE");
+            tx.batch_execute(&lock)
+                .map_err(|e| StepError::Pg(e, lock))?;
+            let sql = swap_back_sql(tx, &r, &keymaps)?;
+            run_all(tx, &sql)
+        },
+    )?;
     report.push(format!(
-        "{name} is a plain table again (key maps dropped: {})",
+        "{} is a plain table again (key maps dropped: {})",
+        catalog::plain(&r.schema, &r.table),
         if keymaps.is_empty() {
             "none".to_owned()
         } else {
             keymaps
                 .iter()
-                .map(|(k, _)| qualify("lokadb", k))
+                .map(|(k, _)| format!("lokadb.{k}"))
                 .collect::<Vec<_>>()
                 .join(", ")
         }
@@ -247,26 +258,38 @@ fn swap_back_sql(
             .as_deref()
             .map_or_else(|| "NULL".to_owned(), literal)
     ));
-    // The table's own ACL still holds what it had before enable: start from none.
-    let grantees: Vec<String> = c
-        .query(
-            "SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'
-                    ELSE quote_ident(pg_get_userbyid(a.grantee)) END
-             FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = $1",
-            &[&part_oid],
+    // The table's own ACL still holds what it had before enable; when the parent's
+    // differs (grants changed since), the table gets the parent's.
+    let same_acl: bool = c
+        .query_one(
+            "SELECT (SELECT array_agg(x::text ORDER BY x::text) FROM unnest(p.relacl) x)
+                    IS NOT DISTINCT FROM
+                    (SELECT array_agg(x::text ORDER BY x::text) FROM unnest(t.relacl) x)
+             FROM pg_class p, pg_class t WHERE p.oid = $1 AND t.oid = $2",
+            &[&parent_oid, &part_oid],
         )?
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    for g in grantees {
-        sql.push(format!("REVOKE ALL ON {name} FROM {g}"));
+        .get(0);
+    if !same_acl {
+        let grantees: Vec<String> = c
+            .query(
+                "SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                        ELSE quote_ident(pg_get_userbyid(a.grantee)) END
+                 FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = $1",
+                &[&part_oid],
+            )?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        for g in grantees {
+            sql.push(format!("REVOKE ALL ON {name} FROM {g}"));
+        }
+        let grants = catalog::grants_sql(c, parent_oid, &name, &parent.owner, "")?;
+        if grants.is_empty() {
+            // The parent had the default ACL: the owner's privileges.
+            sql.push(format!("GRANT ALL ON {name} TO {}", ident(&parent.owner)));
+        }
+        sql.extend(grants);
     }
-    let grants = catalog::grants_sql(c, parent_oid, &name, &parent.owner, "")?;
-    if grants.is_empty() {
-        // The parent had the default ACL: the owner's privileges.
-        sql.push(format!("GRANT ALL ON {name} TO {}", ident(&parent.owner)));
-    }
-    sql.extend(grants);
     sql.extend(seq_grants);
     sql.push(format!(
         "DELETE FROM lokadb.tables WHERE schema_name = {} AND table_name = {}",

@@ -56,7 +56,7 @@ pub fn check(
     t: Table,
     org_column: &str,
 ) -> Result<Analysis, AdminError> {
-    let name = t.qualified();
+    let name = t.display();
     if t.is_partition {
         return Err(AdminError::usage(format!(
             "{name} is a partition of another table: enable the partitioned table, or detach it first"
@@ -369,7 +369,7 @@ BEGIN
 END
 $lokadb$",
             col = literal(&org.name),
-            tbl = literal(&t.qualified()),
+            tbl = literal(&t.display()),
             tname = literal(&t.name),
             sname = literal(&t.schema),
         ),
@@ -432,7 +432,7 @@ pub fn enable(dsn: &str, opts: &EnableOptions) -> Result<String, AdminError> {
     require_current(&mut client)?;
     let t = catalog::resolve(&mut client, &opts.table)?;
     if let Some(r) = registered(&mut client, &t)? {
-        let name = qualify(&r.schema, &r.table);
+        let name = catalog::plain(&r.schema, &r.table);
         if r.state == "enabled" {
             return Err(AdminError::usage(format!(
                 "{name} is already a LokaDB table (partitioned by {}); lokadb disable {name} reverses it",
@@ -442,7 +442,7 @@ pub fn enable(dsn: &str, opts: &EnableOptions) -> Result<String, AdminError> {
         if r.table != t.name {
             return Err(AdminError::usage(format!(
                 "{} is the default partition of LokaDB table {name}: enable {name}",
-                t.qualified()
+                t.display()
             )));
         }
         if opts.plan {
@@ -462,28 +462,32 @@ pub fn enable(dsn: &str, opts: &EnableOptions) -> Result<String, AdminError> {
     let oid = a.table.oid;
     let org_column = opts.org_column.clone();
     let name = a.table.qualified();
-    let reg = with_lock_retry(&mut client, &format!("swapping {name}"), |tx| {
-        let lock = format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE");
-        tx.batch_execute(&lock)
-            .map_err(|e| StepError::Pg(e, lock))?;
-        // Under the lock: what is rebuilt is what is there now.
-        let t = catalog::table(tx, oid)?;
-        if t.name != a.table.name || t.schema != a.table.schema {
-            return Err(
-                AdminError::failed(format!("{name} was renamed meanwhile; run again")).into(),
-            );
-        }
-        let a = check(tx, t, &org_column)?;
-        let sql = swap_sql(tx, &a)?;
-        run_all(tx, &sql)?;
-        Ok(Registered {
-            schema: a.table.schema.clone(),
-            table: a.table.name.clone(),
-            org_column: a.org.name.clone(),
-            partition: partition_name(&a.table.name),
-            state: "enabling".into(),
-        })
-    })?;
+    let reg = with_lock_retry(
+        &mut client,
+        &format!("swapping {}", a.table.display()),
+        |tx| {
+            let lock = format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE");
+            tx.batch_execute(&lock)
+                .map_err(|e| StepError::Pg(e, lock))?;
+            // Under the lock: what is rebuilt is what is there now.
+            let t = catalog::table(tx, oid)?;
+            if t.name != a.table.name || t.schema != a.table.schema {
+                return Err(
+                    AdminError::failed(format!("{name} was renamed meanwhile; run again")).into(),
+                );
+            }
+            let a = check(tx, t, &org_column)?;
+            let sql = swap_sql(tx, &a)?;
+            run_all(tx, &sql)?;
+            Ok(Registered {
+                schema: a.table.schema.clone(),
+                table: a.table.name.clone(),
+                org_column: a.org.name.clone(),
+                partition: partition_name(&a.table.name),
+                state: "enabling".into(),
+            })
+        },
+    )?;
     finish(&mut client, &reg)
 }
 
@@ -502,7 +506,7 @@ fn null_orgs(c: &mut impl GenericClient, t: &Table, org: &str) -> Result<(), Adm
     if n > 0 {
         return Err(AdminError::usage(format!(
             "{} has {n} row{} with NULL {org}: each row must belong to an organization; set it (or delete them) first",
-            t.qualified(),
+            t.display(),
             if n == 1 { "" } else { "s" }
         )));
     }
@@ -554,8 +558,10 @@ fn finish(client: &mut postgres::Client, r: &Registered) -> Result<String, Admin
     let part = qualify(&r.schema, &r.partition);
     let (part_table, keymaps) = keymaps_of(client, r)?;
     let mut report = vec![format!(
-        "{name} is a LokaDB table: LIST-partitioned by {}, its rows in the DEFAULT partition {part}",
-        r.org_column
+        "{} is a LokaDB table: LIST-partitioned by {}, its rows in the DEFAULT partition {}",
+        catalog::plain(&r.schema, &r.table),
+        r.org_column,
+        catalog::plain(&r.schema, &r.partition)
     )];
     let pending: Vec<&KeyMap> = keymaps
         .iter()
@@ -577,7 +583,7 @@ fn finish(client: &mut postgres::Client, r: &Registered) -> Result<String, Admin
         )?;
         let mut line = format!(
             "key map {} keeps {} ({}) unique across organizations: {seen} existing keys copied",
-            km.qualified(),
+            km.display(),
             km.key_name,
             km.columns
                 .iter()
@@ -609,14 +615,14 @@ fn finish(client: &mut postgres::Client, r: &Registered) -> Result<String, Admin
                 report.push(format!(
                     "foreign key {} of {} now references {}",
                     fk.name,
-                    fk.child(),
-                    km.qualified()
+                    fk.child_display(),
+                    km.display()
                 ));
             }
             None => report.push(format!(
                 "foreign key {} of {} stays on the default partition (it references a key with {})",
                 fk.name,
-                fk.child(),
+                fk.child_display(),
                 r.org_column
             )),
         }
@@ -636,7 +642,8 @@ fn plan(client: &mut postgres::Client, t: Table, org_column: &str) -> Result<Str
     let name = a.table.qualified();
     let part = qualify(&a.table.schema, &partition_name(&a.table.name));
     let mut out = vec![format!(
-        "-- lokadb enable {name} --org-column {org_column}: the SQL it would run (sequence positions as of now)\n\n-- 1. The swap: one transaction, retried when a lock is not granted in {}.\nBEGIN;\nSET LOCAL lock_timeout = '{}';\nLOCK TABLE {name} IN ACCESS EXCLUSIVE MODE;",
+        "-- lokadb enable {} --org-column {org_column}: the SQL it would run (sequence positions as of now)\n\n-- 1. The swap: one transaction, retried when a lock is not granted in {}.\nBEGIN;\nSET LOCAL lock_timeout = '{}';\nLOCK TABLE {name} IN ACCESS EXCLUSIVE MODE;",
+        a.table.display(),
         fkeys::LOCK_TIMEOUT,
         fkeys::LOCK_TIMEOUT
     )];

@@ -3,7 +3,7 @@
 //! application: each takes its locks with `lock_timeout`, and is retried when a lock is
 //! not granted in time.
 
-use super::catalog::{qualify, ForeignKey};
+use super::catalog::ForeignKey;
 use super::db::{describe, ident, literal, AdminError};
 use super::keymap::suffixed;
 use std::time::Duration;
@@ -136,7 +136,7 @@ pub fn repoint(
     let what = format!(
         "pointing foreign key {} of {} at {target}",
         fk.name,
-        fk.child()
+        fk.child_display()
     );
     let tmp: Option<bool> = client
         .query_opt(
@@ -176,9 +176,4 @@ pub fn unrecord_sql(fk: &ForeignKey) -> String {
         literal(&fk.child_table),
         literal(&fk.name)
     )
-}
-
-/// `"schema"."table"` for a lokadb.tables row.
-pub fn table_sql_name(schema: &str, table: &str) -> String {
-    qualify(schema, table)
 }

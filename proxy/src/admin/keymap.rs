@@ -91,6 +91,11 @@ impl KeyMap {
         qualify("lokadb", &self.name)
     }
 
+    /// `lokadb.km_…`, for messages.
+    pub fn display(&self) -> String {
+        format!("lokadb.{}", self.name)
+    }
+
     fn key_names(&self) -> Vec<String> {
         self.columns.iter().map(|c| c.name.clone()).collect()
     }
@@ -147,10 +152,10 @@ impl KeyMap {
                 .collect::<Vec<_>>()
                 .join(" AND "),
             key = literal(&self.key_name),
-            table = literal(&qualify(&self.schema, &self.table)),
+            table = literal(&format!("{}.{}", self.schema, self.table)),
             tname = literal(&self.table),
             sname = literal(&self.schema),
-            cols = idents(&self.key_names()).replace('\'', "''"),
+            cols = self.key_names().join(", ").replace('\'', "''"),
             vals = self.values("NEW"),
         )
     }
@@ -341,7 +346,7 @@ pub fn backfill(
         let row = client.query_one(&sql, &params).map_err(|e| {
             AdminError::failed(format!(
                 "backfill of {} failed after {seen} rows: {}\nwhat was copied stays; run lokadb enable again to go on",
-                km.qualified(),
+                km.display(),
                 super::db::describe(&e)
             ))
         })?;

@@ -35,3 +35,5 @@ mod tunnel_ops;
 mod tunnel_bad_input;
 // lokadb init, org, pause and resume against real clusters.
 mod admin_schema;
+// lokadb enable and disable: key maps, foreign keys, concurrent writers, refusals, --plan.
+mod admin_enable;
