@@ -1,5 +1,5 @@
-//! The admin commands (`lokadb init | org | pause | resume | enable | disable`): they prepare the cloud
-//! database and change organizations. They run once and exit, so they use a plain
+//! The admin commands (`lokadb init | org | pause | resume | enable | disable`): they
+//! prepare the cloud database and change organizations. They run once and exit, so they use a plain
 //! blocking Postgres client (the `postgres` crate), not the proxy's runtime.
 //!
 //! - [`db`]: connecting, and the errors the commands report.
@@ -7,8 +7,9 @@
 //! - [`org`]: `lokadb org add | list | show | remove`.
 //! - [`pause`]: `lokadb pause` / `lokadb resume` and the holder that keeps a pause.
 //! - [`enable`]: `lokadb enable TABLE`, the online swap to a LokaDB table; [`disable`]
-//!   reverses it. They read tables through [`catalog`], keep unique keys without the
-//!   organization column in [`keymap`]s, and move foreign keys with [`fkeys`].
+//!   reverses it. [`preflight`] decides what can be kept; both read tables through
+//!   [`catalog`], keep unique keys without the organization column in [`keymap`]s, and
+//!   move foreign keys with [`fkeys`]. See docs/cloud-schema.md.
 
 pub mod catalog;
 pub mod db;
@@ -19,5 +20,6 @@ pub mod keymap;
 pub mod migrations;
 pub mod org;
 pub mod pause;
+pub mod preflight;
 
 pub use db::AdminError;
