@@ -43,21 +43,21 @@ async fn init_is_versioned_idempotent_and_announces_changes() {
     let out = lokadb(&dsn, &["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("upgraded from version 0 to 1"),
+        stdout(&out).contains("upgraded from version 0 to 2"),
         "{}",
         stdout(&out)
     );
     let out = lokadb(&dsn, &["init"]);
     assert!(
-        stdout(&out).contains("up to date (version 1)"),
+        stdout(&out).contains("up to date (version 2)"),
         "{}",
         stdout(&out)
     );
     assert_eq!(
         cloud
-            .psql("app", "SELECT version FROM lokadb.migrations")
+            .psql("app", "SELECT version FROM lokadb.migrations ORDER BY 1")
             .unwrap(),
-        "1"
+        "1\n2"
     );
 
     // Every change of lokadb.org bumps the generation and NOTIFYs it.
