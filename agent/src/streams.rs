@@ -4,7 +4,7 @@
 //! tunnel ([`Tunnel::handle_read`], which is what returns window credit to the relay)
 //! only once Postgres has taken the previous ones, so a slow Postgres connection holds
 //! at most one window in the tunnel plus one chunk here. From Postgres, the socket is
-//! read only while the stream has less than one window queued in the tunnel.
+//! read only while the stream has less than [`SEND_QUEUE_LIMIT`] queued in the tunnel.
 
 use std::collections::HashMap;
 use std::io::{self, Read as _, Write as _};
@@ -124,7 +124,7 @@ impl Pipes {
         poller: &mut Poller<T>,
         token: impl Fn(StreamId) -> T,
     ) {
-        let window = tunnel.peer().map_or(0, |p| u64::from(p.window));
+        let window = send_queue_limit(tunnel);
         for (&stream, p) in &self.pipes {
             let interest = if p.connecting {
                 Interest {
@@ -242,15 +242,28 @@ fn to_postgres(p: &mut Pipe, tunnel: &mut Tunnel, stream: StreamId) -> io::Resul
     Ok(())
 }
 
-/// Reads from Postgres into the tunnel while the stream has less than one window
-/// queued; Postgres's end of file closes the stream's sending side.
+/// Reads from Postgres into the tunnel while the stream has less than
+/// [`SEND_QUEUE_LIMIT`] (or one window, if smaller) queued; Postgres's end of file
+/// closes the stream's sending side. The queue is bytes waiting for window: it need not
+/// hold a whole window (what is in flight is buffered at the relay), so a small queue
+/// keeps the agent small with thousands of streams; the rest waits in the socket.
+/// Most bytes a stream queues in the tunnel beyond what its window lets it send.
+pub const SEND_QUEUE_LIMIT: u64 = 256 * 1024;
+
+fn send_queue_limit(tunnel: &Tunnel) -> u64 {
+    tunnel
+        .peer()
+        .map_or(0, |s| u64::from(s.window))
+        .min(SEND_QUEUE_LIMIT)
+}
+
 fn from_postgres(
     p: &mut Pipe,
     tunnel: &mut Tunnel,
     stream: StreamId,
     buf: &mut BytesMut,
 ) -> io::Result<()> {
-    let window = tunnel.peer().map_or(0, |s| u64::from(s.window));
+    let window = send_queue_limit(tunnel);
     for _ in 0..READS_PER_WAKE {
         let queued = tunnel.stream_stats(stream).map_or(u64::MAX, |s| s.queued);
         if p.postgres_done || queued >= window {

@@ -29,6 +29,9 @@ const WRITE_CHUNK: usize = 256 * 1024;
 /// send is cut: it is stuck or not reading, and its streams' clients get an error
 /// instead of waiting forever.
 const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// An agent connection must have authenticated (TLS and HELLO) within this long: the
+/// idle timeout alone would let a peer trickle its HELLO a byte at a time.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// A write buffer grown past this is given back when it empties, so idle agents
 /// stay small.
 const KEEP_WRITE_CAPACITY: usize = 64 * 1024;
@@ -274,12 +277,19 @@ pub async fn serve(relay: Rc<Relay>, tcp: TcpStream, peer: SocketAddr) {
         sent: 0,
         timer: None,
         stall: None,
+        auth: Some(crate::rt::sleep(AUTH_TIMEOUT)),
     };
     let reason = futures_lite::future::poll_fn(|cx| driver.poll(cx)).await;
-    // A last flush carries the RESET, HELLO_REJECT or TLS alert that says why.
+    // A last flush carries the RESET, HELLO_REJECT or TLS alert that says why, then
+    // close_notify, so the agent can tell a deliberate end from a cut connection.
     let mut out = std::mem::take(&mut driver.out);
     let sent = driver.sent;
-    conn.inner.borrow_mut().link.transmit(&mut out, WRITE_CHUNK);
+    {
+        let mut inner = conn.inner.borrow_mut();
+        inner.link.transmit(&mut out, WRITE_CHUNK);
+        inner.link.close();
+        inner.link.transmit(&mut out, WRITE_CHUNK);
+    }
     let _ = crate::time::with_timeout(
         Duration::from_secs(1),
         driver.tcp.write_all(&out[sent.min(out.len())..]),
@@ -328,6 +338,8 @@ struct Driver {
     /// Armed while bytes wait for the socket: fires [`WRITE_STALL_TIMEOUT`] after the
     /// last write progress.
     stall: Option<Sleep>,
+    /// Armed until the agent has authenticated.
+    auth: Option<Sleep>,
 }
 
 impl Driver {
@@ -359,6 +371,16 @@ impl Driver {
                 self.dispatch();
                 if let Err(e) = r {
                     return Poll::Ready(e.to_string());
+                }
+            }
+
+            if let Some(auth) = self.auth.as_mut() {
+                if self.conn.inner.borrow().org.is_some() {
+                    self.auth = None;
+                } else if Pin::new(auth).poll(cx).is_ready() {
+                    return Poll::Ready(format!(
+                        "the agent did not authenticate within {AUTH_TIMEOUT:?}"
+                    ));
                 }
             }
 
