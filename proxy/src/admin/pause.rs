@@ -109,13 +109,7 @@ pub fn hold(dsn: &str, org: &str, opts: &PauseOptions) -> Result<(), AdminError>
             "organization {org} is not registered (lokadb org list shows those that are)"
         )));
     }
-    let holder: Option<i32> = client
-        .query_opt(
-            "SELECT holder_pid FROM lokadb.pause p WHERE org = $1
-               AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p.holder_pid)",
-            &[&org],
-        )?
-        .map(|r| r.get(0));
+    let holder = live_holder(&mut client, org)?;
     if let Some(pid) = holder {
         return Err(AdminError::usage(format!(
             "organization {org} is already paused (held by backend {pid}); lokadb resume {org} ends it"
@@ -177,6 +171,18 @@ pub fn hold(dsn: &str, org: &str, opts: &PauseOptions) -> Result<(), AdminError>
     Ok(())
 }
 
+/// The backend holding `org`'s pause, if its session is alive (a row left by a holder
+/// that died means nothing: its lock went with it).
+fn live_holder(client: &mut postgres::Client, org: &str) -> Result<Option<i32>, AdminError> {
+    Ok(client
+        .query_opt(
+            "SELECT holder_pid FROM lokadb.pause p WHERE org = $1
+               AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p.holder_pid)",
+            &[&org],
+        )?
+        .map(|r| r.get(0)))
+}
+
 /// `lokadb resume ORG`: ends the pause and waits until writes may flow.
 ///
 /// # Errors
@@ -185,13 +191,7 @@ pub fn hold(dsn: &str, org: &str, opts: &PauseOptions) -> Result<(), AdminError>
 pub fn resume(dsn: &str, org: &str) -> Result<(), AdminError> {
     let mut client = connect(dsn)?;
     require_current(&mut client)?;
-    let holder: Option<i32> = client
-        .query_opt(
-            "SELECT holder_pid FROM lokadb.pause p WHERE org = $1
-               AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p.holder_pid)",
-            &[&org],
-        )?
-        .map(|r| r.get(0));
+    let holder = live_holder(&mut client, org)?;
     let Some(pid) = holder else {
         return Err(AdminError::usage(format!(
             "organization {org} is not paused"

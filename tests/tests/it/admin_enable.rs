@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Runs `lokadb ARGS` with `--cloud` taken from the environment.
-fn lokadb(cloud_dsn: &str, args: &[&str]) -> Output {
+pub(crate) fn lokadb(cloud_dsn: &str, args: &[&str]) -> Output {
     let bin = lokadb_tests::proxy::find_binary().unwrap();
     std::process::Command::new(bin)
         .args(args)
@@ -21,12 +21,12 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[track_caller]
-fn ok(o: &Output) -> String {
+pub(crate) fn ok(o: &Output) -> String {
     assert!(
         o.status.success(),
         "exit {:?}\nstdout: {}\nstderr: {}",
@@ -40,7 +40,7 @@ fn ok(o: &Output) -> String {
 /// The test schema: organizations and projects are cloud tables; documents and
 /// document_versions become LokaDB tables (ids unique by id alone, versions referencing
 /// documents, documents referencing projects).
-const SCHEMA: &str = "
+pub(crate) const SCHEMA: &str = "
 CREATE ROLE app_rw;
 CREATE TABLE organizations (id bigint PRIMARY KEY);
 CREATE TABLE projects (id bigint PRIMARY KEY, organization_id bigint REFERENCES organizations);
@@ -538,18 +538,10 @@ async fn pause_holds_writes_to_an_enabled_table() {
     ok(&lokadb(&dsn, &["enable", "documents"]));
     q(&cloud, "INSERT INTO lokadb.org (id) VALUES ('1'), ('2')");
     ok(&lokadb(&dsn, &["pause", "1", "--timeout", "20s"]));
-    let dsn2 = dsn.clone();
-    let writer = tokio::spawn(async move {
-        let w = crate::world::connect(&dsn2).await.unwrap();
-        let started = Instant::now();
-        w.execute(
-            "UPDATE documents SET title = title || '!' WHERE id = 2",
-            &[],
-        )
-        .await
-        .unwrap();
-        started.elapsed()
-    });
+    let writer = crate::world::timed_write(
+        &dsn,
+        "UPDATE documents SET title = title || '!' WHERE id = 2",
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!writer.is_finished(), "organization 1's write did not wait");
     // Organization 2 writes, organization 1 reads.

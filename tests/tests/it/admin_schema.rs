@@ -43,13 +43,13 @@ async fn init_is_versioned_idempotent_and_announces_changes() {
     let out = lokadb(&dsn, &["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("upgraded from version 0 to 2"),
+        stdout(&out).contains("upgraded from version 0 to 3"),
         "{}",
         stdout(&out)
     );
     let out = lokadb(&dsn, &["init"]);
     assert!(
-        stdout(&out).contains("up to date (version 2)"),
+        stdout(&out).contains("up to date (version 3)"),
         "{}",
         stdout(&out)
     );
@@ -57,7 +57,7 @@ async fn init_is_versioned_idempotent_and_announces_changes() {
         cloud
             .psql("app", "SELECT version FROM lokadb.migrations ORDER BY 1")
             .unwrap(),
-        "1\n2"
+        "1\n2\n3"
     );
 
     // Every change of lokadb.org bumps the generation and NOTIFYs it.
@@ -242,18 +242,10 @@ async fn pause_holds_one_organizations_writes_until_resume() {
 
     let app = crate::world::connect(&dsn).await.unwrap();
     // acme's write waits; globex's write and acme's read do not.
-    let dsn2 = dsn.clone();
-    let writer = tokio::spawn(async move {
-        let w = crate::world::connect(&dsn2).await.unwrap();
-        let started = Instant::now();
-        w.execute(
-            "UPDATE docs SET v = v + 1 WHERE organization_id = 'acme'",
-            &[],
-        )
-        .await
-        .unwrap();
-        started.elapsed()
-    });
+    let writer = crate::world::timed_write(
+        &dsn,
+        "UPDATE docs SET v = v + 1 WHERE organization_id = 'acme'",
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!writer.is_finished());
     app.execute(

@@ -96,3 +96,15 @@ pub fn sqlstate(e: &tokio_postgres::Error) -> String {
         None => panic!("error without SQLSTATE: {e:?}"),
     }
 }
+
+/// Runs `sql` on a new connection to `dsn` in the background; the task returns how long
+/// the statement took (for writes that must wait, e.g. behind a pause).
+pub fn timed_write(dsn: &str, sql: &'static str) -> tokio::task::JoinHandle<std::time::Duration> {
+    let dsn = dsn.to_owned();
+    tokio::spawn(async move {
+        let w = connect(&dsn).await.unwrap();
+        let started = std::time::Instant::now();
+        w.execute(sql, &[]).await.unwrap();
+        started.elapsed()
+    })
+}
