@@ -8,6 +8,7 @@ use super::catalog::{self, qualify, View};
 use super::db::{connect, ident, literal, AdminError};
 use super::enable::{gate_name, registered};
 use super::fkeys::{self, run_all, with_lock_retry, StepError};
+use super::guards;
 use super::keymap::suffixed;
 use super::migrations::require_current;
 use postgres::GenericClient;
@@ -112,8 +113,12 @@ pub fn disable(dsn: &str, table: &str, plan: bool) -> Result<String, AdminError>
             let lock = format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE");
             tx.batch_execute(&lock)
                 .map_err(|e| StepError::Pg(e, lock))?;
+            // Its guards go; guards of other tables whose foreign keys referenced its key
+            // maps are pointed at the table again.
+            guards::remove_all(tx, &r.schema, &r.table)?;
             let sql = swap_back_sql(tx, &r, &keymaps)?;
-            run_all(tx, &sql)
+            run_all(tx, &sql)?;
+            guards::sync(tx)
         },
     )?;
     report.push(format!(

@@ -17,6 +17,7 @@
 use super::catalog::{self, qualify, Column, Table, View};
 use super::db::{connect, ident, literal, AdminError};
 use super::fkeys::{self, run_all, with_lock_retry, StepError};
+use super::guards;
 use super::keymap::{self, fit, suffixed, KeyMap};
 use super::migrations::require_current;
 pub use super::preflight::{check, Analysis};
@@ -306,6 +307,9 @@ pub fn enable(dsn: &str, opts: &EnableOptions) -> Result<String, AdminError> {
             let a = check(tx, t, &org_column)?;
             let sql = swap_sql(tx, &a)?;
             run_all(tx, &sql)?;
+            // Guards for its foreign keys (and re-targeted guards of tables whose foreign
+            // keys reference it), in the same transaction: no write goes unchecked.
+            guards::sync(tx)?;
             Ok(Registered {
                 schema: a.table.schema.clone(),
                 table: a.table.name.clone(),
@@ -454,6 +458,13 @@ fn finish(client: &mut postgres::Client, r: &Registered) -> Result<String, Admin
             )),
         }
     }
+    // Guards whose foreign key now references a key map are pointed at it.
+    with_lock_retry(
+        client,
+        &format!("foreign keys of {name} for moved organizations"),
+        |tx| guards::sync(tx),
+    )?;
+    report.extend(guards::describe(client, &r.schema, &r.table)?);
     client.execute(
         "UPDATE lokadb.tables SET state = 'enabled' WHERE schema_name = $1 AND table_name = $2",
         &[&r.schema, &r.table],

@@ -17,6 +17,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "LokaDB tables, key maps, re-pointed foreign keys",
         include_str!("sql/0002_tables.sql"),
     ),
+    (
+        3,
+        "foreign keys kept across foreign partitions: parent checks, refs",
+        include_str!("sql/0003_guards.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

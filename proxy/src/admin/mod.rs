@@ -9,13 +9,15 @@
 //! - [`enable`]: `lokadb enable TABLE`, the online swap to a LokaDB table; [`disable`]
 //!   reverses it. [`preflight`] decides what can be kept; both read tables through
 //!   [`catalog`], keep unique keys without the organization column in [`keymap`]s, and
-//!   move foreign keys with [`fkeys`]. See docs/cloud-schema.md.
+//!   move foreign keys with [`fkeys`]; [`guards`] keep foreign keys for the rows of
+//!   foreign partitions (parent check, refs). See docs/cloud-schema.md.
 
 pub mod catalog;
 pub mod db;
 pub mod disable;
 pub mod enable;
 pub mod fkeys;
+pub mod guards;
 pub mod keymap;
 pub mod migrations;
 pub mod org;

@@ -167,7 +167,13 @@ pub fn check(
             ));
         }
     }
-    let triggers = catalog::triggers(c, t.oid)?;
+    // LokaDB's own triggers on a cloud table (the refs check of a foreign key kept across
+    // foreign partitions, see guards.rs) stay where they are: on the table, which becomes
+    // the default partition; enable points them at the key map afterwards.
+    let triggers: Vec<catalog::Trigger> = catalog::triggers(c, t.oid)?
+        .into_iter()
+        .filter(|tr| !tr.name.starts_with("lokadb_"))
+        .collect();
     let sequences = catalog::owned_sequences(c, t.oid)?;
     Ok(Analysis {
         table: t,

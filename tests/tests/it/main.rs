@@ -37,3 +37,6 @@ mod tunnel_bad_input;
 mod admin_schema;
 // lokadb enable and disable: key maps, foreign keys, concurrent writers, refusals, --plan.
 mod admin_enable;
+// Foreign keys kept across a foreign partition (an organization moved behind the relay): parent
+// checks, refs, cascades into the organization's database, round trips per write.
+mod admin_foreign;
