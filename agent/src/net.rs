@@ -82,9 +82,26 @@ impl fmt::Display for HostPort {
 /// A non-blocking TCP socket whose connect has started: `true` if it is still in
 /// progress (wait for POLLOUT, then [`connect_result`]).
 pub fn connect_nonblocking(addr: SocketAddr) -> io::Result<(TcpStream, bool)> {
+    connect_with(addr, None)
+}
+
+/// [`connect_nonblocking`] with the socket's receive buffer fixed at `recv_buffer`
+/// bytes (`SO_RCVBUF`, set before the connect so the window scale fits it), which
+/// turns off the kernel's receive autotuning for it.
+pub fn connect_nonblocking_rcvbuf(
+    addr: SocketAddr,
+    recv_buffer: usize,
+) -> io::Result<(TcpStream, bool)> {
+    connect_with(addr, Some(recv_buffer))
+}
+
+fn connect_with(addr: SocketAddr, recv_buffer: Option<usize>) -> io::Result<(TcpStream, bool)> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_nonblocking(true)?;
     socket.set_nodelay(true)?;
+    if let Some(size) = recv_buffer {
+        socket.set_recv_buffer_size(size)?;
+    }
     let in_progress = match socket.connect(&SockAddr::from(addr)) {
         Ok(()) => false,
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => true,
@@ -143,6 +160,19 @@ mod tests {
         ] {
             assert!(HostPort::parse(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn receive_buffer_is_fixed() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (sock, _) = connect_nonblocking_rcvbuf(addr, 128 * 1024).unwrap();
+        let size = socket2::SockRef::from(&sock).recv_buffer_size().unwrap();
+        // Linux reports the doubled value; the point is that it is not autotuned.
+        assert!(
+            (128 * 1024..=256 * 1024).contains(&size),
+            "SO_RCVBUF {size}"
+        );
     }
 
     #[test]

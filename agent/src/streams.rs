@@ -24,6 +24,18 @@ const CHUNK: usize = 64 * 1024;
 /// others (poll is level-triggered: the rest is read on the next round).
 const READS_PER_WAKE: usize = 16;
 
+/// `SO_RCVBUF` of the Postgres connections; the kernel doubles it for its bookkeeping,
+/// so a connection holds at most about 256 KiB in the kernel, as much as
+/// [`SEND_QUEUE_LIMIT`] lets the stream queue in the tunnel.
+///
+/// Without it the kernel's receive autotuning grows each buffer while the agent
+/// reads fast (towards `net.ipv4.tcp_rmem`'s maximum, 6 MiB by default), and
+/// every busy stream that waits for window then parks that much in the kernel:
+/// with a thousand streams, gigabytes of TCP memory, past `net.ipv4.tcp_mem`'s
+/// pressure threshold, where the kernel drops segments of every connection — the
+/// tunnel's to the relay included (retransmissions, a collapsed congestion window).
+pub const POSTGRES_RECV_BUFFER: usize = 128 * 1024;
+
 /// One stream and its Postgres connection.
 #[derive(Debug)]
 struct Pipe {
@@ -68,7 +80,10 @@ impl Pipes {
     /// The relay opened `stream`: start connecting to Postgres. A failure resets the
     /// stream with `CONNECT_FAILED`.
     pub fn open(&mut self, tunnel: &mut Tunnel, stream: StreamId, target: String) {
-        let connected = self.postgres.resolve().and_then(net::connect_nonblocking);
+        let connected = self
+            .postgres
+            .resolve()
+            .and_then(|addr| net::connect_nonblocking_rcvbuf(addr, POSTGRES_RECV_BUFFER));
         match connected {
             Ok((sock, connecting)) => {
                 debug!(%stream, database = %target, postgres = %self.postgres, "stream opened");
