@@ -21,6 +21,7 @@ use super::guards;
 use super::keymap::{self, fit, suffixed, KeyMap};
 use super::migrations::require_current;
 pub use super::preflight::{check, Analysis};
+use super::DEFINER;
 use postgres::GenericClient;
 
 /// The suffix of the default partition's name (and of its renamed indexes).
@@ -174,7 +175,7 @@ fn gate_sql(t: &Table, org: &Column) -> Vec<String> {
     let o = ident(&org.name);
     vec![
         format!(
-            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $lokadb$
+            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql {DEFINER} AS $lokadb$
 BEGIN
     IF TG_OP <> 'DELETE' AND NEW.{o} IS NULL THEN
         RAISE EXCEPTION 'null value in column \"%\" of LokaDB table % violates not-null constraint', {col}, {tbl}

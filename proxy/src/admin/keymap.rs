@@ -10,6 +10,7 @@
 
 use super::catalog::{idents, qualify, Column};
 use super::db::{ident, literal, AdminError};
+use super::DEFINER;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
@@ -188,7 +189,7 @@ impl KeyMap {
             self.values("NEW")
         );
         let function = format!(
-            "CREATE FUNCTION {km}() RETURNS trigger LANGUAGE plpgsql AS $lokadb$
+            "CREATE FUNCTION {km}() RETURNS trigger LANGUAGE plpgsql {DEFINER} AS $lokadb$
 DECLARE
     other text;
 BEGIN

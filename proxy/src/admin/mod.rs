@@ -25,3 +25,9 @@ pub mod pause;
 pub mod preflight;
 
 pub use db::AdminError;
+
+/// How LokaDB's trigger functions run: with the rights of the role that enabled the
+/// table (as Postgres's own foreign-key triggers run as the table's owner), so the
+/// application's role needs no rights on schema `lokadb`; with a fixed search_path, so
+/// a writer's search_path cannot redirect them (their bodies name everything by schema).
+pub const DEFINER: &str = "SECURITY DEFINER SET search_path = pg_catalog, pg_temp";

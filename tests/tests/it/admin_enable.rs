@@ -563,3 +563,63 @@ async fn pause_holds_writes_to_an_enabled_table() {
         "doc 2!"
     );
 }
+
+/// The application's own role — not a superuser, with rights on its tables only —
+/// keeps writing after enable: LokaDB's triggers (pause gate, key maps, guards) run
+/// with the rights of the role that enabled the table, as Postgres's own foreign-key
+/// triggers run as the table's owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_application_role_keeps_writing() {
+    let (cloud, dsn) = cloud();
+    ok(&lokadb(&dsn, &["enable", "documents"]));
+    ok(&lokadb(&dsn, &["enable", "document_versions"]));
+    q(
+        &cloud,
+        "CREATE ROLE plain_app LOGIN PASSWORD 'plain-secret';
+         GRANT SELECT, INSERT, UPDATE, DELETE ON organizations, projects, documents, document_versions, audit TO plain_app;
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO plain_app;",
+    );
+    let app = cloud
+        .client("plain_app", "plain-secret", "app")
+        .await
+        .unwrap();
+    let id: i64 = app
+        .query_one(
+            "INSERT INTO documents (organization_id, project_id, title) VALUES (1, 10, 'by the app') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    app.execute(
+        "INSERT INTO document_versions (organization_id, document_id, body) VALUES (1, $1, 'v1')",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    app.execute(
+        "UPDATE documents SET title = 'edited' WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    // A duplicate id is still refused for the app role.
+    let e = app
+        .execute(
+            "INSERT INTO documents (id, organization_id, title) VALUES ($1, 2, 'dup')",
+            &[&id],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code().unwrap().code(), "23505", "{e:?}");
+    app.execute("DELETE FROM documents WHERE id = $1", &[&id])
+        .await
+        .unwrap();
+    assert_eq!(
+        q(
+            &cloud,
+            &format!("SELECT count(*) FROM document_versions WHERE document_id = {id}")
+        ),
+        "0"
+    );
+}
