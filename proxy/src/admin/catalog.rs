@@ -100,6 +100,27 @@ pub struct Trigger {
     pub enabled: String,
 }
 
+impl Trigger {
+    /// The statements that recreate this trigger on `table` (its definition must
+    /// already name `table`), in its enabled state.
+    pub fn recreate_sql(&self, table: &str) -> Vec<String> {
+        let mut sql = vec![self.def.clone()];
+        let state = match self.enabled.as_str() {
+            "D" => Some("DISABLE TRIGGER"),
+            "R" => Some("ENABLE REPLICA TRIGGER"),
+            "A" => Some("ENABLE ALWAYS TRIGGER"),
+            _ => None,
+        };
+        if let Some(state) = state {
+            sql.push(format!(
+                "ALTER TABLE {table} {state} {}",
+                super::db::ident(&self.name)
+            ));
+        }
+        sql
+    }
+}
+
 /// A foreign key of another table (or of this one) that references this table.
 #[derive(Debug, Clone)]
 pub struct ForeignKey {

@@ -241,16 +241,7 @@ fn swap_back_sql(
     }
     for tr in &triggers {
         // Detaching removed the clones; the definitions name `name`, the table again.
-        sql.push(tr.def.clone());
-        let state = match tr.enabled.as_str() {
-            "D" => Some("DISABLE TRIGGER"),
-            "R" => Some("ENABLE REPLICA TRIGGER"),
-            "A" => Some("ENABLE ALWAYS TRIGGER"),
-            _ => None,
-        };
-        if let Some(state) = state {
-            sql.push(format!("ALTER TABLE {name} {state} {}", ident(&tr.name)));
-        }
+        sql.extend(tr.recreate_sql(&name));
     }
     sql.push(format!(
         "ALTER TABLE {name} OWNER TO {}",

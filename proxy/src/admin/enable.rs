@@ -114,16 +114,7 @@ pub fn swap_sql(c: &mut impl GenericClient, a: &Analysis) -> Result<Vec<String>,
     for tr in &a.triggers {
         // On the parent, a row trigger is cloned onto every partition, the foreign ones too.
         sql.push(format!("DROP TRIGGER {} ON {part}", ident(&tr.name)));
-        sql.push(tr.def.clone());
-        let state = match tr.enabled.as_str() {
-            "D" => Some("DISABLE TRIGGER"),
-            "R" => Some("ENABLE REPLICA TRIGGER"),
-            "A" => Some("ENABLE ALWAYS TRIGGER"),
-            _ => None,
-        };
-        if let Some(state) = state {
-            sql.push(format!("ALTER TABLE {parent} {state} {}", ident(&tr.name)));
-        }
+        sql.extend(tr.recreate_sql(&parent));
     }
     sql.extend(gate_sql(t, &a.org));
     for km in &a.keymaps {
