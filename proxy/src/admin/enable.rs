@@ -464,6 +464,34 @@ fn finish(client: &mut postgres::Client, r: &Registered) -> Result<String, Admin
     Ok(report.join("\n"))
 }
 
+/// The guards the swap's transaction would install: the swap is run in a savepoint that
+/// is rolled back (the catalog must show the partitioned parent for the guards to be
+/// derived), under a short lock timeout; if the table is busy, a comment says so instead.
+fn guards_plan(tx: &mut postgres::Transaction<'_>, name: &str, swap: &[String]) -> String {
+    let attempt = (|| -> Result<Vec<String>, AdminError> {
+        let mut sp = tx.transaction()?;
+        sp.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '{}'; LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE",
+            fkeys::LOCK_TIMEOUT
+        ))?;
+        for s in swap {
+            sp.batch_execute(s)?;
+        }
+        let sql = guards::sync_sql(&mut sp)?;
+        sp.rollback()?;
+        Ok(sql)
+    })();
+    match attempt {
+        Ok(sql) if sql.is_empty() => "-- (no foreign key needs a guard across foreign partitions)".into(),
+        Ok(sql) => {
+            let mut out = vec!["-- Guards that keep foreign keys across foreign partitions:".to_owned()];
+            out.extend(sql.into_iter().map(|s| format!("{s};")));
+            out.join("\n")
+        }
+        Err(e) => format!("-- (the guards' SQL could not be derived now: {e}; it is generated in this transaction)"),
+    }
+}
+
 /// `--plan`: the SQL, read from the catalog as it is now, nothing changed.
 fn plan(client: &mut postgres::Client, t: Table, org_column: &str) -> Result<String, AdminError> {
     let mut tx = client.transaction()?;
@@ -477,9 +505,11 @@ fn plan(client: &mut postgres::Client, t: Table, org_column: &str) -> Result<Str
         fkeys::LOCK_TIMEOUT,
         fkeys::LOCK_TIMEOUT
     )];
-    for s in swap_sql(&mut tx, &a)? {
+    let swap = swap_sql(&mut tx, &a)?;
+    for s in &swap {
         out.push(format!("{s};"));
     }
+    out.push(guards_plan(&mut tx, &name, &swap));
     out.push("COMMIT;".into());
     if !a.keymaps.is_empty() {
         out.push(format!(
