@@ -75,6 +75,8 @@ pub fn swap_sql(c: &mut impl GenericClient, a: &Analysis) -> Result<Vec<String>,
     sql.push(format!(
         "CREATE TABLE {parent} (LIKE {part} INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMMENTS INCLUDING COMPRESSION INCLUDING STATISTICS) PARTITION BY LIST ({org})"
     ));
+    // Owned first: a sequence can only belong to a column of a table with its owner.
+    sql.push(format!("ALTER TABLE {parent} OWNER TO {}", ident(&t.owner)));
     for s in &a.sequences {
         let col = ident(&s.column);
         if s.identity {
@@ -105,7 +107,6 @@ pub fn swap_sql(c: &mut impl GenericClient, a: &Analysis) -> Result<Vec<String>,
     ));
     // Built from the same definitions, they attach the partition's indexes, not rebuild.
     sql.extend(a.indexes.iter().map(|i| i.def.clone()));
-    sql.push(format!("ALTER TABLE {parent} OWNER TO {}", ident(&t.owner)));
     if let Some(comment) = &t.comment {
         sql.push(format!("COMMENT ON TABLE {parent} IS {}", literal(comment)));
     }

@@ -624,4 +624,30 @@ async fn a_plain_application_role_keeps_writing() {
         ),
         "0"
     );
+
+    // A table the application's role owns (its bigserial sequence too), enabled by the
+    // admin role: the parent gets the same owner, the sequence goes on.
+    q(
+        &cloud,
+        "CREATE TABLE notes (id bigserial PRIMARY KEY, organization_id bigint NOT NULL, body text);
+         ALTER TABLE notes OWNER TO plain_app;
+         INSERT INTO notes (organization_id, body) VALUES (1, 'a'), (2, 'b');",
+    );
+    ok(&lokadb(&dsn, &["enable", "notes"]));
+    assert_eq!(
+        q(
+            &cloud,
+            "SELECT relowner::regrole FROM pg_class WHERE oid = 'notes'::regclass"
+        ),
+        "plain_app"
+    );
+    let n: i64 = app
+        .query_one(
+            "INSERT INTO notes (organization_id, body) VALUES (1, 'c') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 3);
 }
