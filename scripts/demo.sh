@@ -2,8 +2,9 @@
 # LokaDB demo: build the proxy and the agent, start a throwaway "cloud" Postgres 18 cluster and
 # an organization's own cluster, the proxy (with the relay inside) and an agent beside the
 # organization's database; run a short workload straight to Postgres and through LokaDB side by
-# side, then read and write the organization's rows from the cloud through postgres_fdw → relay →
-# TLS tunnel → agent, and leave everything running for you to connect to (Ctrl-C stops it all
+# side, then register the organization (lokadb init, lokadb org add), read and write its rows from
+# the cloud through postgres_fdw → relay → TLS tunnel → agent, turn a cloud table into a LokaDB
+# table (lokadb enable) and pause one organization's writes, and leave everything running for you to connect to (Ctrl-C stops it all
 # and removes the data).
 #
 #   bash scripts/demo.sh              # on Debian 12, as root
@@ -325,16 +326,18 @@ for _ in $(seq 100); do
 done
 grep -q '^lokadb-agent connected to' "$DEMO/agent.log" || die "the agent did not connect within 10 s"
 say "agent connected (pid $AGENT_PID, log .demo/agent.log; $(du -h "$AGENT" | cut -f1) binary, $(awk '/VmRSS/ {print $2 " kB"}' "/proc/$AGENT_PID/status") resident)"
+CLOUD_DSN="host=$DEMO/run port=$PG_PORT dbname=app user=postgres"
+say "lokadb init: the lokadb schema in the cloud (versioned migrations; idempotent)"
+"$LOKADB" init --cloud "$CLOUD_DSN" | sed 's/^/    /'
+say "lokadb org add acme: a postgres_fdw server through the relay, checked from the cloud itself"
+"$LOKADB" org add acme --cloud "$CLOUD_DSN" --via-relay "127.0.0.1:$RELAY_PG_PORT" --dbname acme \
+    --user app --password "$APP_PASSWORD" --name "Acme Corp" | sed 's/^/    /'
+"$LOKADB" org list --cloud "$CLOUD_DSN" | sed 's/^/    /'
 su_psql -d app >/dev/null <<SQL
-CREATE EXTENSION postgres_fdw;
-CREATE SERVER org_acme FOREIGN DATA WRAPPER postgres_fdw
-  OPTIONS (host '127.0.0.1', port '$RELAY_PG_PORT', dbname 'acme/acme', fetch_size '1000');
-CREATE USER MAPPING FOR app SERVER org_acme OPTIONS (user 'app', password '$APP_PASSWORD');
 CREATE FOREIGN TABLE acme_documents (id int, organization_id text, title text)
-  SERVER org_acme OPTIONS (table_name 'documents');
+  SERVER lokadb_org_acme OPTIONS (table_name 'documents');
 ALTER FOREIGN TABLE acme_documents OWNER TO app;
 SQL
-say "the cloud has a postgres_fdw server for acme through the relay (dbname 'acme/acme' = organization/database)"
 app_sql() { "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" -c "$1"; }
 echo "  through the proxy, the cloud reads acme's rows in acme's own database:"
 echo "    SELECT count(*) FROM acme_documents  -> $(app_sql 'SELECT count(*) FROM acme_documents')"
@@ -348,6 +351,25 @@ echo "  the relay's counters (psql dbname=lokadb_relay, SHOW TUNNELS):"
 echo "  an organization the relay does not know is refused at once, with a reason:"
 "$PG_BIN/psql" -X -q "host=127.0.0.1 port=$RELAY_PG_PORT dbname=initech/app user=app" -c 'SELECT 1' 2>&1 |
     sed 's/^/    /' || true
+
+say "lokadb enable notes: a cloud table becomes a LokaDB table (LIST partitions, DEFAULT holds everyone)"
+su_psql -d app >/dev/null <<SQL
+CREATE TABLE notes (id bigserial PRIMARY KEY, organization_id text NOT NULL, body text);
+INSERT INTO notes (organization_id, body) SELECT CASE WHEN g % 2 = 0 THEN 'acme' ELSE 'globex' END, 'note ' || g
+  FROM generate_series(1, 10000) g;
+ALTER TABLE notes OWNER TO app;
+SQL
+"$LOKADB" enable notes --cloud "$CLOUD_DSN" 2>&1 | tail -n 4 | sed 's/^/    /'
+echo "  notes is now partitioned; id stays unique across organizations through a key map:"
+su_psql -d app -At -c "SELECT '    partitions: ' || string_agg(c.relname, ', ') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'notes'::regclass"
+app_sql "INSERT INTO notes (id, organization_id, body) VALUES (2, 'globex', 'same id, other org')" 2>&1 |
+    sed 's/^/    /' || true
+say "lokadb pause acme: acme's writes wait (here at most 2 s), reads and other organizations go on"
+"$LOKADB" pause acme --timeout 2s --cloud "$CLOUD_DSN" | sed 's/^/    /'
+echo "    read acme: $(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'acme'") rows; write globex: $(app_sql "UPDATE notes SET body = body WHERE id = 1" && echo ok)"
+app_sql "UPDATE notes SET body = 'x' WHERE id = 2" 2>&1 | grep -E '^(ERROR|HINT)' | sed 's/^/    write acme: /' || true
+"$LOKADB" resume acme --cloud "$CLOUD_DSN" | sed 's/^/    /'
+echo "    write acme after resume: $(app_sql "UPDATE notes SET body = 'x' WHERE id = 2" && echo ok)"
 echo
 
 FAILED=0
