@@ -4,15 +4,16 @@
 # organization's database; run a short workload straight to Postgres and through LokaDB side by
 # side, then register the organization (lokadb init, lokadb org add), read and write its rows from
 # the cloud through postgres_fdw → relay → TLS tunnel → agent, turn a cloud table into a LokaDB
-# table (lokadb enable) and pause one organization's writes, and leave everything running for you to connect to (Ctrl-C stops it all
-# and removes the data).
+# table (lokadb enable) and pause one organization's writes, and leave everything running for
+# you to connect to (Ctrl-C stops it all and removes the data).
 #
 #   bash scripts/demo.sh              # on Debian 12, as root
 #   bash scripts/demo.sh --no-wait    # stop everything at the end (CI smoke)
 #   bash scripts/demo.sh --no-build   # use target/release/lokadb as it is
 #
 # Everything lives in <repo>/.demo (git-ignored): the clusters' data dirs, lokadb.json,
-# certificates, proxy.log, agent.log, postgres*.log. A second run first stops whatever a previous run left behind.
+# certificates, proxy.log, agent.log, postgres*.log. A second run first stops whatever a
+# previous run left behind.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +34,7 @@ for arg in "$@"; do
         --no-wait) WAIT=0 ;;
         --no-build) BUILD=0 ;;
         -h | --help)
-            sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
