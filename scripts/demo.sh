@@ -34,7 +34,7 @@ for arg in "$@"; do
         --no-wait) WAIT=0 ;;
         --no-build) BUILD=0 ;;
         -h | --help)
-            sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)

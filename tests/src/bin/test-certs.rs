@@ -8,7 +8,12 @@ fn main() {
         std::process::exit(2);
     };
     match lokadb_tests::certs::TestCerts::generate(std::path::Path::new(&dir)) {
-        Ok(c) => println!("{}\n{}\n{}", c.ca.display(), c.cert.display(), c.key.display()),
+        Ok(c) => println!(
+            "{}\n{}\n{}",
+            c.ca.display(),
+            c.cert.display(),
+            c.key.display()
+        ),
         Err(e) => {
             eprintln!("test-certs: {e:#}");
             std::process::exit(1);
