@@ -117,11 +117,7 @@ impl Canary {
 /// One more connection and query of `org` through the relay, after the fact.
 async fn still_works(relay: &Proxy, org: &str) {
     let c = connect(&relay_dsn(relay, org)).await.unwrap();
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM items", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = items(&c).await;
     assert_eq!(n, 1000);
 }
 
@@ -645,11 +641,7 @@ async fn malformed_frames_cut_only_their_tunnel() {
     );
 
     canary.finish().await;
-    let n: i64 = acme_client
-        .query_one("SELECT count(*) FROM items", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = items(&acme_client).await;
     assert_eq!(n, 1000);
     still_works(&relay, "acme").await;
 }

@@ -183,21 +183,13 @@ async fn an_agent_killed_fails_only_its_streams() {
     // The relay learns at once (the agent's socket closed).
     let e = a.simple_query("SELECT 1").await.unwrap_err();
     assert!(a.is_closed() || msg(&e).contains("acme"), "{e}");
-    let rows = g
-        .query_one("SELECT count(*) FROM items", &[])
-        .await
-        .unwrap();
-    assert_eq!(rows.get::<_, i64>(0), 1000);
+    assert_eq!(items(&g).await, 1000);
     let e = connect(&relay_dsn(&relay, "acme")).await.unwrap_err();
     assert!(msg(&e).contains("\"acme\" has no agent"), "{e}");
 
     let _back = start_agent(&certs, &acme, addrs(&relay).agents, &[]).unwrap();
     let a = connect(&relay_dsn(&relay, "acme")).await.unwrap();
-    let n: i64 = a
-        .query_one("SELECT count(*) FROM items", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = items(&a).await;
     assert_eq!(n, 1000);
     assert!(relay.output().contains("agent disconnected"));
 }

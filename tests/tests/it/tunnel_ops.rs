@@ -181,11 +181,7 @@ async fn a_slow_reader_does_not_stall_other_streams() {
     let c = connect(&dsn).await.unwrap();
     for _ in 0..20 {
         let started = Instant::now();
-        let n: i64 = c
-            .query_one("SELECT count(*) FROM items", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let n: i64 = items(&c).await;
         assert_eq!(n, 1000);
         assert!(started.elapsed() < Duration::from_secs(1));
     }
@@ -242,11 +238,7 @@ async fn the_relay_runs_inside_the_proxy() {
     let _agent = start_agent(&certs, &acme, ports.agents, &[]).unwrap();
     let org = connect(&relay_dsn(&world.proxy, "acme")).await.unwrap();
     let app = world.client().await.unwrap();
-    let n: i64 = org
-        .query_one("SELECT count(*) FROM items", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = items(&org).await;
     assert_eq!(n, 1000);
     app.simple_query("SELECT 1").await.unwrap();
     let stats = relay_stats(&world.proxy).await;
@@ -285,11 +277,7 @@ async fn an_agent_with_two_relays_survives_one() {
     first.sigterm();
     tokio::task::block_in_place(|| first.wait_exit(Duration::from_secs(10))).unwrap();
     let c = connect(&relay_dsn(&second, "acme")).await.unwrap();
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM items", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = items(&c).await;
     assert_eq!(n, 1000);
     assert!(agent.output().contains("connected to"));
 }
@@ -321,11 +309,7 @@ async fn the_tunnel_memory_cap_sheds_the_slowest_reader() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let c = connect(&relay_dsn(&relay, "acme")).await.unwrap();
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM items", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = items(&c).await;
     assert_eq!(n, 1000);
     let stats = relay_stats(&relay).await;
     assert!(stats["streams_shed"] >= 1, "{stats:?}");

@@ -193,3 +193,11 @@ pub fn start_cloud(relay: &Proxy, orgs: &[&Org]) -> Result<Cluster> {
 pub async fn cloud_client(cloud: &Cluster) -> Result<tokio_postgres::Client> {
     cloud.client(APP_USER, APP_PASSWORD, "app").await
 }
+
+/// `SELECT count(*) FROM items` on an organization's connection.
+pub async fn items(c: &tokio_postgres::Client) -> i64 {
+    c.query_one("SELECT count(*) FROM items", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
