@@ -14,35 +14,64 @@ use std::rc::Rc;
 pub const ADMIN_DB: &str = "lokadb_relay";
 /// Largest query accepted.
 const MAX_MESSAGE: u32 = 64 * 1024;
+/// Admin sessions at once; the listener is internal, but a leak of idle sessions must
+/// not exhaust the relay's file descriptors.
+const MAX_SESSIONS: u32 = 16;
+/// An admin session idle this long is closed.
+const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Serves one admin session.
 pub async fn serve(relay: &Rc<Relay>, tcp: &mut TcpStream) {
     let mut out = Vec::new();
-    backend::auth_ok(&mut out);
+    if relay.admin_sessions.get() >= MAX_SESSIONS {
+        backend::error_response(
+            &mut out,
+            &ErrorFields {
+                severity: Severity::Fatal,
+                code: sqlstate::TOO_MANY_CONNECTIONS,
+                message: &format!(
+                    "the relay's admin database takes {MAX_SESSIONS} sessions at once"
+                ),
+                detail: None,
+                hint: None,
+            },
+        );
+        let _ = tcp.write_all(&out).await;
+        return;
+    }
+    relay.admin_sessions.set(relay.admin_sessions.get() + 1);
+    session(relay, tcp, &mut out).await;
+    relay.admin_sessions.set(relay.admin_sessions.get() - 1);
+}
+
+async fn session(relay: &Rc<Relay>, tcp: &mut TcpStream, out: &mut Vec<u8>) {
+    backend::auth_ok(out);
     for (k, v) in [
         ("server_version", "18.0 (lokadb relay)"),
         ("client_encoding", "UTF8"),
         ("standard_conforming_strings", "on"),
         ("DateStyle", "ISO, MDY"),
     ] {
-        backend::parameter_status(&mut out, k, v);
+        backend::parameter_status(out, k, v);
     }
-    backend::ready_for_query(&mut out, b'I');
-    if tcp.write_all(&out).await.is_err() {
+    backend::ready_for_query(out, b'I');
+    if tcp.write_all(out).await.is_err() {
         return;
     }
     loop {
         let mut head = [0u8; 5];
-        if tcp.read_exact(&mut head).await.is_err() {
-            return;
+        match crate::time::with_timeout(IDLE_TIMEOUT, tcp.read_exact(&mut head)).await {
+            Some(Ok(())) => {}
+            _ => return,
         }
         let header = match Header::peek(&head, MAX_MESSAGE) {
             Ok(Some(h)) => h,
             _ => return,
         };
         let mut body = vec![0u8; header.body_len()];
-        if tcp.read_exact(&mut body).await.is_err() {
-            return;
+        match crate::time::with_timeout(IDLE_TIMEOUT, tcp.read_exact(&mut body)).await {
+            Some(Ok(())) => {}
+            _ => return,
         }
         out.clear();
         match header.tag {
@@ -54,17 +83,17 @@ pub async fn serve(relay: &Rc<Relay>, tcp: &mut TcpStream) {
                     .trim()
                     .trim_end_matches(';')
                     .trim();
-                answer(relay, sql, &mut out);
-                backend::ready_for_query(&mut out, b'I');
+                answer(relay, sql, out);
+                backend::ready_for_query(out, b'I');
             }
-            b'S' => backend::ready_for_query(&mut out, b'I'),
+            b'S' => backend::ready_for_query(out, b'I'),
             _ => error(
-                &mut out,
+                out,
                 sqlstate::FEATURE_NOT_SUPPORTED,
                 "the relay's admin database takes simple queries only",
             ),
         }
-        if tcp.write_all(&out).await.is_err() {
+        if tcp.write_all(out).await.is_err() {
             return;
         }
     }

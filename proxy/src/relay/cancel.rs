@@ -92,11 +92,7 @@ impl KeySniffer {
 /// Sends a cancel request for `pid`/`secret` to the organization whose stream saw
 /// that key; an unknown key is ignored, as Postgres does.
 pub async fn forward(relay: &Rc<Relay>, pid: u32, secret: Vec<u8>) {
-    let org = relay
-        .cancel_keys
-        .borrow()
-        .get(&(pid, secret.clone()))
-        .cloned();
+    let org = relay.cancel_target(&(pid, secret.clone()));
     let Some(org) = org else {
         tracing::debug!(pid, "cancel request with an unknown key ignored");
         return;

@@ -8,7 +8,7 @@
 //! Authentication is end to end: the relay never sees a password.
 
 use super::cancel::KeySniffer;
-use super::registry::Relay;
+use super::registry::{CancelOwner, Relay};
 use super::tunnel_conn::TunnelConn;
 use crate::rt::net::TcpStream;
 use bytes::Bytes;
@@ -53,7 +53,7 @@ impl Refusal {
 pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
     let _ = tcp.set_nodelay(true);
     let timeout = relay.config.startup_timeout;
-    let startup = match crate::time::with_timeout(timeout, read_startup(&relay, &mut tcp)).await {
+    let startup = match crate::time::with_timeout(timeout, read_startup(&mut tcp)).await {
         None => Err(Refusal::new(
             sqlstate::PROTOCOL_VIOLATION,
             format!("no startup packet within {timeout:?}"),
@@ -61,8 +61,11 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
         Some(r) => r,
     };
     let m = match startup {
-        Ok(Some(m)) => m,
-        Ok(None) => return, // a cancel request, handled
+        Ok(Startup::Session(m)) => m,
+        // Outside the startup timeout: a forward cut short would leave its stream behind.
+        Ok(Startup::Cancel { pid, secret }) => {
+            return super::cancel::forward(&relay, pid, secret).await;
+        }
         Err(refusal) => return refuse(&mut tcp, refusal).await,
     };
     if m.param("database") == Some(super::admin::ADMIN_DB) {
@@ -76,6 +79,7 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
     relay.stats.borrow_mut().streams_opened += 1;
     tracing::debug!(org = route.org, stream = route.id.0, "stream opened");
     let result = pipe(&relay, &route, &mut tcp).await;
+    let refused_by_agent = route.conn.take_refused(route.id);
     relay.streams.set(relay.streams.get() - 1);
     route.conn.release(route.id);
     match result {
@@ -93,7 +97,14 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
             if !answered {
                 // Nothing from the organization reached the client yet, so a FATAL
                 // error keeps the protocol in step and says why.
-                refuse(&mut tcp, Refusal::new(sqlstate::CONNECTION_FAILURE, reason)).await;
+                let code = if refused_by_agent {
+                    // A limit of the agent's (its -max-conns as it counts, or it drains).
+                    relay.stats.borrow_mut().refused_by_agents += 1;
+                    sqlstate::TOO_MANY_CONNECTIONS
+                } else {
+                    sqlstate::CONNECTION_FAILURE
+                };
+                refuse(&mut tcp, Refusal::new(code, reason)).await;
             }
         }
     }
@@ -101,11 +112,8 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
 
 /// Reads the startup phase: SSLRequest and GSSENCRequest are answered `N` (the
 /// tunnel is TLS; this listener is for the cloud database and the proxy, beside the
-/// relay), CancelRequest is forwarded, a StartupMessage returned.
-async fn read_startup(
-    relay: &Rc<Relay>,
-    tcp: &mut TcpStream,
-) -> Result<Option<StartupMessage>, Refusal> {
+/// relay); a CancelRequest or a StartupMessage is returned.
+async fn read_startup(tcp: &mut TcpStream) -> Result<Startup, Refusal> {
     let mut encryption_asked = false;
     loop {
         let packet = read_packet(tcp).await?;
@@ -127,8 +135,7 @@ async fn read_startup(
                 tcp.write_all(b"N").await.map_err(|_| gone())?;
             }
             StartupPacket::Cancel { pid, secret } => {
-                super::cancel::forward(relay, pid, secret).await;
-                return Ok(None);
+                return Ok(Startup::Cancel { pid, secret });
             }
             StartupPacket::Startup(m) => {
                 if m.major != 3 {
@@ -137,7 +144,7 @@ async fn read_startup(
                         format!("unsupported frontend protocol {}.{}", m.major, m.minor),
                     ));
                 }
-                return Ok(Some(m));
+                return Ok(Startup::Session(m));
             }
         }
     }
@@ -162,6 +169,14 @@ async fn read_packet(tcp: &mut TcpStream) -> Result<Vec<u8>, Refusal> {
     packet[..4].copy_from_slice(&len);
     tcp.read_exact(&mut packet[4..]).await.map_err(|_| gone())?;
     Ok(packet)
+}
+
+/// What the startup phase ended with.
+enum Startup {
+    /// A session for an organization.
+    Session(StartupMessage),
+    /// A CancelRequest, forwarded after the startup timeout no longer applies.
+    Cancel { pid: u32, secret: Vec<u8> },
 }
 
 /// A client's stream.
@@ -276,9 +291,18 @@ async fn pipe(relay: &Relay, route: &Route, tcp: &mut TcpStream) -> Result<(), P
     let mut down_done = false;
     let mut answered = false;
     let mut sniffer = KeySniffer::default();
+    let owner = CancelOwner {
+        org: route.org.clone(),
+        conn: route.conn.id,
+        stream: route.id.0,
+    };
     let (conn, id) = (&route.conn, route.id);
     let result = futures_lite::future::poll_fn(|cx: &mut Context<'_>| loop {
         let mut busy = false;
+        // A reset or a dead tunnel ends the pipe even while the client reads nothing.
+        if let Some(reason) = conn.reset_reason(id) {
+            return Poll::Ready(Err(PipeError::Stream { reason, answered }));
+        }
 
         // Client → tunnel, while the stream's send queue is short.
         if !up_done && conn.poll_send_capacity(id, SEND_QUEUE_LIMIT, cx).is_ready() {
@@ -307,10 +331,7 @@ async fn pipe(relay: &Relay, route: &Route, tcp: &mut TcpStream) -> Result<(), P
                     Poll::Ready(Ok(Some(data))) => {
                         if !sniffer.done() {
                             if let Some(key) = sniffer.feed(&data) {
-                                relay
-                                    .cancel_keys
-                                    .borrow_mut()
-                                    .insert(key, route.org.clone());
+                                relay.note_cancel_key(key, owner.clone());
                             }
                         }
                         relay.stats.borrow_mut().bytes_from_agents += data.len() as u64;
@@ -348,12 +369,13 @@ async fn pipe(relay: &Relay, route: &Route, tcp: &mut TcpStream) -> Result<(), P
             return Poll::Ready(Ok(()));
         }
         if !busy {
+            conn.watch(id, cx);
             return Poll::Pending;
         }
     })
     .await;
     if let Some(key) = sniffer.key() {
-        relay.cancel_keys.borrow_mut().remove(&key);
+        relay.forget_cancel_key(&key, &owner);
     }
     result
 }

@@ -204,7 +204,6 @@ pub fn stats_line(relay: &Relay) -> String {
     let s = relay.stats.borrow().clone();
     let (mut stalls, mut violations, mut max_buffered) = (0, 0, 0);
     let (mut growths, mut shed) = (0, 0);
-    let mut refused_by_agents = 0;
     for conn in relay.all_conns() {
         let t = conn.stats();
         stalls += t.window_stalls;
@@ -212,7 +211,6 @@ pub fn stats_line(relay: &Relay) -> String {
         max_buffered = max_buffered.max(conn.max_stream_buffered());
         growths += t.window_growths;
         shed += t.streams_shed;
-        refused_by_agents += t.streams_refused;
     }
     format!(
         "organizations_connected={} streams_open={} streams_opened={} bytes_to_agents={} bytes_from_agents={} window_stalls={} flow_violations={} max_stream_buffered={} window_growths={} streams_shed={} relay_memory_used={} agents_connected={} agents_refused={} refused_no_agent={} refused_max_streams={} refused_agent_limit={} refused_unknown_org={} refused_by_agents={}",
@@ -233,6 +231,6 @@ pub fn stats_line(relay: &Relay) -> String {
         s.refused_max_streams,
         s.refused_agent_limit,
         s.refused_unknown_org,
-        refused_by_agents,
+        s.refused_by_agents,
     )
 }

@@ -30,8 +30,12 @@ pub struct Relay {
     pub draining: Cell<bool>,
     /// Counters.
     pub stats: RefCell<RelayStats>,
-    /// Backend keys seen on streams, for CancelRequests: key → organization.
-    pub cancel_keys: RefCell<HashMap<(u32, Vec<u8>), String>>,
+    /// Backend keys seen on streams, for CancelRequests: key → the streams that carry
+    /// it (organization, agent connection, stream). A key seen on two streams at once is
+    /// ambiguous and cancels nothing.
+    cancel_keys: RefCell<HashMap<CancelKey, Vec<CancelOwner>>>,
+    /// Sessions of the `lokadb_relay` admin database open now.
+    pub admin_sessions: Cell<u32>,
     /// Read buffer shared by every agent connection (each read is consumed at once).
     pub scratch: RefCell<Vec<u8>>,
     next_id: Cell<u64>,
@@ -61,10 +65,26 @@ pub struct RelayStats {
     pub refused_agent_limit: u64,
     /// … organization not known.
     pub refused_unknown_org: u64,
+    /// … refused by the agent itself (REFUSED: its own count of -max-conns, or draining).
+    pub refused_by_agents: u64,
     /// Bytes from clients to agents.
     pub bytes_to_agents: u64,
     /// Bytes from agents to clients.
     pub bytes_from_agents: u64,
+}
+
+/// A backend key: process id and secret.
+pub type CancelKey = (u32, Vec<u8>);
+
+/// The stream a backend key was seen on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelOwner {
+    /// The organization.
+    pub org: String,
+    /// The agent connection.
+    pub conn: u64,
+    /// The stream.
+    pub stream: u32,
 }
 
 /// What registering an authenticated agent gave.
@@ -95,8 +115,38 @@ impl Relay {
             draining: Cell::new(false),
             stats: RefCell::default(),
             cancel_keys: RefCell::default(),
+            admin_sessions: Cell::new(0),
             scratch: RefCell::new(vec![0; 64 * 1024]),
             next_id: Cell::new(1),
+        }
+    }
+
+    /// Notes that `key` belongs to `owner`'s stream.
+    pub fn note_cancel_key(&self, key: CancelKey, owner: CancelOwner) {
+        self.cancel_keys
+            .borrow_mut()
+            .entry(key)
+            .or_default()
+            .push(owner);
+    }
+
+    /// Forgets `owner`'s key when its stream ends.
+    pub fn forget_cancel_key(&self, key: &CancelKey, owner: &CancelOwner) {
+        let mut keys = self.cancel_keys.borrow_mut();
+        if let Some(owners) = keys.get_mut(key) {
+            owners.retain(|o| o != owner);
+            if owners.is_empty() {
+                keys.remove(key);
+            }
+        }
+    }
+
+    /// The organization a cancel request for `key` goes to: only when exactly one live
+    /// stream carries the key, so a collision never sends it to another organization.
+    pub fn cancel_target(&self, key: &CancelKey) -> Option<String> {
+        match self.cancel_keys.borrow().get(key).map(Vec::as_slice) {
+            Some([owner]) => Some(owner.org.clone()),
+            _ => None,
         }
     }
 

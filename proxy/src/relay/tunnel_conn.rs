@@ -12,7 +12,7 @@ use crate::rt::{reactor::Sleep, sleep_until};
 use bytes::Bytes;
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use lokadb_shared::tunnel::{
-    self, ErrorCode, Event, Link, Phase, Read, StreamError, StreamId, Tunnel,
+    self, ErrorCode, Event, Link, Phase, Read, StreamError, StreamId, StreamState, Tunnel,
 };
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -29,6 +29,9 @@ const WRITE_CHUNK: usize = 256 * 1024;
 /// send is cut: it is stuck or not reading, and its streams' clients get an error
 /// instead of waiting forever.
 const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Reads from an agent's socket per poll of its task before it yields, so one busy (or
+/// hostile) agent cannot hold the relay's thread from every other tunnel and client.
+const READS_PER_POLL: u32 = 16;
 /// An agent connection must have authenticated (TLS and HELLO) within this long: the
 /// idle timeout alone would let a peer trickle its HELLO a byte at a time.
 const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,6 +67,8 @@ struct Slot {
     waker: Option<Waker>,
     /// Set when the stream was reset or the tunnel ended.
     reset: Option<String>,
+    /// The agent refused the stream (its `-max-conns`, or it is draining).
+    refused: bool,
 }
 
 impl Slot {
@@ -172,6 +177,10 @@ impl TunnelConn {
     /// Ready when the stream's unsent bytes are below `limit` (or it is gone).
     pub fn poll_send_capacity(&self, id: StreamId, limit: u64, cx: &mut Context<'_>) -> Poll<()> {
         let mut inner = self.inner.borrow_mut();
+        // A stream that is gone or failed has "capacity": the write that follows reports why.
+        if inner.ended.is_some() || inner.slots.get(&id).is_none_or(|s| s.reset.is_some()) {
+            return Poll::Ready(());
+        }
         let queued = inner
             .link
             .tunnel_ref()
@@ -183,8 +192,38 @@ impl TunnelConn {
         if let Some(slot) = inner.slots.get_mut(&id) {
             slot.waker = Some(cx.waker().clone());
         }
-        inner.send_waiters.push(id);
+        if !inner.send_waiters.contains(&id) {
+            inner.send_waiters.push(id);
+        }
         Poll::Pending
+    }
+
+    /// Wakes the stream's task when the stream is reset or its tunnel ends, whatever
+    /// else it waits for (e.g. a client socket that takes no bytes).
+    pub fn watch(&self, id: StreamId, cx: &Context<'_>) {
+        if let Some(slot) = self.inner.borrow_mut().slots.get_mut(&id) {
+            if !slot.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                slot.waker = Some(cx.waker().clone());
+            }
+        }
+    }
+
+    /// Whether the agent refused the stream (a limit of its own), counted once.
+    pub fn take_refused(&self, id: StreamId) -> bool {
+        self.inner
+            .borrow_mut()
+            .slots
+            .get_mut(&id)
+            .is_some_and(|s| std::mem::take(&mut s.refused))
+    }
+
+    /// Why the stream failed (reset by the agent, or its tunnel ended), if it did.
+    pub fn reset_reason(&self, id: StreamId) -> Option<String> {
+        let inner = self.inner.borrow();
+        match inner.slots.get(&id) {
+            Some(slot) => slot.reset.clone(),
+            None => inner.ended.clone(),
+        }
     }
 
     /// Reads what the agent sent on the stream: `Some(bytes)`, `None` at its end.
@@ -223,7 +262,10 @@ impl TunnelConn {
     pub fn release(&self, id: StreamId) {
         let mut inner = self.inner.borrow_mut();
         inner.slots.remove(&id);
-        if inner.link.tunnel_ref().stream_state(id).is_some() {
+        // A stream closed both ways leaves by itself once its CLOSE is sent; a reset would
+        // drop its last bytes.
+        let state = inner.link.tunnel_ref().stream_state(id);
+        if state.is_some_and(|s| s != StreamState::Closed) {
             let _ = inner.link.tunnel().handle_reset(
                 id,
                 ErrorCode::CANCEL,
@@ -280,6 +322,9 @@ pub async fn serve(relay: Rc<Relay>, tcp: TcpStream, peer: SocketAddr) {
         auth: Some(crate::rt::sleep(AUTH_TIMEOUT)),
     };
     let reason = futures_lite::future::poll_fn(|cx| driver.poll(cx)).await;
+    // Unregistered first: no client is handed this tunnel, and a standby takes over,
+    // while the last bytes go out.
+    end(&relay, &conn, reason);
     // A last flush carries the RESET, HELLO_REJECT or TLS alert that says why, then
     // close_notify, so the agent can tell a deliberate end from a cut connection.
     let mut out = std::mem::take(&mut driver.out);
@@ -295,7 +340,6 @@ pub async fn serve(relay: Rc<Relay>, tcp: TcpStream, peer: SocketAddr) {
         driver.tcp.write_all(&out[sent.min(out.len())..]),
     )
     .await;
-    end(&relay, &conn, reason);
 }
 
 /// Unregisters the connection and fails its streams.
@@ -346,8 +390,14 @@ impl Driver {
     /// Moves bytes until nothing can move; `Ready` with the reason when the
     /// connection ends.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<String> {
+        let mut reads = 0;
         loop {
             let mut busy = false;
+            if reads == READS_PER_POLL {
+                // Yield: the executor runs the other tasks and polls this one again.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
 
             // Socket → link.
             let read = {
@@ -368,6 +418,7 @@ impl Driver {
             };
             if let Some(r) = read {
                 busy = true;
+                reads += 1;
                 self.dispatch();
                 if let Err(e) = r {
                     return Poll::Ready(e.to_string());
@@ -488,6 +539,7 @@ impl Driver {
                     );
                     if let Some(slot) = inner.slots.get_mut(&stream) {
                         slot.reset = Some(describe_reset(&org, code, &reason));
+                        slot.refused = remote && code == ErrorCode::REFUSED;
                         slot.wake();
                     }
                 }

@@ -349,3 +349,33 @@ async fn auto_tuning_grows_a_window_on_a_long_link() {
         "{mb_per_s:.1} MB/s in {took:?}; {stats:?}"
     );
 }
+
+/// A client that stops reading a large result while its agent dies: the relay ends its
+/// stream at once (no stream left counted, nothing of the dead tunnel kept), instead of
+/// waiting for the client to read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_client_of_a_dead_agent_is_let_go() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    acme.trust_raw_role().unwrap();
+    let relay = start_relay(&certs, &[&acme], json!({}), &[]).unwrap();
+    let mut agent = start_agent(&certs, &acme, addrs(&relay).agents, &[]).unwrap();
+    let _stalled = raw_query_then_stall(
+        addrs(&relay).postgres,
+        "acme/orgdb",
+        "SELECT repeat('x', 1000) FROM generate_series(1, 50000)",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(relay_stats(&relay).await["streams_open"], 1);
+    agent.kill();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let stats = relay_stats(&relay).await;
+        if stats["streams_open"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
