@@ -379,3 +379,39 @@ async fn a_stalled_client_of_a_dead_agent_is_let_go() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A second agent of the same organization is held as a standby (SHOW TUNNELS says
+/// so) and takes over at once when the live one dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_is_a_standby_and_takes_over() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let relay = start_relay(&certs, &[&acme], json!({}), &[]).unwrap();
+    let mut first = start_agent(&certs, &acme, addrs(&relay).agents, &[]).unwrap();
+    let _second = start_agent(&certs, &acme, addrs(&relay).agents, &[]).unwrap();
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=ops dbname=lokadb_relay",
+        addrs(&relay).postgres.port()
+    );
+    let admin = connect(&dsn).await.unwrap();
+    let roles: Vec<String> = admin
+        .simple_query("SHOW TUNNELS")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(3).unwrap().to_owned()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(roles.len(), 2, "{roles:?}");
+    assert!(roles.contains(&"live".to_owned()) && roles.contains(&"standby".to_owned()));
+    first.kill();
+    assert!(
+        relay.wait_for_output("standby agent is now live", Duration::from_secs(5)),
+        "{}",
+        relay.output()
+    );
+    let c = connect(&relay_dsn(&relay, "acme")).await.unwrap();
+    assert_eq!(items(&c).await, 1000);
+}
