@@ -1,41 +1,11 @@
 //! `lokadb enable` / `lokadb disable` against real clusters: what a LokaDB table keeps,
 //! the key maps, foreign keys re-pointed, concurrent writers, refusals, --plan, pause.
 
+use crate::admin_cli::{lokadb, ok, stderr};
 use lokadb_tests::pg::Cluster;
-use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Runs `lokadb ARGS` with `--cloud` taken from the environment.
-pub(crate) fn lokadb(cloud_dsn: &str, args: &[&str]) -> Output {
-    let bin = lokadb_tests::proxy::find_binary().unwrap();
-    std::process::Command::new(bin)
-        .args(args)
-        .env("LOKADB_CLOUD", cloud_dsn)
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-pub(crate) fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-#[track_caller]
-pub(crate) fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        stdout(o),
-        stderr(o)
-    );
-    stdout(o)
-}
 
 /// The test schema: organizations and projects are cloud tables; documents and
 /// document_versions become LokaDB tables (ids unique by id alone, versions referencing

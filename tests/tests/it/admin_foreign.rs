@@ -3,7 +3,8 @@
 //! agent), organization 1 in the cloud. Parent checks, refs, refusals and cascades that
 //! cross into the moved organization, and the round trips each write costs it.
 
-use crate::admin_enable::{lokadb, ok, stderr, SCHEMA};
+use crate::admin_cli::{lokadb, ok, stderr};
+use crate::admin_enable::SCHEMA;
 use crate::tunnel_world::{
     addrs, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
 };

@@ -1,29 +1,10 @@
 //! `lokadb init`, `lokadb org`, `lokadb pause` / `resume` against real clusters.
 
+use crate::admin_cli::{lokadb, stderr, stdout};
 use crate::tunnel_world::*;
 use lokadb_tests::pg::Cluster;
 use serde_json::json;
-use std::process::Output;
 use std::time::{Duration, Instant};
-
-/// Runs `lokadb ARGS` with `--cloud` taken from the environment.
-fn lokadb(cloud_dsn: &str, args: &[&str]) -> Output {
-    let bin = lokadb_tests::proxy::find_binary().unwrap();
-    std::process::Command::new(bin)
-        .args(args)
-        .env("LOKADB_CLOUD", cloud_dsn)
-        .env_remove("LOKADB_ORG_PASSWORD")
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// A cloud cluster with database `app` and the lokadb schema.
 fn cloud_with_schema() -> (Cluster, String) {

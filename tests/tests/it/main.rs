@@ -33,6 +33,8 @@ mod tunnel_ops;
 // Bad input on the agent port: wrong tokens, garbage, malformed frames, silent and
 // non-reading agents; refused or cut with a logged reason, nothing else affected.
 mod tunnel_bad_input;
+// Running the lokadb admin commands from the tests.
+mod admin_cli;
 // lokadb init, org, pause and resume against real clusters.
 mod admin_schema;
 // lokadb enable and disable: key maps, foreign keys, concurrent writers, refusals, --plan.
