@@ -102,15 +102,12 @@ async fn session(relay: &Rc<Relay>, tcp: &mut TcpStream, out: &mut Vec<u8>) {
 fn answer(relay: &Relay, sql: &str, out: &mut Vec<u8>) {
     match sql.to_ascii_uppercase().as_str() {
         "SHOW STATS" => {
-            let line = super::stats_line(relay);
+            let counters = super::counters(relay);
             backend::row_description_text(out, &["counter", "value"]);
-            let mut n = 0;
-            for pair in line.split(' ') {
-                if let Some((k, v)) = pair.split_once('=') {
-                    backend::data_row(out, &[Some(k), Some(v)]);
-                    n += 1;
-                }
+            for (name, value) in &counters {
+                backend::data_row(out, &[Some(name), Some(&value.to_string())]);
             }
+            let n = counters.len();
             backend::command_complete(out, &format!("SELECT {n}"));
         }
         "SHOW TUNNELS" => {

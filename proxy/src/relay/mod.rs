@@ -199,8 +199,8 @@ async fn accept_clients(relay: Rc<Relay>, listener: TcpListener) {
     }
 }
 
-/// The counters as one log line.
-pub fn stats_line(relay: &Relay) -> String {
+/// The relay's counters by name, in the order `SHOW STATS` and the log line show them.
+pub fn counters(relay: &Relay) -> Vec<(&'static str, u64)> {
     let s = relay.stats.borrow().clone();
     let (mut stalls, mut violations, mut max_buffered) = (0, 0, 0);
     let (mut growths, mut shed) = (0, 0);
@@ -212,25 +212,36 @@ pub fn stats_line(relay: &Relay) -> String {
         growths += t.window_growths;
         shed += t.streams_shed;
     }
-    format!(
-        "organizations_connected={} streams_open={} streams_opened={} bytes_to_agents={} bytes_from_agents={} window_stalls={} flow_violations={} max_stream_buffered={} window_growths={} streams_shed={} relay_memory_used={} agents_connected={} agents_refused={} refused_no_agent={} refused_max_streams={} refused_agent_limit={} refused_unknown_org={} refused_by_agents={}",
-        relay.connected_orgs(),
-        relay.streams.get(),
-        s.streams_opened,
-        s.bytes_to_agents,
-        s.bytes_from_agents,
-        stalls,
-        violations,
-        max_buffered,
-        growths,
-        shed,
-        relay.tunnel.memory_budget.as_ref().map_or(0, |b| b.used()),
-        s.agents_connected,
-        s.agents_refused,
-        s.refused_no_agent,
-        s.refused_max_streams,
-        s.refused_agent_limit,
-        s.refused_unknown_org,
-        s.refused_by_agents,
-    )
+    vec![
+        ("organizations_connected", relay.connected_orgs() as u64),
+        ("streams_open", u64::from(relay.streams.get())),
+        ("streams_opened", s.streams_opened),
+        ("bytes_to_agents", s.bytes_to_agents),
+        ("bytes_from_agents", s.bytes_from_agents),
+        ("window_stalls", stalls),
+        ("flow_violations", violations),
+        ("max_stream_buffered", max_buffered),
+        ("window_growths", growths),
+        ("streams_shed", shed),
+        (
+            "relay_memory_used",
+            relay.tunnel.memory_budget.as_ref().map_or(0, |b| b.used()),
+        ),
+        ("agents_connected", s.agents_connected),
+        ("agents_refused", s.agents_refused),
+        ("refused_no_agent", s.refused_no_agent),
+        ("refused_max_streams", s.refused_max_streams),
+        ("refused_agent_limit", s.refused_agent_limit),
+        ("refused_unknown_org", s.refused_unknown_org),
+        ("refused_by_agents", s.refused_by_agents),
+    ]
+}
+
+/// The counters as one log line, `name=value` separated by spaces.
+pub fn stats_line(relay: &Relay) -> String {
+    counters(relay)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
