@@ -125,6 +125,8 @@ impl Trigger {
 #[derive(Debug, Clone)]
 pub struct ForeignKey {
     pub name: String,
+    /// The relation it references now, schema-qualified and quoted.
+    pub referenced: String,
     pub child_oid: u32,
     pub child_schema: String,
     pub child_table: String,
@@ -351,7 +353,7 @@ pub fn referencing(c: &mut impl GenericClient, oid: u32) -> Result<Vec<ForeignKe
                 array(SELECT a.attname::text FROM unnest(con.confdelsetcols) WITH ORDINALITY k(n, o)
                       JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.n
                       ORDER BY k.o),
-                con.convalidated
+                con.convalidated, con.confrelid::regclass::text
          FROM pg_constraint con JOIN pg_class cc ON cc.oid = con.conrelid
          JOIN pg_namespace n ON n.oid = cc.relnamespace
          WHERE con.contype = 'f' AND con.confrelid = $1 AND con.conparentid = 0
@@ -395,6 +397,7 @@ pub fn referencing(c: &mut impl GenericClient, oid: u32) -> Result<Vec<ForeignKe
             }
             ForeignKey {
                 name: r.get(0),
+                referenced: r.get(13),
                 child_oid: r.get(1),
                 child_schema: r.get(2),
                 child_table: r.get(3),

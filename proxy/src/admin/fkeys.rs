@@ -33,7 +33,10 @@ pub fn with_lock_retry<T>(
                 return Ok(v);
             }
             Err(StepError::Pg(e, _))
-                if e.as_db_error().is_some_and(|d| d.code().code() == "55P03") =>
+                // Lock timeout, or chosen as a deadlock's victim: nothing was done; again.
+                if e
+                    .as_db_error()
+                    .is_some_and(|d| matches!(d.code().code(), "55P03" | "40P01")) =>
             {
                 drop(tx);
                 if attempt == ATTEMPTS {
@@ -103,13 +106,21 @@ pub fn temp_name(fk: &ForeignKey) -> String {
 pub fn repoint_sql(fk: &ForeignKey, target: &str) -> [Vec<String>; 3] {
     let child = fk.child();
     let tmp = ident(&temp_name(fk));
+    let old = &fk.referenced;
+    // Each step locks the referenced relation before the referencing one, the order in
+    // which writers take them (a parent row, then its children), so a writer waits
+    // instead of deadlocking with the step.
     [
-        vec![format!(
-            "ALTER TABLE {child} ADD CONSTRAINT {tmp} {} NOT VALID",
-            fk.definition(target)
-        )],
+        vec![
+            format!("LOCK TABLE {target}, {child} IN SHARE ROW EXCLUSIVE MODE"),
+            format!(
+                "ALTER TABLE {child} ADD CONSTRAINT {tmp} {} NOT VALID",
+                fk.definition(target)
+            ),
+        ],
         vec![format!("ALTER TABLE {child} VALIDATE CONSTRAINT {tmp}")],
         vec![
+            format!("LOCK TABLE {old}, {target}, {child} IN ACCESS EXCLUSIVE MODE"),
             format!("ALTER TABLE {child} DROP CONSTRAINT {}", ident(&fk.name)),
             format!(
                 "ALTER TABLE {child} RENAME CONSTRAINT {tmp} TO {}",
