@@ -101,15 +101,19 @@ impl AgentConfig {
 mod tests {
     use super::*;
 
+    /// One CA file per test process, written once: tests run in parallel, and one must
+    /// never read the file while another is writing it.
     fn ca_file() -> PathBuf {
+        static CA: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let path =
-            std::env::temp_dir().join(format!("lokadb-agent-config-ca-{}.pem", std::process::id()));
-        if !path.exists() {
+        CA.get_or_init(|| {
+            let path = std::env::temp_dir()
+                .join(format!("lokadb-agent-config-ca-{}.pem", std::process::id()));
             let ck = rcgen::generate_simple_self_signed(vec!["relay.test".into()]).unwrap();
             std::fs::write(&path, ck.cert.pem()).unwrap();
-        }
-        path
+            path
+        })
+        .clone()
     }
 
     fn args() -> RawArgs {
