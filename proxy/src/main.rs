@@ -86,6 +86,47 @@ enum Command {
         #[command(flatten)]
         cloud: Cloud,
     },
+    /// Move an organization's rows to its own database while it keeps working; a rerun
+    /// resumes an interrupted move, --abort rolls back one that has not switched.
+    MoveOrg {
+        /// The organization (registered with `lokadb org add`).
+        org: String,
+        #[command(flatten)]
+        args: MoveArgs,
+        /// How changes made during the copy are caught up: trigger (row triggers in the
+        /// cloud) or logical (a publication and a subscription; wal_level = logical).
+        #[arg(long, default_value = "trigger")]
+        mode: String,
+        /// The organization's profile once moved (default: the one it has).
+        #[arg(long)]
+        profile: Option<String>,
+        /// Connection string of the cloud database as the organization's database reaches
+        /// it, for logical mode's subscription (default: --cloud).
+        #[arg(long, env = "LOKADB_CLOUD_FROM_ORG", hide_env_values = true)]
+        cloud_from_org: Option<String>,
+    },
+    /// Move a moved organization's rows back into the cloud (same guarantees).
+    MoveBack {
+        /// The organization.
+        org: String,
+        #[command(flatten)]
+        args: MoveArgs,
+    },
+    /// Check where an organization's rows are: all in one place, none of another's.
+    Verify {
+        /// The organization.
+        org: String,
+        /// Connection string of its database (default: through the relay).
+        #[arg(long)]
+        org_dsn: Option<String>,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
+    /// Every organization's state, pause and move in progress.
+    Status {
+        #[command(flatten)]
+        cloud: Cloud,
+    },
     /// Internal: the process that holds a pause (started by `lokadb pause`).
     #[command(hide = true)]
     PauseHolder {
@@ -99,6 +140,46 @@ enum Command {
         #[command(flatten)]
         cloud: Cloud,
     },
+}
+
+/// What move-org and move-back share.
+#[derive(clap::Args)]
+struct MoveArgs {
+    /// Roll back an interrupted move that has not switched yet.
+    #[arg(long)]
+    abort: bool,
+    /// Finish an interrupted move (what a plain rerun does too).
+    #[arg(long, conflicts_with = "abort")]
+    resume: bool,
+    /// Tables copied at once.
+    #[arg(long, default_value_t = 4)]
+    jobs: usize,
+    /// Connection string of the organization's database as this command reaches it
+    /// (default: through the relay, as its postgres_fdw user mapping's role).
+    #[arg(long)]
+    org_dsn: Option<String>,
+    #[command(flatten)]
+    cloud: Cloud,
+}
+
+impl MoveArgs {
+    fn options(
+        &self,
+        org: String,
+        mode: lokadb::admin::moves::Mode,
+        profile: Option<String>,
+        cloud_from_org: Option<String>,
+    ) -> lokadb::admin::moves::MoveOptions {
+        lokadb::admin::moves::MoveOptions {
+            org,
+            mode,
+            profile,
+            jobs: self.jobs,
+            abort: self.abort,
+            org_dsn: self.org_dsn.clone(),
+            cloud_from_org,
+        }
+    }
 }
 
 /// The cloud database an admin command works on.
@@ -219,6 +300,34 @@ fn main() -> ExitCode {
         Command::Disable { table, plan, cloud } => {
             admin(lokadb::admin::disable::disable(&cloud.dsn, &table, plan))
         }
+        Command::MoveOrg {
+            org,
+            args,
+            mode,
+            profile,
+            cloud_from_org,
+        } => {
+            let mode = match lokadb::admin::moves::Mode::parse(&mode) {
+                Ok(m) => m,
+                Err(e) => return admin(Err(e)),
+            };
+            let opts = args.options(org, mode, profile, cloud_from_org);
+            admin(lokadb::admin::moves::move_org(&args.cloud.dsn, &opts))
+        }
+        Command::MoveBack { org, args } => {
+            let opts = args.options(org, lokadb::admin::moves::Mode::Trigger, None, None);
+            admin(lokadb::admin::moves::move_back(&args.cloud.dsn, &opts))
+        }
+        Command::Verify {
+            org,
+            org_dsn,
+            cloud,
+        } => admin(lokadb::admin::moves::verify_org(
+            &cloud.dsn,
+            &org,
+            org_dsn.as_deref(),
+        )),
+        Command::Status { cloud } => admin(lokadb::admin::moves::status::status(&cloud.dsn)),
         Command::PauseHolder {
             org,
             timeout,

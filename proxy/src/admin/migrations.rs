@@ -22,6 +22,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "foreign keys kept across foreign partitions: parent checks, refs",
         include_str!("sql/0003_guards.sql"),
     ),
+    (
+        4,
+        "moving organizations: journal, change capture, marker, eviction at the split",
+        include_str!("sql/0004_moves.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

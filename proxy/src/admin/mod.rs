@@ -1,4 +1,4 @@
-//! The admin commands (`lokadb init | org | pause | resume | enable | disable`): they
+//! The admin commands (`lokadb init | org | pause | resume | enable | disable | move-org | move-back | verify | status`): they
 //! prepare the cloud database and change organizations. They run once and exit, so they use a plain
 //! blocking Postgres client (the `postgres` crate), not the proxy's runtime.
 //!
@@ -11,6 +11,7 @@
 //!   [`catalog`], keep unique keys without the organization column in [`keymap`]s, and
 //!   move foreign keys with [`fkeys`]; [`guards`] keep foreign keys for the rows of
 //!   foreign partitions (parent check, refs). See docs/cloud-schema.md.
+//! - [`moves`]: `lokadb move-org | move-back | verify | status`. See docs/moving.md.
 
 pub mod catalog;
 pub mod db;
@@ -20,6 +21,7 @@ pub mod fkeys;
 pub mod guards;
 pub mod keymap;
 pub mod migrations;
+pub mod moves;
 pub mod org;
 pub mod pause;
 pub mod preflight;

@@ -42,3 +42,5 @@ mod admin_enable;
 // Foreign keys kept across a foreign partition (an organization moved behind the relay): parent
 // checks, refs, cascades into the organization's database, round trips per write.
 mod admin_foreign;
+// move-org, move-back, verify, status: under writers, killed at each step, refusals.
+mod moves;

@@ -1,0 +1,385 @@
+//! Change capture and catch-up (trigger mode, and the split out of DEFAULT).
+//!
+//! Row triggers on the source record the *keys* of the rows the organization writes in
+//! `lokadb.changes` of the source database. A catch-up round takes up to
+//! [`ROUND_RECORDS`] records, copies the current state of those rows (and, for every
+//! key, a delete marker) into a staging table at the destination, and there, in one
+//! implicit transaction, deletes the keys and inserts the rows that exist. Replaying a
+//! round gives the same result, so a crash anywhere only repeats work; the records are
+//! deleted (by id, never by range: ids are not given in commit order) after the
+//! destination committed.
+
+use super::layout::{capture_function, MoveTable};
+use crate::admin::db::{ident, literal, AdminError};
+use crate::admin::DEFINER;
+use std::io::{BufRead, Write};
+use std::time::{Duration, Instant};
+
+/// Records per round (at most).
+pub const ROUND_RECORDS: i64 = 5_000;
+/// Bytes of row data per round the record count is adjusted to (about).
+pub const ROUND_BYTES: u64 = 8 << 20;
+
+/// The trigger names on the source.
+fn trigger_name(t: &MoveTable, op: &str) -> String {
+    crate::admin::keymap::fit(&format!("lokadb_capture_{}_{op}", t.org))
+}
+
+/// The capture function and triggers on `source` (a relation of the source database
+/// holding `t`'s rows). `filtered`: the source holds other organizations' rows too (the
+/// DEFAULT partition), so the triggers fire only for the organization's.
+pub fn install_sql(t: &MoveTable, source: &str, filtered: bool) -> Vec<String> {
+    let f = capture_function(t);
+    let keys = |rec: &str| -> String {
+        let k: Vec<String> = t
+            .key
+            .iter()
+            .map(|c| format!("{rec}.{}::text", ident(c)))
+            .collect();
+        format!("ARRAY[{}]", k.join(", "))
+    };
+    let rel = literal(&t.display());
+    let org = &t.org_literal;
+    let key_new = t.key_of("NEW");
+    let key_old = t.key_of("OLD");
+    let body = format!(
+        "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql {DEFINER} AS $lokadb$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        INSERT INTO lokadb.changes (org, rel, key) VALUES ({org}, {rel}, {old});
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND {key_new} IS DISTINCT FROM {key_old}) THEN
+        INSERT INTO lokadb.changes (org, rel, key) VALUES ({org}, {rel}, {new});
+    END IF;
+    RETURN NULL;
+END
+$lokadb$",
+        old = keys("OLD"),
+        new = keys("NEW"),
+    );
+    let o = ident(&t.org_column);
+    let mut sql = vec![body];
+    if filtered {
+        for (op, event, when) in [
+            ("i", "INSERT", format!("NEW.{o} = {org}")),
+            ("u", "UPDATE", format!("OLD.{o} = {org} OR NEW.{o} = {org}")),
+            ("d", "DELETE", format!("OLD.{o} = {org}")),
+        ] {
+            sql.push(format!(
+                "CREATE TRIGGER {} AFTER {event} ON {source} FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION {f}()",
+                ident(&trigger_name(t, op))
+            ));
+        }
+    } else {
+        sql.push(format!(
+            "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {source} FOR EACH ROW EXECUTE FUNCTION {f}()",
+            ident(&trigger_name(t, "a"))
+        ));
+    }
+    sql
+}
+
+/// Removes what [`install_sql`] created (whichever form), and the records.
+pub fn remove_sql(t: &MoveTable, source: &str) -> Vec<String> {
+    let mut sql: Vec<String> = ["i", "u", "d", "a"]
+        .iter()
+        .map(|op| {
+            format!(
+                "DROP TRIGGER IF EXISTS {} ON {source}",
+                ident(&trigger_name(t, op))
+            )
+        })
+        .collect();
+    sql.push(format!(
+        "DROP FUNCTION IF EXISTS {}() CASCADE",
+        capture_function(t)
+    ));
+    sql.push(format!(
+        "DELETE FROM lokadb.changes WHERE org = {} AND rel = {}",
+        t.org_literal,
+        literal(&t.display())
+    ));
+    sql
+}
+
+/// Whether the capture triggers are on `source`.
+///
+/// # Errors
+///
+/// The query failed.
+pub fn installed(
+    c: &mut impl postgres::GenericClient,
+    t: &MoveTable,
+    source: &str,
+) -> Result<bool, AdminError> {
+    Ok(c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1)
+                            AND tgname::text = ANY($2))",
+            &[
+                &source,
+                &["i", "u", "d", "a"]
+                    .iter()
+                    .map(|op| trigger_name(t, op))
+                    .collect::<Vec<_>>(),
+            ],
+        )?
+        .get(0))
+}
+
+/// One side of a catch-up: a connection and the relation `t`'s rows are in there.
+pub struct Side<'a> {
+    pub client: &'a mut postgres::Client,
+    pub relation: String,
+    /// Only the organization's rows of `relation` are the source (the DEFAULT partition).
+    pub filtered: bool,
+}
+
+/// What one round did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Round {
+    pub records: u64,
+    pub rows: u64,
+    pub bytes: u64,
+    /// Records left when the round began (its own included).
+    pub backlog: u64,
+}
+
+/// Applies catch-up rounds for the organization of `tables` from `source` to `dest`
+/// (both hold the tables under the relation names `place` gives).
+pub struct CatchUp {
+    limit: i64,
+    staged: Vec<bool>,
+}
+
+impl Default for CatchUp {
+    fn default() -> CatchUp {
+        CatchUp::new()
+    }
+}
+
+impl CatchUp {
+    pub fn new() -> CatchUp {
+        CatchUp {
+            limit: ROUND_RECORDS,
+            staged: Vec::new(),
+        }
+    }
+
+    /// Records waiting in the source.
+    ///
+    /// # Errors
+    ///
+    /// The query failed.
+    pub fn backlog(source: &mut postgres::Client, org: &str) -> Result<u64, AdminError> {
+        let n: i64 = source
+            .query_one(
+                "SELECT count(*) FROM lokadb.changes WHERE org = $1",
+                &[&org],
+            )?
+            .get(0);
+        Ok(n.unsigned_abs())
+    }
+
+    /// One round: returns what it applied (0 records: nothing was waiting).
+    ///
+    /// # Errors
+    ///
+    /// A failure on either side; what was applied stays applied, the rest is retried
+    /// by the next round.
+    pub fn round(
+        &mut self,
+        tables: &[MoveTable],
+        source: &mut postgres::Client,
+        source_rel: &dyn Fn(&MoveTable) -> (String, bool),
+        dest: &mut postgres::Client,
+        dest_rel: &dyn Fn(&MoveTable) -> String,
+    ) -> Result<Round, AdminError> {
+        let Some(first) = tables.first() else {
+            return Ok(Round::default());
+        };
+        let org = &first.org;
+        let backlog = Self::backlog(source, org)?;
+        let rows = source.query(
+            "SELECT id, rel FROM lokadb.changes WHERE org = $1 ORDER BY id LIMIT $2",
+            &[org, &self.limit],
+        )?;
+        if rows.is_empty() {
+            return Ok(Round {
+                backlog,
+                ..Round::default()
+            });
+        }
+        if self.staged.len() != tables.len() {
+            self.staged = vec![false; tables.len()];
+        }
+        let mut round = Round {
+            records: rows.len() as u64,
+            backlog,
+            ..Round::default()
+        };
+        let mut all_ids: Vec<i64> = Vec::with_capacity(rows.len());
+        for (ti, t) in tables.iter().enumerate() {
+            let ids: Vec<i64> = rows
+                .iter()
+                .filter(|r| r.get::<_, &str>(1) == t.display())
+                .map(|r| r.get(0))
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            all_ids.extend(&ids);
+            let (src, filtered) = source_rel(t);
+            let dst = dest_rel(t);
+            let stage = ident(&format!("lokadb_stage_{ti}"));
+            if !self.staged[ti] {
+                dest.batch_execute(&format!(
+                    "CREATE TEMP TABLE IF NOT EXISTS {stage} AS SELECT {}, true AS lokadb_present FROM {dst} WITH NO DATA;
+                     TRUNCATE {stage}",
+                    t.cols()
+                ))?;
+                self.staged[ti] = true;
+            }
+            let (r, b) = apply_table(t, source, &src, filtered, &ids, dest, &dst, &stage)?;
+            round.rows += r;
+            round.bytes += b;
+        }
+        source.execute(
+            "DELETE FROM lokadb.changes WHERE id = ANY($1)",
+            &[&all_ids],
+        )?;
+        // Keep a round near ROUND_BYTES of rows whatever their width.
+        if round.bytes > ROUND_BYTES && self.limit > 100 {
+            self.limit /= 2;
+        } else if round.bytes < ROUND_BYTES / 4 && self.limit < ROUND_RECORDS {
+            self.limit = (self.limit * 2).min(ROUND_RECORDS);
+        }
+        Ok(round)
+    }
+
+    /// Rounds until the source holds no record; returns the records applied.
+    ///
+    /// # Errors
+    ///
+    /// As [`CatchUp::round`].
+    pub fn drain(
+        &mut self,
+        tables: &[MoveTable],
+        source: &mut postgres::Client,
+        source_rel: &dyn Fn(&MoveTable) -> (String, bool),
+        dest: &mut postgres::Client,
+        dest_rel: &dyn Fn(&MoveTable) -> String,
+    ) -> Result<u64, AdminError> {
+        let mut total = 0;
+        loop {
+            let r = self.round(tables, source, source_rel, dest, dest_rel)?;
+            if r.records == 0 {
+                return Ok(total);
+            }
+            total += r.records;
+        }
+    }
+}
+
+/// One table's part of a round: the rows of `ids`' keys as they are now, plus a delete
+/// marker per key, into `stage` at the destination; then delete and insert there.
+#[allow(clippy::too_many_arguments)]
+fn apply_table(
+    t: &MoveTable,
+    source: &mut postgres::Client,
+    src: &str,
+    filtered: bool,
+    ids: &[i64],
+    dest: &mut postgres::Client,
+    dst: &str,
+    stage: &str,
+) -> Result<(u64, u64), AdminError> {
+    let id_list = ids
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let key_cast: Vec<String> = t
+        .key
+        .iter()
+        .zip(&t.key_types)
+        .enumerate()
+        .map(|(i, (_, ty))| format!("key[{}]::{ty}", i + 1))
+        .collect();
+    let markers: Vec<String> = t
+        .columns
+        .iter()
+        .map(|c| match t.key.iter().position(|k| *k == c.name) {
+            Some(i) => key_cast[i].clone(),
+            None => format!("NULL::{}", c.sql_type),
+        })
+        .collect();
+    let filter = if filtered {
+        format!("{} AND ", t.org_filter("s"))
+    } else {
+        String::new()
+    };
+    let query = format!(
+        "COPY (WITH k AS (SELECT DISTINCT key FROM lokadb.changes WHERE id = ANY('{{{id_list}}}'::bigint[]) AND rel = {rel})
+               SELECT {cols}, true FROM {src} s WHERE {filter}{key} IN (SELECT {casts} FROM k)
+               UNION ALL
+               SELECT {markers}, false FROM k) TO STDOUT",
+        rel = literal(&t.display()),
+        cols = t.cols_of("s"),
+        key = t.key_of("s"),
+        casts = key_cast.join(", "),
+        markers = markers.join(", "),
+    );
+    let mut reader = source.copy_out(&query)?;
+    let mut writer = dest.copy_in(&format!("COPY {stage} FROM STDIN"))?;
+    let (mut bytes, mut lines) = (0u64, 0u64);
+    loop {
+        let buf = reader.fill_buf().map_err(io_err)?;
+        if buf.is_empty() {
+            break;
+        }
+        lines += memchr::memchr_iter(b'\n', buf).count() as u64;
+        bytes += buf.len() as u64;
+        writer.write_all(buf).map_err(io_err)?;
+        let n = buf.len();
+        reader.consume(n);
+    }
+    drop(reader);
+    writer.finish()?;
+    let key_d = t.key_of("d");
+    let key_s = t.key_of("s");
+    dest.batch_execute(&format!(
+        "DELETE FROM {dst} d USING {stage} s WHERE NOT s.lokadb_present AND {key_d} = {key_s};
+         INSERT INTO {dst} ({cols}) SELECT {cols} FROM {stage} WHERE lokadb_present;
+         TRUNCATE {stage}",
+        cols = t.cols(),
+    ))?;
+    Ok((lines.saturating_sub(ids.len() as u64), bytes))
+}
+
+fn io_err(e: std::io::Error) -> AdminError {
+    AdminError::failed(format!("copying changed rows: {e}"))
+}
+
+/// Progress of the catch-up for the log: a line at most every `every`.
+pub struct LagReport {
+    last: Instant,
+    every: Duration,
+}
+
+impl LagReport {
+    pub fn new(every: Duration) -> LagReport {
+        LagReport {
+            last: Instant::now(),
+            every,
+        }
+    }
+
+    /// Prints `line` when the interval has passed.
+    pub fn maybe(&mut self, line: impl FnOnce() -> String) {
+        if self.last.elapsed() >= self.every {
+            self.last = Instant::now();
+            eprintln!("lokadb: {}", line());
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! What a move works on: the LokaDB tables as the cloud catalog describes them, the names
+//! of an organization's partitions, and the DDL of the copies.
+//!
+//! An organization that has left the DEFAULT partition sits in a partitioned table of
+//! its own, `<table>__lokadb_<org>` (LIST by the organization column, one value), holding
+//! exactly one partition: `…_c`, a cloud table, or `…_f`, the foreign table on its
+//! database. A switch detaches one and attaches the other under that table's lock, which
+//! only the organization's own statements take (other organizations never wait).
+
+use crate::admin::catalog::{self, qualify, Column};
+use crate::admin::db::{ident, literal, AdminError};
+use crate::admin::keymap::{fit, suffixed};
+use postgres::GenericClient;
+
+/// One LokaDB table, as a move of one organization sees it.
+#[derive(Debug, Clone)]
+pub struct MoveTable {
+    pub schema: String,
+    pub name: String,
+    pub org_column: String,
+    pub default_partition: String,
+    /// The parent's columns, in order.
+    pub columns: Vec<Column>,
+    /// The key the catch-up identifies rows by (the default partition's primary key, or
+    /// a unique key over NOT NULL columns), and its columns' types.
+    pub key: Vec<String>,
+    pub key_types: Vec<String>,
+    /// The default partition's indexes and CHECK constraints, rebuilt on the copies.
+    pub indexes: Vec<IndexDef>,
+    pub checks: Vec<(String, String)>,
+    /// The organization, as an SQL literal.
+    pub org_literal: String,
+    pub org: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct IndexDef {
+    pub primary: bool,
+    pub unique: bool,
+    pub columns: Vec<String>,
+    /// `pg_get_indexdef` from `USING …` on.
+    pub using: String,
+}
+
+impl MoveTable {
+    /// `schema.table`, as messages, the journal and the change records name it.
+    pub fn display(&self) -> String {
+        catalog::plain(&self.schema, &self.name)
+    }
+
+    /// The parent (what the application uses), quoted.
+    pub fn parent(&self) -> String {
+        qualify(&self.schema, &self.name)
+    }
+
+    pub fn default(&self) -> String {
+        qualify(&self.schema, &self.default_partition)
+    }
+
+    /// The organization's partitioned table in the parent.
+    pub fn own(&self) -> String {
+        qualify(&self.schema, &self.own_name())
+    }
+
+    pub fn own_name(&self) -> String {
+        suffixed(&self.name, &format!("__lokadb_{}", self.org))
+    }
+
+    /// Its cloud partition.
+    pub fn cloud_part(&self) -> String {
+        qualify(&self.schema, &self.cloud_part_name())
+    }
+
+    pub fn cloud_part_name(&self) -> String {
+        suffixed(&self.name, &format!("__lokadb_{}_c", self.org))
+    }
+
+    /// Its foreign partition (the organization's database).
+    pub fn foreign_part(&self) -> String {
+        qualify(&self.schema, &self.foreign_part_name())
+    }
+
+    pub fn foreign_part_name(&self) -> String {
+        suffixed(&self.name, &format!("__lokadb_{}_f", self.org))
+    }
+
+    /// The table in the organization's database (same schema and name as the parent).
+    pub fn org_table(&self) -> String {
+        self.parent()
+    }
+
+    /// Quoted column list.
+    pub fn cols(&self) -> String {
+        self.columns
+            .iter()
+            .map(|c| ident(&c.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `alias.col, …`.
+    pub fn cols_of(&self, alias: &str) -> String {
+        self.columns
+            .iter()
+            .map(|c| format!("{alias}.{}", ident(&c.name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `(alias.k1, alias.k2)`.
+    pub fn key_of(&self, alias: &str) -> String {
+        let k: Vec<String> = self
+            .key
+            .iter()
+            .map(|c| format!("{alias}.{}", ident(c)))
+            .collect();
+        format!("({})", k.join(", "))
+    }
+
+    /// `org_column = 'org'`, for `alias`.
+    pub fn org_filter(&self, alias: &str) -> String {
+        format!("{alias}.{} = {}", ident(&self.org_column), self.org_literal)
+    }
+
+    /// `CREATE TABLE` of the copy in the organization's database: the columns, their
+    /// NOT NULL, CHECK constraints, and the indexes (the primary key as a primary key).
+    /// No defaults (they may call cloud sequences; writes through the cloud get them
+    /// there) and no foreign keys (the cloud keeps them, see docs/cloud-schema.md).
+    pub fn org_ddl(&self) -> Vec<String> {
+        let table = self.org_table();
+        let cols: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {}{}",
+                    ident(&c.name),
+                    c.sql_type,
+                    if c.not_null { " NOT NULL" } else { "" }
+                )
+            })
+            .collect();
+        let mut sql = vec![
+            format!("CREATE SCHEMA IF NOT EXISTS {}", ident(&self.schema)),
+            format!("CREATE TABLE {table} ({})", cols.join(", ")),
+        ];
+        sql.extend(self.checks_sql(&table, "TABLE"));
+        sql.extend(self.indexes_sql(&table));
+        sql
+    }
+
+    /// The cloud partition: like the parent, with the default partition's indexes and a
+    /// CHECK of the organization (so attaching it scans nothing).
+    pub fn cloud_part_ddl(&self) -> Vec<String> {
+        let part = self.cloud_part();
+        let org = ident(&self.org_column);
+        let mut sql = vec![format!(
+            "CREATE TABLE {part} (LIKE {} INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS INCLUDING STORAGE, CONSTRAINT lokadb_org CHECK ({org} IS NOT NULL AND {org} = {}))",
+            self.parent(),
+            self.org_literal
+        )];
+        sql.extend(self.indexes_sql(&part));
+        sql
+    }
+
+    /// The organization's own partitioned table (created empty, not attached).
+    pub fn own_ddl(&self) -> String {
+        format!(
+            "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS) PARTITION BY LIST ({})",
+            self.own(),
+            self.parent(),
+            ident(&self.org_column)
+        )
+    }
+
+    /// The foreign table on the organization's server (created standalone).
+    pub fn foreign_ddl(&self, server: &str) -> Vec<String> {
+        let f = self.foreign_part();
+        let cols: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {}{}",
+                    ident(&c.name),
+                    c.sql_type,
+                    if c.not_null { " NOT NULL" } else { "" }
+                )
+            })
+            .collect();
+        let mut sql = vec![format!(
+            "CREATE FOREIGN TABLE {f} ({}) SERVER {} OPTIONS (schema_name {}, table_name {})",
+            cols.join(", "),
+            ident(server),
+            literal(&self.schema),
+            literal(&self.name)
+        )];
+        sql.extend(self.checks_sql(&f, "FOREIGN TABLE"));
+        sql
+    }
+
+    fn checks_sql(&self, table: &str, kind: &str) -> Vec<String> {
+        self.checks
+            .iter()
+            .map(|(name, def)| format!("ALTER {kind} {table} ADD CONSTRAINT {} {def}", ident(name)))
+            .collect()
+    }
+
+    fn indexes_sql(&self, table: &str) -> Vec<String> {
+        self.indexes
+            .iter()
+            .map(|i| {
+                if i.primary {
+                    let cols: Vec<String> = i.columns.iter().map(|c| ident(c)).collect();
+                    format!("ALTER TABLE {table} ADD PRIMARY KEY ({})", cols.join(", "))
+                } else {
+                    format!(
+                        "CREATE {}INDEX ON {table} {}",
+                        if i.unique { "UNIQUE " } else { "" },
+                        i.using
+                    )
+                }
+            })
+            .collect()
+    }
+}
+
+/// A short, stable tag of an organization id, for names with a restricted alphabet
+/// (replication slots, publications).
+pub fn tag(org: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in org.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("lokadb_move_{h:016x}")
+}
+
+/// The capture function of a table for an organization (one per source database).
+pub fn capture_function(t: &MoveTable) -> String {
+    qualify("lokadb", &fit(&format!("capture_{}_{}_{}", t.org, t.schema, t.name)))
+}
+
+/// Every LokaDB table, read for a move of `org`.
+///
+/// # Errors
+///
+/// No LokaDB table, a table still being enabled, or one without a usable key.
+pub fn tables(c: &mut impl GenericClient, org: &str) -> Result<Vec<MoveTable>, AdminError> {
+    let rows = c.query(
+        "SELECT schema_name::text, table_name::text, org_column::text, default_partition::text,
+                state, format('%I.%I', schema_name, default_partition)::regclass::oid,
+                format('%I.%I', schema_name, table_name)::regclass::oid
+         FROM lokadb.tables ORDER BY enabled_at, schema_name, table_name",
+        &[],
+    )?;
+    if rows.is_empty() {
+        return Err(AdminError::usage(
+            "there is no LokaDB table to move (lokadb enable TABLE makes one)",
+        ));
+    }
+    let mut out = Vec::new();
+    for r in &rows {
+        let (schema, name): (String, String) = (r.get(0), r.get(1));
+        let state: String = r.get(4);
+        if state != "enabled" {
+            return Err(AdminError::usage(format!(
+                "{schema}.{name} is still being enabled; run lokadb enable {schema}.{name} again to finish it first"
+            )));
+        }
+        let default_oid: u32 = r.get(5);
+        let parent_oid: u32 = r.get(6);
+        let parent = catalog::table(c, parent_oid)?;
+        let idx = catalog::indexes(c, default_oid)?;
+        let org_column: String = r.get(2);
+        let usable: Vec<&catalog::Index> = idx
+            .iter()
+            .filter(|i| i.valid && !i.partial && !i.expressions)
+            .collect();
+        let key_index = usable.iter().find(|i| i.primary).or_else(|| {
+            usable.iter().find(|i| {
+                i.unique
+                    && i.columns
+                        .iter()
+                        .all(|c| parent.column(c).is_some_and(|c| c.not_null))
+            })
+        });
+        let Some(key_index) = key_index else {
+            return Err(AdminError::usage(format!(
+                "{schema}.{name} has no primary key nor unique key over NOT NULL columns: a move identifies changed rows by one; add one first"
+            )));
+        };
+        let key = key_index.columns.clone();
+        let key_types = key
+            .iter()
+            .map(|k| {
+                parent
+                    .column(k)
+                    .map(|c| c.sql_type.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let indexes = usable
+            .iter()
+            .filter_map(|i| {
+                let using = i.def.find(" USING ").map(|p| i.def[p + 1..].to_owned())?;
+                Some(IndexDef {
+                    primary: i.primary,
+                    unique: i.unique,
+                    columns: i.columns.clone(),
+                    using,
+                })
+            })
+            .collect();
+        let checks = c
+            .query(
+                "SELECT conname::text, pg_get_constraintdef(oid) FROM pg_constraint
+                 WHERE conrelid = $1 AND contype = 'c' ORDER BY conname",
+                &[&parent_oid],
+            )?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        out.push(MoveTable {
+            schema,
+            name,
+            org_column,
+            default_partition: r.get(3),
+            columns: parent.columns,
+            key,
+            key_types,
+            indexes,
+            checks,
+            org_literal: literal(org),
+            org: org.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// Where an organization's rows of `t` are now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// In the DEFAULT partition (never moved).
+    Default,
+    /// In its own partitioned table, in the cloud partition.
+    Cloud,
+    /// In its own partitioned table, in the foreign partition.
+    Foreign,
+}
+
+/// Where `t`'s rows of the organization are, from the catalog.
+///
+/// # Errors
+///
+/// The query failed, or the catalog is in a state no move leaves.
+pub fn place(c: &mut impl GenericClient, t: &MoveTable) -> Result<Place, AdminError> {
+    let r = c.query_one(
+        "SELECT (SELECT inhparent FROM pg_inherits WHERE inhrelid = to_regclass($1)) = to_regclass($2),
+                EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = to_regclass($1) AND inhrelid = to_regclass($3)),
+                EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = to_regclass($1) AND inhrelid = to_regclass($4))",
+        &[&t.own(), &t.parent(), &t.cloud_part(), &t.foreign_part()],
+    )?;
+    let attached: Option<bool> = r.get(0);
+    if attached != Some(true) {
+        return Ok(Place::Default);
+    }
+    match (r.get::<_, bool>(1), r.get::<_, bool>(2)) {
+        (true, false) => Ok(Place::Cloud),
+        (false, true) => Ok(Place::Foreign),
+        _ => Err(AdminError::failed(format!(
+            "{}: the organization's partition {} holds neither exactly its cloud nor its foreign partition; inspect it (\\d+ {})",
+            t.display(),
+            t.own(),
+            t.own()
+        ))),
+    }
+}

@@ -1,0 +1,299 @@
+//! Logical mode: a publication in the cloud with a row filter on the organization
+//! (`publish_via_partition_root`, so rows arrive under the LokaDB table's own name) and a
+//! subscription in the organization's database that copies them and then follows the
+//! changes. The switch writes a marker row (published with them) under its lock; once
+//! the marker has arrived, so has every earlier change.
+
+use super::layout::tag;
+use super::Move;
+use crate::admin::db::{describe, ident, literal, AdminError};
+use std::time::{Duration, Instant};
+
+/// The catch-up is done when the subscription is this close to the cloud's WAL.
+pub const CAUGHT_UP_BYTES: i64 = 1 << 20;
+/// The switch gives up on the marker after this long.
+pub const MARKER_WAIT: Duration = Duration::from_secs(30);
+
+/// Checks what logical mode needs before anything is changed.
+///
+/// # Errors
+///
+/// wal_level below logical, a Postgres older than 15 on either side, or an organization
+/// role that may not create subscriptions (usage).
+pub fn preflight(
+    cloud: &mut postgres::Client,
+    org: &mut postgres::Client,
+    _dsn: &str,
+    _opts: &super::MoveOptions,
+) -> Result<(), AdminError> {
+    let wal: String = cloud.query_one("SELECT current_setting('wal_level')", &[])?.get(0);
+    if wal != "logical" {
+        return Err(AdminError::usage(format!(
+            "--mode logical needs wal_level = logical in the cloud database (it is {wal}; changing it needs a restart); or use --mode trigger. Nothing was changed"
+        )));
+    }
+    for (side, c) in [("cloud", &mut *cloud), ("organization's", &mut *org)] {
+        let v: i32 = c
+            .query_one("SELECT current_setting('server_version_num')::int", &[])?
+            .get(0);
+        if v < 150_000 {
+            return Err(AdminError::usage(format!(
+                "--mode logical needs PostgreSQL 15 or later (row filters) in both databases; the {side} database runs {}.{}; use --mode trigger. Nothing was changed",
+                v / 10_000,
+                v % 10_000 / 100
+            )));
+        }
+    }
+    let may: bool = org
+        .query_one(
+            "SELECT rolsuper OR (EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pg_create_subscription')
+                                 AND pg_has_role(current_user, 'pg_create_subscription', 'MEMBER'))
+             FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )?
+        .get(0);
+    if !may {
+        return Err(AdminError::usage(
+            "--mode logical creates a subscription in the organization's database: its role (the postgres_fdw user mapping's) must be a superuser or a member of pg_create_subscription; or use --mode trigger. Nothing was changed",
+        ));
+    }
+    Ok(())
+}
+
+/// Creates the publication (cloud) and the subscription (organization's database).
+///
+/// # Errors
+///
+/// Either failed (the subscription's error names the connection it tried).
+pub fn start(m: &mut Move) -> Result<(), AdminError> {
+    let name = tag(&m.org.id);
+    let org = literal(&m.org.id);
+    let exists: bool = m
+        .cloud
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            &[&name],
+        )?
+        .get(0);
+    if !exists {
+        let mut items: Vec<String> = m
+            .tables
+            .iter()
+            .map(|t| format!("TABLE {} WHERE ({} = {})", t.parent(), ident(&t.org_column), t.org_literal))
+            .collect();
+        items.push(format!("TABLE lokadb.move_marker WHERE (org = {org})"));
+        m.cloud.batch_execute(&format!(
+            "DELETE FROM lokadb.move_marker WHERE org = {org};
+             CREATE PUBLICATION {} FOR {} WITH (publish_via_partition_root = true)",
+            ident(&name),
+            items.join(", ")
+        ))?;
+    }
+    let conninfo = m.opts.cloud_from_org.clone().unwrap_or_else(|| m.dsn.clone());
+    let mut oc = m.org_session()?;
+    oc.batch_execute("DELETE FROM lokadb.move_marker")?;
+    let sub: bool = oc
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)",
+            &[&name],
+        )?
+        .get(0);
+    if !sub {
+        oc.batch_execute(&format!(
+            "CREATE SUBSCRIPTION {n} CONNECTION {c} PUBLICATION {n} WITH (slot_name = {s}, copy_data = true)",
+            n = ident(&name),
+            c = literal(&conninfo),
+            s = literal(&name)
+        ))
+        .map_err(|e| {
+            AdminError::failed(format!(
+                "creating the subscription in organization {}'s database (it connects to the cloud with --cloud-from-org, default --cloud): {}",
+                m.org.id,
+                describe(&e)
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// Waits until the subscription's initial copy of every table is done.
+///
+/// # Errors
+///
+/// The organization's database failed, or the copy made no progress for 5 minutes.
+pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
+    let name = tag(&m.org.id);
+    let mut oc = m.org_session()?;
+    let started = Instant::now();
+    let (mut last_bytes, mut last_change) = (-1i64, Instant::now());
+    let mut told = Instant::now();
+    loop {
+        let r = oc.query_one(
+            "SELECT count(*) FILTER (WHERE sr.srsubstate NOT IN ('r', 's')), count(*),
+                    coalesce((SELECT sum(bytes_processed) FROM pg_stat_progress_copy), 0)::bigint,
+                    coalesce((SELECT sum(tuples_processed) FROM pg_stat_progress_copy), 0)::bigint
+             FROM pg_subscription_rel sr JOIN pg_subscription s ON s.oid = sr.srsubid
+             WHERE s.subname = $1",
+            &[&name],
+        )?;
+        let (pending, total, bytes, rows): (i64, i64, i64, i64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        if total > 0 && pending == 0 {
+            m.say(format!(
+                "initial copy by the subscription done in {:.1} s ({total} tables)",
+                started.elapsed().as_secs_f64()
+            ));
+            return Ok(());
+        }
+        if bytes != last_bytes {
+            (last_bytes, last_change) = (bytes, Instant::now());
+        }
+        if told.elapsed() >= Duration::from_secs(5) {
+            told = Instant::now();
+            let line = format!(
+                "copy (subscription): {pending} of {total} tables copying, {rows} rows, {:.1} MB in the current copies, {:.0} s",
+                bytes as f64 / 1e6,
+                started.elapsed().as_secs_f64()
+            );
+            eprintln!("lokadb: {line}");
+            m.progress(&line);
+        }
+        if last_change.elapsed() > Duration::from_secs(300) {
+            return Err(AdminError::failed(format!(
+                "the subscription's initial copy made no progress for 5 minutes; see organization {}'s Postgres log (a conflict or a connection the cloud refuses?). Rerun to keep waiting, or --abort",
+                m.org.id
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until the subscription is within [`CAUGHT_UP_BYTES`] of the cloud.
+///
+/// # Errors
+///
+/// The slot is missing or a query failed.
+pub fn wait_caught_up(m: &mut Move) -> Result<(), AdminError> {
+    let name = tag(&m.org.id);
+    let started = Instant::now();
+    let mut told = Instant::now();
+    loop {
+        let lag: Option<i64> = m
+            .cloud
+            .query_opt(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&name],
+            )?
+            .and_then(|r| r.get(0));
+        let Some(lag) = lag else {
+            return Err(AdminError::failed(format!(
+                "the replication slot {name} of the move is missing in the cloud; --abort and move again"
+            )));
+        };
+        if lag < CAUGHT_UP_BYTES {
+            m.say(format!(
+                "subscription caught up ({lag} bytes behind) after {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+            return Ok(());
+        }
+        if told.elapsed() >= Duration::from_secs(5) {
+            told = Instant::now();
+            let line = format!("catch-up (subscription): {:.1} MB behind", lag as f64 / 1e6);
+            eprintln!("lokadb: {line}");
+            m.progress(&line);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Under the switch's lock: writes the marker in the cloud and waits for it to arrive.
+///
+/// # Errors
+///
+/// It did not arrive within [`MARKER_WAIT`].
+pub fn marker(
+    cloud: &mut postgres::Client,
+    org_db: &mut postgres::Client,
+    org: &str,
+) -> Result<(), AdminError> {
+    let token = format!("{:032x}", rand::random::<u128>());
+    cloud.execute(
+        "INSERT INTO lokadb.move_marker (org, token) VALUES ($1, $2)
+         ON CONFLICT (org) DO UPDATE SET token = excluded.token",
+        &[&org, &token],
+    )?;
+    let started = Instant::now();
+    loop {
+        let seen: bool = org_db
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM lokadb.move_marker WHERE org = $1 AND token = $2)",
+                &[&org, &token],
+            )?
+            .get(0);
+        if seen {
+            return Ok(());
+        }
+        if started.elapsed() > MARKER_WAIT {
+            return Err(AdminError::failed(format!(
+                "the subscription did not deliver the switch's marker within {} s; nothing was switched, run the command again",
+                MARKER_WAIT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Drops the subscription (its slot in the cloud too) and the publication.
+///
+/// # Errors
+///
+/// A step failed (a rerun repeats what is left).
+pub fn stop(m: &mut Move) -> Result<(), AdminError> {
+    let name = tag(&m.org.id);
+    let mut oc = m.org_session()?;
+    let subid: Option<u32> = oc
+        .query_opt("SELECT oid FROM pg_subscription WHERE subname = $1", &[&name])?
+        .map(|r| r.get(0));
+    if let Some(subid) = subid {
+        let n = ident(&name);
+        oc.batch_execute(&format!("ALTER SUBSCRIPTION {n} DISABLE"))?;
+        oc.batch_execute(&format!("ALTER SUBSCRIPTION {n} SET (slot_name = NONE)"))?;
+        oc.batch_execute(&format!("DROP SUBSCRIPTION {n}"))?;
+        // Its slot, and those of table copies cut short, are the cloud's to drop.
+        let started = Instant::now();
+        loop {
+            let r = m.cloud.query_one(
+                "SELECT count(*) FILTER (WHERE active), count(*) FROM pg_replication_slots
+                 WHERE slot_name = $1 OR slot_name LIKE $2",
+                &[&name, &format!("pg\\_{subid}\\_sync\\_%")],
+            )?;
+            let (active, all): (i64, i64) = (r.get(0), r.get(1));
+            if all == 0 {
+                break;
+            }
+            if active == 0 {
+                m.cloud.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                     WHERE slot_name = $1 OR slot_name LIKE $2",
+                    &[&name, &format!("pg\\_{subid}\\_sync\\_%")],
+                )?;
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                return Err(AdminError::failed(format!(
+                    "the replication slot {name} stayed in use 30 s after its subscription was dropped; drop it with SELECT pg_drop_replication_slot('{name}') in the cloud"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    m.cloud.batch_execute(&format!(
+        "DROP PUBLICATION IF EXISTS {}; DELETE FROM lokadb.move_marker WHERE org = {}",
+        ident(&name),
+        literal(&m.org.id)
+    ))?;
+    oc.batch_execute("DELETE FROM lokadb.move_marker")?;
+    Ok(())
+}

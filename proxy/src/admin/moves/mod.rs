@@ -1,0 +1,1020 @@
+//! `lokadb move-org`, `move-back`, `verify` and `status`: moving an organization's rows
+//! between the cloud and its own database while it keeps working. See docs/moving.md.
+//!
+//! A move is a journal row (`lokadb.moves`) and a sequence of steps, each of which a
+//! rerun can repeat: the split out of DEFAULT ([`split`]), preparing the destination,
+//! the copy ([`copy`]), the catch-up ([`capture`] or [`logical`]), the switch
+//! ([`switch`]) and the verification ([`verify`]). Until the switch commits the
+//! organization is served from where it was and `--abort` rolls everything back; the
+//! switch is one cloud transaction; after it, a rerun finishes verification and clean-up.
+//! The command holds a session advisory lock per organization, so a second move of the
+//! same organization is refused, and any pause it takes ends with its session.
+
+pub mod capture;
+pub mod copy;
+pub mod layout;
+pub mod logical;
+pub mod split;
+pub mod status;
+pub mod switch;
+pub mod verify;
+
+use crate::admin::db::{connect, describe, AdminError};
+use crate::admin::migrations::require_current;
+use layout::{MoveTable, Place};
+use std::time::{Duration, Instant};
+
+/// How changes made during the copy reach the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Trigger,
+    Logical,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Trigger => "trigger",
+            Mode::Logical => "logical",
+        }
+    }
+
+    /// Parses `trigger` or `logical`.
+    ///
+    /// # Errors
+    ///
+    /// Anything else (usage).
+    pub fn parse(s: &str) -> Result<Mode, AdminError> {
+        match s {
+            "trigger" => Ok(Mode::Trigger),
+            "logical" => Ok(Mode::Logical),
+            _ => Err(AdminError::usage(format!(
+                "--mode must be trigger or logical, got {s:?}"
+            ))),
+        }
+    }
+}
+
+/// `lokadb move-org` / `move-back` arguments.
+#[derive(Debug, Clone)]
+pub struct MoveOptions {
+    pub org: String,
+    pub mode: Mode,
+    /// The profile after the move (default: the organization's).
+    pub profile: Option<String>,
+    /// Tables copied at once.
+    pub jobs: usize,
+    /// Roll back a move that has not switched.
+    pub abort: bool,
+    /// Connection string of the organization's database as this command reaches it
+    /// (default: through the relay, with the credentials of its postgres_fdw mapping).
+    pub org_dsn: Option<String>,
+    /// Connection string of the cloud database as the organization's database reaches
+    /// it (logical mode's subscription; default: the command's own `--cloud`).
+    pub cloud_from_org: Option<String>,
+}
+
+/// Which way a move goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Out,
+    Back,
+}
+
+impl Direction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Direction::Out => "out",
+            Direction::Back => "back",
+        }
+    }
+
+    fn command(self) -> &'static str {
+        match self {
+            Direction::Out => "move-org",
+            Direction::Back => "move-back",
+        }
+    }
+}
+
+/// The organization as the move reads it.
+#[derive(Debug, Clone)]
+pub struct Org {
+    pub id: String,
+    pub state: String,
+    pub profile: String,
+    pub server: String,
+    pub pg_version: String,
+}
+
+/// The journal row.
+#[derive(Debug, Clone)]
+pub struct Journal {
+    pub direction: String,
+    pub mode: Mode,
+    pub profile: String,
+    pub from_state: String,
+    pub step: String,
+    pub copied: Vec<String>,
+}
+
+/// Everything a running move works with.
+pub struct Move {
+    pub dsn: String,
+    pub org_dsn: String,
+    pub cloud: postgres::Client,
+    pub org: Org,
+    pub tables: Vec<MoveTable>,
+    pub opts: MoveOptions,
+    pub journal: Journal,
+    pub direction: Direction,
+    /// What the run printed (stderr), kept for the tests' and the caller's inspection.
+    pub report: Vec<String>,
+    /// The switch's pause, seconds.
+    pub pause: Option<f64>,
+}
+
+/// Exits the process at the named point when `LOKADB_MOVE_FAILPOINT` names it: a crash
+/// at that step, for the tests of crash safety (connections drop, the server rolls
+/// back what was open, exactly as after `kill -9`).
+pub fn failpoint(name: &str) {
+    if std::env::var("LOKADB_MOVE_FAILPOINT").is_ok_and(|v| v == name) {
+        eprintln!("lokadb: failpoint {name}: exiting");
+        std::process::exit(99);
+    }
+}
+
+/// Settings every connection of a move uses, so rows print the same text on both sides
+/// (COPY and checksums).
+///
+/// # Errors
+///
+/// The statement failed.
+pub fn session_settings(c: &mut postgres::Client) -> Result<(), AdminError> {
+    c.batch_execute(
+        "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';
+         SET extra_float_digits = 1; SET bytea_output = 'hex'; SET statement_timeout = 0;
+         SET client_min_messages = warning",
+    )?;
+    Ok(())
+}
+
+/// The session lock that makes one move per organization.
+fn move_lock(c: &mut postgres::Client, org: &str) -> Result<(), AdminError> {
+    let got: bool = c
+        .query_one(
+            "SELECT pg_try_advisory_lock(hashtextextended('lokadb.move:' || $1, 0))",
+            &[&org],
+        )?
+        .get(0);
+    if !got {
+        return Err(AdminError::usage(format!(
+            "a move of organization {org} is already running (lokadb status shows it); nothing was changed"
+        )));
+    }
+    Ok(())
+}
+
+fn read_org(c: &mut postgres::Client, id: &str) -> Result<Org, AdminError> {
+    let row = c.query_opt(
+        "SELECT state, profile, coalesce(server::text, ''), coalesce(pg_version, '')
+         FROM lokadb.org WHERE id = $1",
+        &[&id],
+    )?;
+    let Some(r) = row else {
+        return Err(AdminError::usage(format!(
+            "organization {id} is not registered (lokadb org add registers its database; lokadb org list shows those that are)"
+        )));
+    };
+    Ok(Org {
+        id: id.to_owned(),
+        state: r.get(0),
+        profile: r.get(1),
+        server: r.get(2),
+        pg_version: r.get(3),
+    })
+}
+
+fn read_journal(c: &mut postgres::Client, org: &str) -> Result<Option<Journal>, AdminError> {
+    let row = c.query_opt(
+        "SELECT direction, mode, profile, from_state, step, copied::text[] FROM lokadb.moves WHERE org = $1",
+        &[&org],
+    )?;
+    row.map(|r| {
+        Ok(Journal {
+            direction: r.get(0),
+            mode: Mode::parse(r.get(1))?,
+            profile: r.get(2),
+            from_state: r.get(3),
+            step: r.get(4),
+            copied: r.get(5),
+        })
+    })
+    .transpose()
+}
+
+/// The organization's database as this command reaches it: through the relay, as the
+/// role of its postgres_fdw user mapping.
+fn org_dsn(c: &mut postgres::Client, org: &Org) -> Result<String, AdminError> {
+    let r = c.query_opt(
+        "SELECT o.relay_host, o.relay_port, o.dbname,
+                (SELECT split_part(opt, '=', 2) FROM unnest(um.umoptions) opt WHERE opt LIKE 'user=%'),
+                (SELECT substr(opt, 10) FROM unnest(um.umoptions) opt WHERE opt LIKE 'password=%')
+         FROM lokadb.org o
+         LEFT JOIN pg_user_mappings um ON um.srvname = o.server AND um.usename = 'public'
+         WHERE o.id = $1",
+        &[&org.id],
+    )?;
+    let Some(r) = r else {
+        return Err(AdminError::failed("the organization disappeared"));
+    };
+    let (host, port, db): (Option<String>, Option<i32>, Option<String>) =
+        (r.get(0), r.get(1), r.get(2));
+    let (user, password): (Option<String>, Option<String>) = (r.get(3), r.get(4));
+    let (Some(host), Some(port), Some(db), Some(user)) = (host, port, db, user) else {
+        return Err(AdminError::usage(format!(
+            "organization {}'s database is not fully registered (relay, database or user mapping missing); pass --org-dsn or re-add it",
+            org.id
+        )));
+    };
+    let q = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+    let mut dsn = format!(
+        "host={} port={port} dbname={} user={}",
+        q(&host),
+        q(&format!("{}/{db}", org.id)),
+        q(&user)
+    );
+    if let Some(p) = password {
+        dsn.push_str(&format!(" password={}", q(&p)));
+    }
+    Ok(dsn)
+}
+
+/// Connects to the organization's database, naming the path on failure.
+///
+/// # Errors
+///
+/// The database does not answer (agent down, relay unreachable, wrong credentials).
+pub fn connect_org(dsn: &str, org: &str) -> Result<postgres::Client, AdminError> {
+    let mut c = connect(dsn).map_err(|e| {
+        AdminError::failed(format!(
+            "organization {org}'s database does not answer (is its agent connected? lokadb status, SHOW TUNNELS on the relay): {}",
+            e.message
+        ))
+    })?;
+    session_settings(&mut c)?;
+    Ok(c)
+}
+
+/// The version of the `lokadb` schema in an organization's database.
+pub const ORG_SCHEMA_VERSION: i32 = 1;
+
+/// Creates (or checks) the `lokadb` schema in the organization's database: it must be
+/// this organization's and of this version.
+fn org_schema(c: &mut postgres::Client, org: &str) -> Result<(), AdminError> {
+    let exists: bool = c
+        .query_one("SELECT to_regclass('lokadb.info') IS NOT NULL", &[])?
+        .get(0);
+    if exists {
+        let r = c.query_opt("SELECT org, version FROM lokadb.info", &[])?;
+        if let Some(r) = r {
+            let (o, v): (String, i32) = (r.get(0), r.get(1));
+            if o != org {
+                return Err(AdminError::usage(format!(
+                    "the database registered for organization {org} belongs to organization {o} (its lokadb.info says so); nothing was changed"
+                )));
+            }
+            if v != ORG_SCHEMA_VERSION {
+                return Err(AdminError::usage(format!(
+                    "organization {org}'s database has LokaDB schema version {v}; this lokadb writes version {ORG_SCHEMA_VERSION}. Upgrade lokadb (or the database) first; nothing was changed"
+                )));
+            }
+            return Ok(());
+        }
+    }
+    c.batch_execute(include_str!("../sql/org_schema.sql"))?;
+    c.execute(
+        "INSERT INTO lokadb.info (org, version) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        &[&org, &ORG_SCHEMA_VERSION],
+    )?;
+    Ok(())
+}
+
+impl Move {
+    fn set_step(&mut self, step: &str) -> Result<(), AdminError> {
+        self.cloud.execute(
+            "UPDATE lokadb.moves SET step = $2, updated_at = now() WHERE org = $1",
+            &[&self.org.id, &step],
+        )?;
+        self.journal.step = step.to_owned();
+        Ok(())
+    }
+
+    fn progress(&mut self, line: &str) {
+        let _ = self.cloud.execute(
+            "UPDATE lokadb.moves SET progress = $2, updated_at = now() WHERE org = $1",
+            &[&self.org.id, &line],
+        );
+    }
+
+    fn say(&mut self, line: String) {
+        eprintln!("lokadb: {line}");
+        self.report.push(line);
+    }
+
+    /// Connects another session to the cloud.
+    fn cloud_session(&self) -> Result<postgres::Client, AdminError> {
+        let mut c = connect(&self.dsn)?;
+        session_settings(&mut c)?;
+        Ok(c)
+    }
+
+    fn org_session(&self) -> Result<postgres::Client, AdminError> {
+        connect_org(&self.org_dsn, &self.org.id)
+    }
+}
+
+/// `lokadb move-org ORG` (and `--abort`): returns the report.
+///
+/// # Errors
+///
+/// Bad input (usage: nothing changed) or a failure (what was done is in the journal; a
+/// rerun resumes, `--abort` rolls back).
+pub fn move_org(dsn: &str, opts: &MoveOptions) -> Result<String, AdminError> {
+    run(dsn, opts, Direction::Out)
+}
+
+/// `lokadb move-back ORG` (and `--abort`).
+///
+/// # Errors
+///
+/// As [`move_org`].
+pub fn move_back(dsn: &str, opts: &MoveOptions) -> Result<String, AdminError> {
+    run(dsn, opts, Direction::Back)
+}
+
+fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, AdminError> {
+    crate::admin::org::check_id(&opts.org)?;
+    if let Some(p) = &opts.profile {
+        if !matches!(p.as_str(), "fdw" | "fdw+direct") {
+            return Err(AdminError::usage(format!(
+                "--profile must be fdw or fdw+direct, got {p:?}"
+            )));
+        }
+    }
+    if opts.jobs == 0 || opts.jobs > 64 {
+        return Err(AdminError::usage("--jobs must be between 1 and 64"));
+    }
+    let mut cloud = connect(dsn)?;
+    require_current(&mut cloud)?;
+    session_settings(&mut cloud)?;
+    let org = read_org(&mut cloud, &opts.org)?;
+    move_lock(&mut cloud, &org.id)?;
+    let journal = read_journal(&mut cloud, &org.id)?;
+    let started = Instant::now();
+    let (journal, resumed) = match journal {
+        Some(j) => {
+            if j.direction != direction.as_str() {
+                let other = if j.direction == "out" {
+                    Direction::Out
+                } else {
+                    Direction::Back
+                };
+                return Err(AdminError::usage(format!(
+                    "a {} of organization {} is in progress (step {}): run lokadb {} {} to finish it, or add --abort to roll it back",
+                    other.command(),
+                    org.id,
+                    j.step,
+                    other.command(),
+                    org.id
+                )));
+            }
+            if !opts.abort && opts.mode != j.mode && opts.mode != Mode::Trigger {
+                return Err(AdminError::usage(format!(
+                    "the interrupted move of {} runs in {} mode; rerun it without --mode {}",
+                    org.id,
+                    j.mode.as_str(),
+                    opts.mode.as_str()
+                )));
+            }
+            (j, true)
+        }
+        None => {
+            if opts.abort {
+                return Err(AdminError::usage(format!(
+                    "no {} of organization {} is in progress; nothing to abort",
+                    direction.command(),
+                    org.id
+                )));
+            }
+            (start(&mut cloud, &org, opts, direction, dsn)?, false)
+        }
+    };
+    let org_dsn = match &opts.org_dsn {
+        Some(d) => d.clone(),
+        None => org_dsn(&mut cloud, &org)?,
+    };
+    let tables = layout::tables(&mut cloud, &org.id)?;
+    let mut m = Move {
+        dsn: dsn.to_owned(),
+        org_dsn,
+        cloud,
+        org,
+        tables,
+        opts: opts.clone(),
+        journal,
+        direction,
+        report: Vec::new(),
+        pause: None,
+    };
+    if opts.abort {
+        abort(&mut m)?;
+        return Ok(format!("{} of {} rolled back", direction.command(), m.org.id));
+    }
+    if resumed {
+        let (step, mode) = (m.journal.step.clone(), m.journal.mode);
+        m.say(format!(
+            "resuming the {} of {} ({} mode) at step {step}",
+            direction.command(),
+            m.org.id,
+            mode.as_str()
+        ));
+    }
+    match direction {
+        Direction::Out => out(&mut m)?,
+        Direction::Back => back(&mut m)?,
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok(format!(
+        "{} of {} done in {secs:.1} s{}; verified",
+        direction.command(),
+        m.org.id,
+        m.pause
+            .map(|p| format!(", writes paused {:.0} ms at the switch", p * 1e3))
+            .unwrap_or_default()
+    ))
+}
+
+/// Checks a new move and writes its journal row (and the organization's state).
+fn start(
+    cloud: &mut postgres::Client,
+    org: &Org,
+    opts: &MoveOptions,
+    direction: Direction,
+    dsn: &str,
+) -> Result<Journal, AdminError> {
+    let (want, next) = match direction {
+        Direction::Out => ("cloud", "moving"),
+        Direction::Back => ("moved", "returning"),
+    };
+    if org.state != want {
+        let why = match (direction, org.state.as_str()) {
+            (Direction::Out, "moved") => format!("organization {} is already moved (lokadb move-back {} returns it)", org.id, org.id),
+            (Direction::Back, "cloud") => format!("organization {} is in the cloud: there is nothing to move back", org.id),
+            (_, s) => format!("organization {} is {s}; a {} needs it {want}", org.id, direction.command()),
+        };
+        return Err(AdminError::usage(format!("{why}; nothing was changed")));
+    }
+    if direction == Direction::Back && opts.mode == Mode::Logical {
+        return Err(AdminError::usage(
+            "move-back runs in trigger mode (logical mode would need a publication in the organization's database); drop --mode logical",
+        ));
+    }
+    let tables = layout::tables(cloud, &org.id)?;
+    let dsn_org = match &opts.org_dsn {
+        Some(d) => d.clone(),
+        None => org_dsn(cloud, org)?,
+    };
+    let mut oc = connect_org(&dsn_org, &org.id)?;
+    match direction {
+        Direction::Out => {
+            for t in &tables {
+                let exists: bool = oc
+                    .query_one("SELECT to_regclass($1) IS NOT NULL", &[&t.org_table()])?
+                    .get(0);
+                if exists {
+                    return Err(AdminError::usage(format!(
+                        "organization {}'s database already has a table {}: move-org creates it; drop or rename it there first. Nothing was changed",
+                        org.id,
+                        t.display()
+                    )));
+                }
+            }
+            if opts.mode == Mode::Logical {
+                logical::preflight(cloud, &mut oc, dsn, opts)?;
+            }
+        }
+        Direction::Back => {
+            for t in &tables {
+                if layout::place(cloud, t)? != Place::Foreign {
+                    return Err(AdminError::failed(format!(
+                        "{}: organization {}'s partition is not its foreign table; lokadb verify {} shows where its rows are",
+                        t.display(),
+                        org.id,
+                        org.id
+                    )));
+                }
+            }
+        }
+    }
+    org_schema(&mut oc, &org.id)?;
+    let split_needed = direction == Direction::Out
+        && tables
+            .iter()
+            .map(|t| layout::place(cloud, t))
+            .collect::<Result<Vec<_>, _>>()?
+            .contains(&Place::Default);
+    let step = if split_needed { "split" } else { "prepare" };
+    let profile = opts.profile.clone().unwrap_or_else(|| org.profile.clone());
+    let mut tx = cloud.transaction()?;
+    tx.execute(
+        "INSERT INTO lokadb.moves (org, direction, mode, profile, from_state, step)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        &[
+            &org.id,
+            &direction.as_str(),
+            &opts.mode.as_str(),
+            &profile,
+            &org.state,
+            &step,
+        ],
+    )?;
+    tx.execute(
+        "UPDATE lokadb.org SET state = $2 WHERE id = $1",
+        &[&org.id, &next],
+    )?;
+    tx.commit()?;
+    Ok(Journal {
+        direction: direction.as_str().to_owned(),
+        mode: opts.mode,
+        profile,
+        from_state: org.state.clone(),
+        step: step.to_owned(),
+        copied: Vec::new(),
+    })
+}
+
+/// move-org from wherever the journal stands.
+fn out(m: &mut Move) -> Result<(), AdminError> {
+    if m.journal.step == "split" {
+        split::run(m)?;
+        m.set_step("prepare")?;
+        failpoint("after-split");
+    }
+    if m.journal.step == "prepare" {
+        prepare_out(m)?;
+        m.set_step("copy")?;
+        failpoint("after-prepare");
+    }
+    let logical = m.journal.mode == Mode::Logical;
+    if m.journal.step == "copy" {
+        if logical {
+            logical::wait_copied(m)?;
+        } else {
+            copy_out(m)?;
+        }
+        m.set_step("catchup")?;
+    }
+    if m.journal.step == "catchup" {
+        if logical {
+            logical::wait_caught_up(m)?;
+        } else {
+            catch_up(m, Direction::Out)?;
+        }
+        failpoint("catchup");
+        let snap = switch::switch(m)?;
+        failpoint("after-switch");
+        switch::finish_with(m, Some(snap))?;
+    } else if m.journal.step == "verify" {
+        switch::finish(m)?;
+    }
+    Ok(())
+}
+
+/// move-back from wherever the journal stands.
+fn back(m: &mut Move) -> Result<(), AdminError> {
+    if m.journal.step == "prepare" {
+        prepare_back(m)?;
+        m.set_step("copy")?;
+        failpoint("after-prepare");
+    }
+    if m.journal.step == "copy" {
+        copy_back(m)?;
+        m.set_step("catchup")?;
+    }
+    if m.journal.step == "catchup" {
+        catch_up(m, Direction::Back)?;
+        failpoint("catchup");
+        let snap = switch::switch(m)?;
+        failpoint("after-switch");
+        switch::finish_with(m, Some(snap))?;
+    } else if m.journal.step == "verify" {
+        switch::finish(m)?;
+    }
+    Ok(())
+}
+
+/// The organization's tables in its database (created again: nothing was copied yet),
+/// the foreign tables in the cloud, and the change capture on the cloud partitions.
+fn prepare_out(m: &mut Move) -> Result<(), AdminError> {
+    let mut oc = m.org_session()?;
+    let mut tx = oc.transaction()?;
+    for t in &m.tables {
+        tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", t.org_table()))?;
+        for s in t.org_ddl() {
+            tx.batch_execute(&s).map_err(|e| {
+                AdminError::failed(format!(
+                    "creating {} in organization {}'s database: {}\nstatement: {s}",
+                    t.display(),
+                    m.org.id,
+                    describe(&e)
+                ))
+            })?;
+        }
+    }
+    tx.commit()?;
+    let server = m.org.server.clone();
+    let tables = m.tables.clone();
+    let mut tx = m.cloud.transaction()?;
+    for t in &tables {
+        tx.batch_execute(&format!("DROP FOREIGN TABLE IF EXISTS {}", t.foreign_part()))?;
+        for s in t.foreign_ddl(&server) {
+            tx.batch_execute(&s)?;
+        }
+    }
+    tx.commit()?;
+    match m.journal.mode {
+        Mode::Trigger => {
+            for t in &tables {
+                let part = t.cloud_part();
+                if capture::installed(&mut m.cloud, t, &part)? {
+                    continue;
+                }
+                let sql = capture::install_sql(t, &part, false);
+                crate::admin::fkeys::with_lock_retry(
+                    &mut m.cloud,
+                    &format!("starting change capture on {}", t.display()),
+                    |tx| crate::admin::fkeys::run_all(tx, &sql),
+                )?;
+            }
+        }
+        Mode::Logical => logical::start(m)?,
+    }
+    let n = tables.len();
+    m.say(format!(
+        "prepared {n} tables in organization {}'s database",
+        m.org.id
+    ));
+    Ok(())
+}
+
+fn copy_out(m: &mut Move) -> Result<(), AdminError> {
+    let mut jobs = Vec::new();
+    for t in &m.tables {
+        if m.journal.copied.contains(&t.display()) {
+            continue;
+        }
+        let estimate: i64 = m
+            .cloud
+            .query_one("SELECT coalesce(pg_table_size(to_regclass($1)), 0)", &[&t.cloud_part()])?
+            .get(0);
+        jobs.push(copy::Job {
+            out_sql: format!(
+                "COPY (SELECT {} FROM {} s) TO STDOUT",
+                t.cols_of("s"),
+                t.cloud_part()
+            ),
+            dest: t.org_table(),
+            estimate: estimate.unsigned_abs(),
+            table: t.clone(),
+        });
+    }
+    run_copy(m, &m.dsn.clone(), &m.org_dsn.clone(), jobs)
+}
+
+fn run_copy(m: &mut Move, src: &str, dst: &str, jobs: Vec<copy::Job>) -> Result<(), AdminError> {
+    let mut journal = m.cloud_session()?;
+    let org = m.org.id.clone();
+    let mut lines = Vec::new();
+    copy::run(src, dst, jobs, m.opts.jobs, |d, progress| {
+        journal.execute(
+            "UPDATE lokadb.moves SET copied = array_append(copied, $2), progress = $3, updated_at = now() WHERE org = $1",
+            &[&org, &d.table, &progress],
+        )?;
+        lines.push(format!(
+            "copied {}: {} rows, {:.1} MB in {:.1} s",
+            d.table,
+            d.rows,
+            d.bytes as f64 / 1e6,
+            d.seconds
+        ));
+        failpoint("after-copy-table");
+        Ok(())
+    })?;
+    m.report.extend(lines);
+    Ok(())
+}
+
+/// Catch-up rounds until the backlog is small enough to finish under the switch's lock.
+fn catch_up(m: &mut Move, direction: Direction) -> Result<(), AdminError> {
+    let (mut src, mut dst) = match direction {
+        Direction::Out => (m.cloud_session()?, m.org_session()?),
+        Direction::Back => (m.org_session()?, m.cloud_session()?),
+    };
+    let tables = m.tables.clone();
+    let mut cu = capture::CatchUp::new();
+    let mut lag = capture::LagReport::new(Duration::from_secs(5));
+    let started = Instant::now();
+    let mut applied = 0u64;
+    loop {
+        let t0 = Instant::now();
+        let r = cu.round(
+            &tables,
+            &mut src,
+            &|t| source_rel(t, direction),
+            &mut dst,
+            &|t| dest_rel(t, direction),
+        )?;
+        applied += r.records;
+        let line = format!(
+            "catch-up: {} records applied, {} waiting, last round {} records in {} ms",
+            applied,
+            r.backlog.saturating_sub(r.records),
+            r.records,
+            t0.elapsed().as_millis()
+        );
+        lag.maybe(|| line.clone());
+        if r.backlog.saturating_sub(r.records) < switch::SWITCH_BACKLOG {
+            m.progress(&line);
+            m.say(format!(
+                "catch-up done: {applied} records in {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+            return Ok(());
+        }
+        failpoint("in-catchup");
+    }
+}
+
+/// The relation the organization's rows are read from, before the switch.
+pub fn source_rel(t: &MoveTable, direction: Direction) -> (String, bool) {
+    match direction {
+        Direction::Out => (t.cloud_part(), false),
+        Direction::Back => (t.org_table(), false),
+    }
+}
+
+/// The relation they are written to.
+pub fn dest_rel(t: &MoveTable, direction: Direction) -> String {
+    match direction {
+        Direction::Out => t.org_table(),
+        Direction::Back => t.cloud_part(),
+    }
+}
+
+/// move-back: the cloud partitions (standalone until the switch), change capture in the
+/// organization's database.
+fn prepare_back(m: &mut Move) -> Result<(), AdminError> {
+    let tables = m.tables.clone();
+    let mut tx = m.cloud.transaction()?;
+    for t in &tables {
+        tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", t.cloud_part()))?;
+        for s in t.cloud_part_ddl() {
+            tx.batch_execute(&s)?;
+        }
+    }
+    tx.commit()?;
+    let mut oc = m.org_session()?;
+    org_schema(&mut oc, &m.org.id)?;
+    for t in &tables {
+        let table = t.org_table();
+        if capture::installed(&mut oc, t, &table)? {
+            continue;
+        }
+        let mut tx = oc.transaction()?;
+        for s in capture::install_sql(t, &table, false) {
+            tx.batch_execute(&s)?;
+        }
+        tx.commit()?;
+    }
+    m.say(format!(
+        "prepared {} cloud partitions for organization {}",
+        tables.len(),
+        m.org.id
+    ));
+    Ok(())
+}
+
+fn copy_back(m: &mut Move) -> Result<(), AdminError> {
+    let mut oc = m.org_session()?;
+    let mut jobs = Vec::new();
+    for t in &m.tables {
+        if m.journal.copied.contains(&t.display()) {
+            continue;
+        }
+        let estimate: i64 = oc
+            .query_one("SELECT coalesce(pg_table_size(to_regclass($1)), 0)", &[&t.org_table()])?
+            .get(0);
+        jobs.push(copy::Job {
+            out_sql: format!(
+                "COPY (SELECT {} FROM {} s) TO STDOUT",
+                t.cols_of("s"),
+                t.org_table()
+            ),
+            dest: t.cloud_part(),
+            estimate: estimate.unsigned_abs(),
+            table: t.clone(),
+        });
+    }
+    run_copy(m, &m.org_dsn.clone(), &m.dsn.clone(), jobs)
+}
+
+/// `--abort`: rolls back a move that has not switched.
+fn abort(m: &mut Move) -> Result<(), AdminError> {
+    if m.journal.step == "verify" {
+        let id = m.org.id.clone();
+        return Err(AdminError::usage(format!(
+            "the {} of {id} has already switched; it cannot be aborted. Run lokadb {} {id} to finish it{}",
+            m.direction.command(),
+            m.direction.command(),
+            if m.direction == Direction::Out {
+                format!(" (then lokadb move-back {id} returns it)")
+            } else {
+                String::new()
+            }
+        )));
+    }
+    let tables = m.tables.clone();
+    if m.journal.mode == Mode::Logical {
+        logical::stop(m)?;
+    }
+    // What lives in the organization's database (it may be unreachable: then say so and
+    // stop before changing the cloud, so a later --abort can finish).
+    let mut oc = m.org_session()?;
+    match m.direction {
+        Direction::Out => {
+            for t in &tables {
+                oc.batch_execute(&format!("DROP TABLE IF EXISTS {}", t.org_table()))?;
+            }
+        }
+        Direction::Back => {
+            for t in &tables {
+                let table = t.org_table();
+                let mut tx = oc.transaction()?;
+                for s in capture::remove_sql(t, &table) {
+                    tx.batch_execute(&s)?;
+                }
+                tx.commit()?;
+            }
+        }
+    }
+    for t in &tables {
+        let place = layout::place(&mut m.cloud, t)?;
+        let mut sql = Vec::new();
+        match m.direction {
+            Direction::Out => {
+                if place == Place::Default {
+                    // An unfinished split: its capture on DEFAULT and its tables.
+                    sql.extend(capture::remove_sql(t, &t.default()));
+                    sql.push(format!("DROP TABLE IF EXISTS {} CASCADE", t.own()));
+                } else {
+                    sql.extend(capture::remove_sql(t, &t.cloud_part()));
+                }
+                sql.push(format!("DROP FOREIGN TABLE IF EXISTS {}", t.foreign_part()));
+            }
+            Direction::Back => {
+                sql.push(format!("DROP TABLE IF EXISTS {}", t.cloud_part()));
+            }
+        }
+        crate::admin::fkeys::with_lock_retry(
+            &mut m.cloud,
+            &format!("rolling back {}", t.display()),
+            |tx| crate::admin::fkeys::run_all(tx, &sql),
+        )?;
+    }
+    let mut tx = m.cloud.transaction()?;
+    tx.execute(
+        "UPDATE lokadb.org SET state = $2 WHERE id = $1",
+        &[&m.org.id, &m.journal.from_state],
+    )?;
+    tx.execute("DELETE FROM lokadb.moves WHERE org = $1", &[&m.org.id])?;
+    tx.commit()?;
+    let (cmd, id, st) = (
+        m.direction.command(),
+        m.org.id.clone(),
+        m.journal.from_state.clone(),
+    );
+    m.say(format!(
+        "{cmd} of {id} rolled back: its rows stay where they were, state {st}"
+    ));
+    Ok(())
+}
+
+/// `lokadb verify ORG`: where the organization's rows are, and that nothing of another
+/// organization is among them. Rows are counted on both paths (through the cloud and
+/// directly) for a moved organization.
+///
+/// # Errors
+///
+/// Unknown organization (usage), a failed query, or a failed check.
+pub fn verify_org(dsn: &str, org_id: &str, org_dsn_opt: Option<&str>) -> Result<String, AdminError> {
+    let mut cloud = connect(dsn)?;
+    require_current(&mut cloud)?;
+    session_settings(&mut cloud)?;
+    let org = read_org(&mut cloud, org_id)?;
+    let tables = layout::tables(&mut cloud, org_id)?;
+    let mut oc = None;
+    let mut out = Vec::new();
+    let mut ok = true;
+    for t in &tables {
+        let place = layout::place(&mut cloud, t)?;
+        let in_default = verify::left_in_default(&mut cloud, t)?;
+        let (line, good) = match place {
+            Place::Default => {
+                let s = verify::sum(&mut cloud, t, &format!("ONLY {}", t.default()))?;
+                (
+                    format!(
+                        "{:<28} {:>10} rows  in the cloud (DEFAULT partition)",
+                        t.display(),
+                        s.rows
+                    ),
+                    true,
+                )
+            }
+            Place::Cloud => {
+                let s = verify::sum(&mut cloud, t, &t.cloud_part())?;
+                let good = s.foreign_rows == 0 && in_default == 0;
+                (
+                    format!(
+                        "{:<28} {:>10} rows  in the cloud (own partition){}",
+                        t.display(),
+                        s.rows,
+                        if in_default > 0 {
+                            format!(", {in_default} rows still in DEFAULT!")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    good,
+                )
+            }
+            Place::Foreign => {
+                if oc.is_none() {
+                    let d = match org_dsn_opt {
+                        Some(d) => d.to_owned(),
+                        None => org_dsn(&mut cloud, &org)?,
+                    };
+                    oc = Some(connect_org(&d, org_id)?);
+                }
+                let c = oc.as_mut().expect("connected above");
+                let direct = verify::sum(c, t, &t.org_table())?;
+                let through: i64 = cloud
+                    .query_one(
+                        &format!(
+                            "SELECT count(*) FROM {} s WHERE {}",
+                            t.parent(),
+                            t.org_filter("s")
+                        ),
+                        &[],
+                    )?
+                    .get(0);
+                let good = direct.foreign_rows == 0 && in_default == 0 && through == direct.rows;
+                let mut line = format!(
+                    "{:<28} {:>10} rows  in its database",
+                    t.display(),
+                    direct.rows
+                );
+                if through != direct.rows {
+                    line.push_str(&format!(
+                        ", {through} through the cloud (writes in between?)"
+                    ));
+                }
+                if direct.foreign_rows != 0 {
+                    line.push_str(&format!(
+                        ", {} rows of other organizations!",
+                        direct.foreign_rows
+                    ));
+                }
+                if in_default != 0 {
+                    line.push_str(&format!(", {in_default} rows still in the cloud!"));
+                }
+                (line, good)
+            }
+        };
+        ok &= good;
+        out.push(line);
+    }
+    let summary = format!(
+        "organization {} ({}): {}",
+        org.id,
+        org.state,
+        if ok { "verified" } else { "VERIFICATION FAILED" }
+    );
+    out.push(summary);
+    let text = out.join("\n") + "\n";
+    if ok {
+        Ok(text)
+    } else {
+        Err(AdminError::failed(text))
+    }
+}

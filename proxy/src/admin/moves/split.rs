@@ -1,0 +1,243 @@
+//! The first move of an organization: giving it a partition of its own out of DEFAULT.
+//!
+//! Its rows are copied (inside the cloud) into `<table>__lokadb_<org>_c`, under the
+//! organization's own partitioned table, while it keeps working; triggers on the DEFAULT
+//! partition record what it writes meanwhile, and catch-up rounds apply it. Then its
+//! writes pause (`lokadb.write_gate`) and, in one transaction, its rows are deleted from
+//! DEFAULT and its table attached (the CHECK on the partition spares a scan of it; the
+//! DEFAULT partition is scanned once, as Postgres requires, under its lock). Writers that
+//! wait at the pause hold a lock on DEFAULT the attach needs: they are told to retry
+//! (40001) — only those waiting at that moment.
+
+use super::capture::{self, CatchUp};
+use super::layout::{self, MoveTable, Place};
+use super::{failpoint, Move};
+use crate::admin::db::{describe, AdminError};
+use crate::admin::fkeys::{run_all, with_lock_retry};
+use std::time::{Duration, Instant};
+
+/// How long the split waits for the organization's writes in flight before pausing.
+pub const PAUSE_WAIT: &str = "10s";
+/// Attempts at the attach (each waits up to 2 s for the DEFAULT partition's lock).
+pub const ATTACH_ATTEMPTS: u32 = 5;
+
+/// Runs the split of every table whose organization rows are still in DEFAULT.
+///
+/// # Errors
+///
+/// A failure; a rerun starts the split's copy again.
+pub fn run(m: &mut Move) -> Result<(), AdminError> {
+    let mut todo = Vec::new();
+    for t in &m.tables {
+        if layout::place(&mut m.cloud, t)? == Place::Default {
+            todo.push(t.clone());
+        }
+    }
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let started = Instant::now();
+    for t in &todo {
+        // A split cut short left an unattached table: start its copy again.
+        let own = t.own();
+        let mut sql = vec![format!("DROP TABLE IF EXISTS {own} CASCADE"), t.own_ddl()];
+        sql.extend(t.cloud_part_ddl());
+        sql.push(format!(
+            "ALTER TABLE {own} ATTACH PARTITION {} FOR VALUES IN ({})",
+            t.cloud_part(),
+            t.org_literal
+        ));
+        let mut tx = m.cloud.transaction()?;
+        for s in &sql {
+            tx.batch_execute(s).map_err(|e| {
+                AdminError::failed(format!(
+                    "creating {}'s partition of {}: {}\nstatement: {s}",
+                    m.org.id,
+                    t.display(),
+                    describe(&e)
+                ))
+            })?;
+        }
+        tx.commit()?;
+        let default = t.default();
+        if !capture::installed(&mut m.cloud, t, &default)? {
+            let sql = capture::install_sql(t, &default, true);
+            with_lock_retry(
+                &mut m.cloud,
+                &format!("starting change capture on {default}"),
+                |tx| run_all(tx, &sql),
+            )?;
+        }
+        let n = m.cloud.execute(
+            &format!(
+                "INSERT INTO {own} ({cols}) SELECT {scols} FROM ONLY {default} s WHERE {filter}",
+                cols = t.cols(),
+                scols = t.cols_of("s"),
+                filter = t.org_filter("s")
+            ),
+            &[],
+        )?;
+        let line = format!(
+            "split {}: {n} rows copied to {}",
+            t.display(),
+            t.cloud_part_name()
+        );
+        m.say(line);
+        failpoint("split-copy");
+    }
+    let mut src = m.cloud_session()?;
+    let mut dst = m.cloud_session()?;
+    let mut cu = CatchUp::new();
+    let source = |t: &MoveTable| (t.default(), true);
+    let dest = |t: &MoveTable| t.cloud_part();
+    loop {
+        let r = cu.round(&todo, &mut src, &source, &mut dst, &dest)?;
+        if r.backlog.saturating_sub(r.records) < super::switch::SWITCH_BACKLOG {
+            break;
+        }
+    }
+    switch(m, &todo, &mut cu, &mut src, &mut dst)?;
+    m.say(format!(
+        "split of {} out of DEFAULT done in {:.1} s",
+        m.org.id,
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+fn switch(
+    m: &mut Move,
+    todo: &[MoveTable],
+    cu: &mut CatchUp,
+    src: &mut postgres::Client,
+    dst: &mut postgres::Client,
+) -> Result<(), AdminError> {
+    let org = m.org.id.clone();
+    m.cloud
+        .batch_execute(&format!("SET lock_timeout = '{PAUSE_WAIT}'"))
+        .map_err(AdminError::from)?;
+    if let Err(e) = m.cloud.execute(
+        "SELECT pg_advisory_lock(lokadb.pause_key($1))",
+        &[&org],
+    ) {
+        let _ = m.cloud.batch_execute("RESET lock_timeout");
+        return Err(AdminError::failed(format!(
+            "could not pause {org} for the split: {} (a transaction writing its rows ran longer than {PAUSE_WAIT}?); nothing changed, run the command again",
+            describe(&e)
+        )));
+    }
+    m.cloud.batch_execute("RESET lock_timeout")?;
+    let paused = Instant::now();
+    let result = (|| {
+        m.cloud.execute(
+            "INSERT INTO lokadb.pause (org, holder_pid, reason, timeout)
+             VALUES ($1, pg_backend_pid(), 'move-org: split out of DEFAULT', interval '30 seconds')
+             ON CONFLICT (org) DO UPDATE SET holder_pid = excluded.holder_pid,
+               reason = excluded.reason, timeout = excluded.timeout, since = now()",
+            &[&org],
+        )?;
+        let source = |t: &MoveTable| (t.default(), true);
+        let dest = |t: &MoveTable| t.cloud_part();
+        cu.drain(todo, src, &source, dst, &dest)?;
+        for attempt in 1..=ATTACH_ATTEMPTS {
+            match attach(m, todo) {
+                Ok(()) => return Ok(()),
+                Err(Retry::Lock) if attempt < ATTACH_ATTEMPTS => {
+                    m.cloud.execute("SELECT pg_advisory_unlock(lokadb.evict_key($1))", &[&org])?;
+                    eprintln!(
+                        "lokadb: split of {org}: the DEFAULT partition's lock was not granted in 2 s (attempt {attempt} of {ATTACH_ATTEMPTS}), retrying"
+                    );
+                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
+                }
+                Err(Retry::Lock) => {
+                    return Err(AdminError::failed(format!(
+                        "split of {org}: the DEFAULT partition's lock was not granted in {ATTACH_ATTEMPTS} attempts (long transactions on it?); nothing changed, run the command again"
+                    )))
+                }
+                Err(Retry::Fail(e)) => return Err(e),
+            }
+        }
+        unreachable!("the last attempt returns")
+    })();
+    // Ends the pause (and any eviction left by a failed attempt); the move's own lock stays.
+    let unpause = m.cloud.batch_execute(&format!(
+        "SELECT pg_advisory_unlock(lokadb.pause_key({o}));
+         SELECT pg_advisory_unlock(lokadb.evict_key({o}));
+         DELETE FROM lokadb.pause WHERE org = {o} AND holder_pid = pg_backend_pid()",
+        o = crate::admin::db::literal(&org)
+    ));
+    result?;
+    unpause?;
+    let ms = paused.elapsed().as_millis();
+    m.say(format!(
+        "split of {org}: its writes paused {ms} ms (the DELETE from DEFAULT and the attach)"
+    ));
+    Ok(())
+}
+
+enum Retry {
+    Lock,
+    Fail(AdminError),
+}
+
+/// The split's transaction: delete from DEFAULT, attach, record references.
+fn attach(m: &mut Move, todo: &[MoveTable]) -> Result<(), Retry> {
+    let org = m.org.id.clone();
+    let fail = |e: postgres::Error| {
+        if e.as_db_error()
+            .is_some_and(|d| matches!(d.code().code(), "55P03" | "40P01"))
+        {
+            Retry::Lock
+        } else {
+            Retry::Fail(AdminError::failed(format!(
+                "split of {org} failed and was rolled back: {}",
+                describe(&e)
+            )))
+        }
+    };
+    let mut tx = m.cloud.transaction().map_err(fail)?;
+    // Replica role: the DELETE fires no trigger (the key maps keep the organization's
+    // keys, the capture records nothing).
+    tx.batch_execute("SET LOCAL lock_timeout = '2s'; SET LOCAL session_replication_role = replica")
+        .map_err(fail)?;
+    for t in todo {
+        tx.execute(
+            &format!(
+                "DELETE FROM ONLY {} s WHERE {}",
+                t.default(),
+                t.org_filter("s")
+            ),
+            &[],
+        )
+        .map_err(fail)?;
+    }
+    // From here writers waiting at the pause are told to retry: they hold DEFAULT.
+    tx.execute("SELECT pg_advisory_lock(lokadb.evict_key($1))", &[&org])
+        .map_err(fail)?;
+    for t in todo {
+        let mut sql = vec![format!(
+            "ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})",
+            t.parent(),
+            t.own(),
+            t.org_literal
+        )];
+        sql.extend(capture::remove_sql(t, &t.default()));
+        sql.push(format!(
+            "SELECT lokadb.refs_fill({}::regclass, {})",
+            crate::admin::db::literal(&t.cloud_part()),
+            t.org_literal
+        ));
+        for s in &sql {
+            tx.batch_execute(s).map_err(fail)?;
+        }
+    }
+    tx.execute(
+        "UPDATE lokadb.moves SET step = 'prepare', updated_at = now() WHERE org = $1",
+        &[&org],
+    )
+    .map_err(fail)?;
+    failpoint("split-switch");
+    tx.commit().map_err(fail)?;
+    m.journal.step = "prepare".to_owned();
+    Ok(())
+}

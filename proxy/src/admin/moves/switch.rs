@@ -1,0 +1,300 @@
+//! The switch and what follows it.
+//!
+//! The switch is one cloud transaction: lock the organization's own partitioned tables
+//! (EXCLUSIVE: its writes wait, its reads go on; nobody else takes these locks), apply the
+//! last changes, fix a snapshot of the destination for the verification, detach the old
+//! partition, attach the new one, record the new state. The time from the lock to the
+//! commit is the pause. After it the old side is frozen (detached), so the verification
+//! compares it with the snapshot while the organization works.
+
+use super::capture::CatchUp;
+use super::layout::MoveTable;
+use super::verify;
+use super::{dest_rel, failpoint, logical, source_rel, Direction, Mode, Move};
+use crate::admin::db::{describe, AdminError};
+use std::time::{Duration, Instant};
+
+/// The catch-up stops and the switch begins when fewer records than this are waiting.
+pub const SWITCH_BACKLOG: u64 = 2_000;
+/// Attempts at the switch's lock (each waits up to [`LOCK_WAIT`]).
+pub const LOCK_ATTEMPTS: u32 = 10;
+pub const LOCK_WAIT: &str = "1s";
+
+/// Switches the organization to the destination. On return the journal says `verify`;
+/// the connection returned holds the destination's snapshot for [`finish_with`].
+///
+/// # Errors
+///
+/// A failure before the commit leaves everything as it was (a rerun switches again).
+pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
+    let direction = m.direction;
+    let tables = m.tables.clone();
+    let logical = m.journal.mode == Mode::Logical && direction == Direction::Out;
+    let (mut src, mut dst) = match direction {
+        Direction::Out => (m.cloud_session()?, m.org_session()?),
+        Direction::Back => (m.org_session()?, m.cloud_session()?),
+    };
+    // The destination's snapshot for the verification, taken under the lock.
+    let mut snap = match direction {
+        Direction::Out => m.org_session()?,
+        Direction::Back => m.cloud_session()?,
+    };
+    let mut marker = if logical {
+        Some(m.cloud_session()?)
+    } else {
+        None
+    };
+    let mut cu = CatchUp::new();
+    let org = m.org.id.clone();
+    let (state, profile) = match direction {
+        Direction::Out => ("moved", m.journal.profile.clone()),
+        Direction::Back => ("cloud", m.journal.profile.clone()),
+    };
+    for attempt in 1..=LOCK_ATTEMPTS {
+        let mut tx = m.cloud.transaction()?;
+        let locked = lock_own(&mut tx, &tables).map_err(|e| {
+            AdminError::failed(format!("switch of {org}: {}", describe(&e)))
+        })?;
+        if !locked {
+            drop(tx);
+            if attempt == LOCK_ATTEMPTS {
+                return Err(AdminError::failed(format!(
+                    "switch of {org}: its tables' lock was not granted within {LOCK_WAIT}, {LOCK_ATTEMPTS} times (a long transaction on its rows?); nothing was switched, run the command again"
+                )));
+            }
+            eprintln!("lokadb: switch of {org}: lock not granted within {LOCK_WAIT} (attempt {attempt}), retrying");
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let paused = Instant::now();
+        let applied = if let Some(mc) = marker.as_mut() {
+            logical::marker(mc, &mut dst, &org)?;
+            0
+        } else {
+            cu.drain(
+                &tables,
+                &mut src,
+                &|t| source_rel(t, direction),
+                &mut dst,
+                &|t| dest_rel(t, direction),
+            )?
+        };
+        let caught_up = paused.elapsed();
+        snap.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")?;
+        snap.query_one("SELECT 1", &[])?;
+        for t in &tables {
+            let (old, new) = match direction {
+                Direction::Out => (t.cloud_part(), t.foreign_part()),
+                Direction::Back => (t.foreign_part(), t.cloud_part()),
+            };
+            tx.batch_execute(&format!(
+                "ALTER TABLE {own} DETACH PARTITION {old};
+                 ALTER TABLE {own} ATTACH PARTITION {new} FOR VALUES IN ({lit})",
+                own = t.own(),
+                lit = t.org_literal
+            ))
+            .map_err(|e| {
+                AdminError::failed(format!(
+                    "switch of {org} ({}): {}; nothing was switched",
+                    t.display(),
+                    describe(&e)
+                ))
+            })?;
+            if direction == Direction::Out && !logical {
+                for s in super::capture::remove_sql(t, &old) {
+                    tx.batch_execute(&s)?;
+                }
+            }
+        }
+        tx.execute(
+            "UPDATE lokadb.org SET state = $2, profile = $3 WHERE id = $1",
+            &[&org, &state, &profile],
+        )?;
+        tx.execute(
+            "UPDATE lokadb.moves SET step = 'verify', updated_at = now() WHERE org = $1",
+            &[&org],
+        )?;
+        failpoint("switch");
+        tx.commit()?;
+        let pause = paused.elapsed();
+        m.journal.step = "verify".to_owned();
+        m.pause = Some(pause.as_secs_f64());
+        m.say(format!(
+            "switched {org} to {}: its writes paused {:.0} ms ({} last records applied in {:.0} ms)",
+            match direction {
+                Direction::Out => "its database",
+                Direction::Back => "the cloud",
+            },
+            pause.as_secs_f64() * 1e3,
+            applied,
+            caught_up.as_secs_f64() * 1e3
+        ));
+        return Ok(snap);
+    }
+    unreachable!("the last attempt returns")
+}
+
+/// Takes the organization's tables' lock in `tx`, a transaction (in the order the tables were enabled,
+/// which is the order writers following foreign keys take them). Returns false when it
+/// was not granted in time or this transaction was a deadlock's victim — this side
+/// notices a deadlock first (its deadlock_timeout is short), so it is the victim, never a
+/// writer of the application.
+///
+/// # Errors
+///
+/// Any other failure.
+pub fn lock_own(
+    tx: &mut impl postgres::GenericClient,
+    tables: &[MoveTable],
+) -> Result<bool, postgres::Error> {
+    tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_WAIT}'"))?;
+    // A superuser setting; without it the order above still avoids most deadlocks.
+    if tx
+        .batch_execute("SAVEPOINT d; SET LOCAL deadlock_timeout = '100ms'; RELEASE d")
+        .is_err()
+    {
+        tx.batch_execute("ROLLBACK TO SAVEPOINT d; RELEASE d")?;
+    }
+    for t in tables {
+        if let Err(e) = tx.batch_execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", t.own())) {
+            if e
+                .as_db_error()
+                .is_some_and(|d| matches!(d.code().code(), "55P03" | "40P01"))
+            {
+                return Ok(false);
+            }
+            return Err(e);
+        }
+    }
+    Ok(true)
+}
+
+/// Verification and clean-up after a switch (a rerun at step `verify` comes here).
+///
+/// # Errors
+///
+/// A failed check (the old copy is kept; the journal stays at `verify`) or a failure.
+pub fn finish(m: &mut Move) -> Result<(), AdminError> {
+    finish_with(m, None)
+}
+
+pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), AdminError> {
+    let direction = m.direction;
+    let tables = m.tables.clone();
+    let org = m.org.id.clone();
+    failpoint("verify");
+    // The destination as of the switch; on a rerun, under the organization's lock (its
+    // writes wait while both sides are summed).
+    let mut lock_tx_client;
+    let (mut dest, locked) = match snap {
+        Some(s) => (s, false),
+        None => {
+            lock_tx_client = m.cloud_session()?;
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                lock_tx_client.batch_execute("BEGIN")?;
+                if lock_own(&mut lock_tx_client, &tables)? {
+                    break;
+                }
+                lock_tx_client.batch_execute("ROLLBACK")?;
+                if attempt == LOCK_ATTEMPTS {
+                    return Err(AdminError::failed(format!(
+                        "verification of {org}: its tables' lock was not granted; run the command again"
+                    )));
+                }
+            }
+            let d = match direction {
+                Direction::Out => m.org_session()?,
+                Direction::Back => m.cloud_session()?,
+            };
+            (d, true)
+        }
+    };
+    let mut old_side = match direction {
+        Direction::Out => m.cloud_session()?,
+        Direction::Back => m.org_session()?,
+    };
+    let mut ok = true;
+    let mut lines = Vec::new();
+    for t in &tables {
+        let (old, new) = match direction {
+            Direction::Out => (t.cloud_part(), t.org_table()),
+            Direction::Back => (t.org_table(), t.cloud_part()),
+        };
+        let a = verify::sum(&mut old_side, t, &old)?;
+        let b = verify::sum(&mut dest, t, &new)?;
+        let in_default = verify::left_in_default(&mut m.cloud, t)?;
+        let (line, good) = verify::compare(t, &a, &b, in_default);
+        ok &= good;
+        lines.push(line);
+    }
+    let _ = dest.batch_execute("COMMIT");
+    if locked {
+        drop(dest);
+    }
+    for l in &lines {
+        m.say(format!("verify {l}"));
+    }
+    if !ok {
+        m.progress("verification failed: the old copy is kept");
+        return Err(AdminError::failed(format!(
+            "verification of {org} FAILED (see above); the old copy is kept ({}), the switch stands; investigate before rerunning",
+            tables
+                .iter()
+                .map(|t| match direction {
+                    Direction::Out => t.cloud_part(),
+                    Direction::Back => format!("{} in its database", t.org_table()),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    cleanup(m, &tables)?;
+    m.cloud
+        .execute("DELETE FROM lokadb.moves WHERE org = $1", &[&org])?;
+    Ok(())
+}
+
+fn cleanup(m: &mut Move, tables: &[MoveTable]) -> Result<(), AdminError> {
+    match m.direction {
+        Direction::Out => {
+            if m.journal.mode == Mode::Logical {
+                logical::stop(m)?;
+            }
+            for t in tables {
+                m.cloud
+                    .batch_execute(&format!("DROP TABLE IF EXISTS {}", t.cloud_part()))?;
+                // Autovacuum does not analyze foreign tables: without statistics the
+                // planner pushes neither aggregates nor LIMIT to the organization.
+                m.cloud
+                    .batch_execute(&format!("ANALYZE {}", t.foreign_part()))?;
+            }
+            let id = m.org.id.clone();
+            m.say(format!(
+                "removed {id}'s rows from the cloud; analyzed its foreign partitions"
+            ));
+        }
+        Direction::Back => {
+            let mut oc = m.org_session()?;
+            for t in tables {
+                let table = t.org_table();
+                let mut tx = oc.transaction()?;
+                for s in super::capture::remove_sql(t, &table) {
+                    tx.batch_execute(&s)?;
+                }
+                tx.batch_execute(&format!("DROP TABLE IF EXISTS {table}"))?;
+                tx.commit()?;
+                m.cloud
+                    .batch_execute(&format!("DROP FOREIGN TABLE IF EXISTS {}", t.foreign_part()))?;
+                m.cloud
+                    .batch_execute(&format!("ANALYZE {}", t.cloud_part()))?;
+            }
+            let id = m.org.id.clone();
+            m.say(format!(
+                "removed {id}'s tables from its database (they are in the cloud again)"
+            ));
+        }
+    }
+    Ok(())
+}

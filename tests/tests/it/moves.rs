@@ -1,0 +1,502 @@
+//! `lokadb move-org`, `move-back`, `verify`, `status` against real clusters: organization 2
+//! moves to its own database behind a real relay and agent (through the latency link
+//! where it matters), while writers of organizations 1 and 2 count what they wrote.
+
+use crate::admin_cli::{lokadb, ok, stderr, stdout};
+use crate::admin_enable::SCHEMA;
+use crate::tunnel_world::{addrs, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB};
+use lokadb_tests::pg::Cluster;
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct World {
+    _certs: Certs,
+    org: Org,
+    _relay: lokadb_tests::proxy::Proxy,
+    agent: Option<lokadb_tests::agent::Agent>,
+    cloud: Cluster,
+    dsn: String,
+}
+
+/// Organization 2's database: empty but for its owner role.
+fn org_db(id: &str, superuser: bool) -> Org {
+    let db = Cluster::builder()
+        .setting("max_connections", "100")
+        .start()
+        .unwrap();
+    db.create_role(APP_USER, APP_PASSWORD).unwrap();
+    db.create_database(ORG_DB, APP_USER).unwrap();
+    if superuser {
+        db.psql("postgres", &format!("ALTER ROLE {APP_USER} SUPERUSER"))
+            .unwrap();
+    }
+    Org {
+        id: id.to_owned(),
+        token: format!("{id}.{:032x}", rand::random::<u128>()),
+        db,
+    }
+}
+
+/// Cloud with the test schema enabled, `extra` rows per organization, organization 2's
+/// database registered behind the relay.
+fn world(extra_rows: i64, logical: bool) -> World {
+    let certs = Certs::new().unwrap();
+    let org = org_db("2", logical);
+    let relay = start_relay(&certs, &[&org], json!({}), &[]).unwrap();
+    let agent = start_agent(&certs, &org, addrs(&relay).agents, &[]).unwrap();
+    let mut b = Cluster::builder().setting("max_connections", "100");
+    if logical {
+        b = b.setting("wal_level", "logical");
+    }
+    let cloud = b.start().unwrap();
+    cloud.create_database("app", "postgres").unwrap();
+    let dsn = cloud.superuser_dsn("app");
+    ok(&lokadb(&dsn, &["init"]));
+    cloud.psql("app", SCHEMA).unwrap();
+    cloud
+        .psql(
+            "app",
+            &format!(
+                "INSERT INTO documents (organization_id, project_id, title)
+                   SELECT 1 + g % 2, 10 * (1 + g % 2), 'bulk ' || g FROM generate_series(1, {extra_rows}) g;
+                 INSERT INTO document_versions (organization_id, document_id, body)
+                   SELECT organization_id, id, repeat('v', 50) FROM documents WHERE title LIKE 'bulk %';"
+            ),
+        )
+        .unwrap();
+    ok(&lokadb(&dsn, &["enable", "documents"]));
+    ok(&lokadb(&dsn, &["enable", "document_versions"]));
+    let via = addrs(&relay).postgres.to_string();
+    ok(&lokadb(
+        &dsn,
+        &[
+            "org", "add", "2", "--via-relay", &via, "--dbname", ORG_DB, "--user", APP_USER,
+            "--password", APP_PASSWORD,
+        ],
+    ));
+    World {
+        _certs: certs,
+        org,
+        _relay: relay,
+        agent: Some(agent),
+        cloud,
+        dsn,
+    }
+}
+
+fn q(c: &Cluster, sql: &str) -> String {
+    c.psql("app", sql).unwrap()
+}
+
+fn org_q(w: &World, sql: &str) -> String {
+    w.org.db.psql(ORG_DB, sql).unwrap()
+}
+
+fn count(c: &Cluster, db: &str, sql: &str) -> i64 {
+    c.psql(db, sql).unwrap().trim().parse().unwrap()
+}
+
+/// What the writers did.
+#[derive(Default, Debug)]
+struct Tally {
+    inserted: [i64; 3],
+    errors: Vec<String>,
+    /// Longest wait of one insert.
+    longest: Duration,
+}
+
+/// Writers inserting documents (and a version each) for organizations 1 and 2, and
+/// updating titles, until `stop`.
+fn writers(
+    dsn: &str,
+    n: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Tally>> {
+    (0..n)
+        .map(|w| {
+            let dsn = dsn.to_owned();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let c = crate::world::connect(&dsn).await.unwrap();
+                    let mut t = Tally::default();
+                    let mut i = 0i64;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let org = 1 + (i + w as i64) % 2;
+                        let started = Instant::now();
+                        let r = async {
+                            c.batch_execute("BEGIN").await?;
+                            let id: i64 = c
+                                .query_one(
+                                    "INSERT INTO documents (organization_id, project_id, title) VALUES ($1, $2, $3) RETURNING id",
+                                    &[&org, &(org * 10), &format!("w{w} {i}")],
+                                )
+                                .await?
+                                .get(0);
+                            c.execute(
+                                "INSERT INTO document_versions (organization_id, document_id, body) VALUES ($1, $2, 'new')",
+                                &[&org, &id],
+                            )
+                            .await?;
+                            c.execute(
+                                "UPDATE documents SET title = title || '!' WHERE organization_id = $1 AND id = $2",
+                                &[&org, &id],
+                            )
+                            .await?;
+                            c.batch_execute("COMMIT").await?;
+                            Ok::<(), tokio_postgres::Error>(())
+                        }
+                        .await;
+                        t.longest = t.longest.max(started.elapsed());
+                        match r {
+                            Ok(()) => t.inserted[org as usize] += 1,
+                            Err(e) => {
+                                let _ = c.batch_execute("ROLLBACK").await;
+                                let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
+                                t.errors.push(format!("org {org}: {code} {e}"));
+                            }
+                        }
+                    }
+                    t
+                })
+            })
+        })
+        .collect()
+}
+
+fn join(handles: Vec<std::thread::JoinHandle<Tally>>) -> Tally {
+    let mut all = Tally::default();
+    for h in handles {
+        let t = h.join().unwrap();
+        for o in 0..3 {
+            all.inserted[o] += t.inserted[o];
+        }
+        all.errors.extend(t.errors);
+        all.longest = all.longest.max(t.longest);
+    }
+    all
+}
+
+/// Organization 2 is entirely in its database, organization 1 entirely in the cloud.
+#[track_caller]
+fn assert_moved(w: &World, docs2: i64, versions2: i64, docs1: i64) {
+    assert_eq!(
+        count(&w.org.db, ORG_DB, "SELECT count(*) FROM documents WHERE organization_id = 2"),
+        docs2
+    );
+    assert_eq!(
+        count(&w.org.db, ORG_DB, "SELECT count(*) FROM document_versions WHERE organization_id = 2"),
+        versions2
+    );
+    assert_eq!(
+        count(&w.org.db, ORG_DB, "SELECT count(*) FROM documents WHERE organization_id <> 2")
+            + count(&w.org.db, ORG_DB, "SELECT count(*) FROM document_versions WHERE organization_id <> 2"),
+        0,
+        "another organization's rows in organization 2's database"
+    );
+    // Nothing of organization 2 stays in the cloud: no row in DEFAULT, no cloud partition.
+    assert_eq!(
+        count(&w.cloud, "app", "SELECT count(*) FROM ONLY documents__lokadb_default WHERE organization_id = 2"),
+        0
+    );
+    assert_eq!(
+        q(&w.cloud, "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_c'"),
+        "0"
+    );
+    // Through the cloud (postgres_fdw), the same rows.
+    assert_eq!(
+        count(&w.cloud, "app", "SELECT count(*) FROM documents WHERE organization_id = 2"),
+        docs2
+    );
+    assert_eq!(
+        count(&w.cloud, "app", "SELECT count(*) FROM documents WHERE organization_id = 1"),
+        docs1
+    );
+    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "moved");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+    // Nothing the move created is left: triggers, records, publications, slots.
+    assert_eq!(
+        q(&w.cloud, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"),
+        "0"
+    );
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM pg_publication"), "0");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM pg_replication_slots"), "0");
+    assert_eq!(org_q(w, "SELECT count(*) FROM pg_subscription"), "0");
+    // The pause is over.
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.pause p WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p.holder_pid)"), "0");
+}
+
+fn counts(w: &World) -> (i64, i64, i64) {
+    (
+        count(&w.cloud, "app", "SELECT count(*) FROM documents WHERE organization_id = 2"),
+        count(&w.cloud, "app", "SELECT count(*) FROM document_versions WHERE organization_id = 2"),
+        count(&w.cloud, "app", "SELECT count(*) FROM documents WHERE organization_id = 1"),
+    )
+}
+
+fn move_under_writers(mode: &str, logical: bool) {
+    let w = world(20_000, logical);
+    let (docs2, versions2, docs1) = counts(&w);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles = writers(&w.dsn, 4, stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    let out = lokadb(&w.dsn, &["move-org", "2", "--mode", mode]);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let tally = join(handles);
+    let report = format!("{}\n{}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("checksum equal"), "{report}");
+    assert!(!report.contains("DIFFERS"), "{report}");
+    assert!(tally.inserted[1] > 0 && tally.inserted[2] > 0, "{tally:?}");
+    // Organization 1 never saw an error; organization 2's writers only the split's
+    // documented retry (40001) for writes waiting at that moment.
+    for e in &tally.errors {
+        assert!(e.starts_with("org 2: 40001"), "{e}\n{report}");
+    }
+    assert!(tally.errors.len() <= 4, "{:?}", tally.errors);
+    assert_moved(
+        &w,
+        docs2 + tally.inserted[2],
+        versions2 + tally.inserted[2],
+        docs1 + tally.inserted[1],
+    );
+    let v = ok(&lokadb(&w.dsn, &["verify", "2"]));
+    assert!(v.contains("verified"), "{v}");
+    // The application keeps working on the moved organization, through the cloud.
+    q(
+        &w.cloud,
+        "INSERT INTO documents (organization_id, project_id, title) VALUES (2, 20, 'after')",
+    );
+    assert_eq!(
+        org_q(&w, "SELECT count(*) FROM documents WHERE title = 'after'"),
+        "1"
+    );
+    eprintln!("{report}\nwriters: {tally:?}");
+}
+
+#[test]
+fn move_org_in_trigger_mode_under_writers() {
+    move_under_writers("trigger", false);
+}
+
+#[test]
+fn move_org_in_logical_mode_under_writers() {
+    move_under_writers("logical", true);
+}
+
+#[test]
+fn move_back_returns_every_row_under_writers() {
+    let w = world(5_000, false);
+    ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    let (docs2, versions2, docs1) = counts(&w);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles = writers(&w.dsn, 2, stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    let out = lokadb(&w.dsn, &["move-back", "2"]);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let tally = join(handles);
+    let report = format!("{}\n{}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{report}");
+    assert!(tally.errors.is_empty(), "{:?}\n{report}", tally.errors);
+    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "cloud");
+    assert_eq!(
+        counts(&w),
+        (
+            docs2 + tally.inserted[2],
+            versions2 + tally.inserted[2],
+            docs1 + tally.inserted[1]
+        )
+    );
+    // Its rows are in its own cloud partition; its database keeps none of them.
+    assert_eq!(
+        count(&w.cloud, "app", "SELECT count(*) FROM documents__lokadb_2_c"),
+        docs2 + tally.inserted[2]
+    );
+    assert_eq!(
+        org_q(&w, "SELECT count(*) FROM pg_tables WHERE tablename IN ('documents', 'document_versions')"),
+        "0"
+    );
+    assert_eq!(org_q(&w, "SELECT count(*) FROM lokadb.changes"), "0");
+    assert_eq!(
+        q(&w.cloud, "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_f'"),
+        "0"
+    );
+    let v = ok(&lokadb(&w.dsn, &["verify", "2"]));
+    assert!(v.contains("own partition") && v.contains("verified"), "{v}");
+    // And out again: no split this time.
+    let out = ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    assert!(out.contains("verified"), "{out}");
+    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "moved");
+}
+
+/// Killed at every step in turn (each rerun resumes and is killed at the next one), with
+/// a writer running throughout; the last rerun finishes. After each crash the
+/// organization is not paused and its rows are where they were.
+#[test]
+fn move_org_killed_at_each_step_resumes_cleanly() {
+    let w = world(3_000, false);
+    let (docs2, versions2, docs1) = counts(&w);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles = writers(&w.dsn, 2, stop.clone());
+    let bin = lokadb_tests::proxy::find_binary().unwrap();
+    for point in [
+        "split-copy",
+        "split-switch",
+        "after-split",
+        "after-prepare",
+        "copy",
+        "after-copy-table",
+        "catchup",
+        "switch",
+        "after-switch",
+        "verify",
+    ] {
+        let out = std::process::Command::new(&bin)
+            .args(["move-org", "2"])
+            .env("LOKADB_CLOUD", &w.dsn)
+            .env("LOKADB_MOVE_FAILPOINT", point)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(99),
+            "{point}: {}\n{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        // Not paused: organization 2 takes a write at once.
+        let started = Instant::now();
+        q(
+            &w.cloud,
+            "INSERT INTO projects VALUES (1000 + (random() * 1e6)::int, 2) ON CONFLICT DO NOTHING",
+        );
+        q(
+            &w.cloud,
+            "SET lock_timeout = '3s'; UPDATE documents SET title = title WHERE organization_id = 2 AND id = (SELECT min(id) FROM documents WHERE organization_id = 2)",
+        );
+        assert!(started.elapsed() < Duration::from_secs(3), "{point}");
+        let status = ok(&lokadb(&w.dsn, &["status"]));
+        assert!(status.contains("interrupted"), "{point}: {status}");
+    }
+    let out = ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    assert!(out.contains("verified"), "{out}");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let tally = join(handles);
+    for e in &tally.errors {
+        assert!(e.starts_with("org 2: 40001"), "{e}");
+    }
+    assert_moved(
+        &w,
+        docs2 + tally.inserted[2],
+        versions2 + tally.inserted[2],
+        docs1 + tally.inserted[1],
+    );
+}
+
+#[test]
+fn an_aborted_move_leaves_nothing_behind() {
+    let w = world(2_000, false);
+    let before = counts(&w);
+    let bin = lokadb_tests::proxy::find_binary().unwrap();
+    let out = std::process::Command::new(&bin)
+        .args(["move-org", "2"])
+        .env("LOKADB_CLOUD", &w.dsn)
+        .env("LOKADB_MOVE_FAILPOINT", "catchup")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(99), "{}", stderr(&out));
+    // A second move of the same organization while one is interrupted: told to resume.
+    let out = lokadb(&w.dsn, &["move-back", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("a move-org of organization 2 is in progress"), "{}", stderr(&out));
+    let out = ok(&lokadb(&w.dsn, &["move-org", "2", "--abort"]));
+    assert!(out.contains("rolled back"), "{out}");
+    assert_eq!(counts(&w), before);
+    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "cloud");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
+    assert_eq!(
+        q(&w.cloud, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"),
+        "0"
+    );
+    assert_eq!(
+        q(&w.cloud, "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_f'"),
+        "0"
+    );
+    assert_eq!(
+        org_q(&w, "SELECT count(*) FROM pg_tables WHERE tablename IN ('documents', 'document_versions')"),
+        "0"
+    );
+    // The split (done before the crash) stays: organization 2 in its own cloud partition.
+    let v = ok(&lokadb(&w.dsn, &["verify", "2"]));
+    assert!(v.contains("own partition"), "{v}");
+    // And a new move goes through.
+    ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    let (d2, v2, d1) = before;
+    assert_moved(&w, d2, v2, d1);
+}
+
+#[test]
+fn bad_moves_are_refused_and_change_nothing() {
+    let mut w = world(100, false);
+    let d = w.dsn.clone();
+    let refused = |args: &[&str], code: i32, expect: &str| {
+        let out = lokadb(&d, args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(expect), "{args:?}: {}", stderr(&out));
+    };
+    refused(&["move-org", "7"], 2, "organization 7 is not registered");
+    refused(&["move-back", "2"], 2, "organization 2 is in the cloud");
+    refused(&["move-org", "2", "--mode", "fast"], 2, "--mode must be trigger or logical");
+    refused(&["move-org", "2", "--profile", "direct"], 2, "--profile must be fdw or fdw+direct");
+    refused(&["move-org", "2", "--abort"], 2, "no move-org of organization 2 is in progress");
+    // wal_level is replica in this cloud.
+    refused(&["move-org", "2", "--mode", "logical"], 2, "needs wal_level = logical");
+    // A conflicting table in the organization's database.
+    org_q(&w, "CREATE TABLE documents (x int)");
+    refused(&["move-org", "2"], 2, "already has a table public.documents");
+    org_q(&w, "DROP TABLE documents");
+    // Another organization's database (its lokadb.info says so).
+    org_q(&w, "SET ROLE app; CREATE SCHEMA lokadb; CREATE TABLE lokadb.info (singleton boolean PRIMARY KEY DEFAULT true, org text, version int); INSERT INTO lokadb.info (org, version) VALUES ('9', 1)");
+    refused(&["move-org", "2"], 2, "belongs to organization 9");
+    org_q(&w, "UPDATE lokadb.info SET org = '2', version = 99");
+    refused(&["move-org", "2"], 2, "schema version 99");
+    org_q(&w, "DROP SCHEMA lokadb CASCADE");
+    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "cloud");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+    // A second move of the same organization while one runs: held by a session here.
+    let dsn = w.dsn.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let c = crate::world::connect(&dsn).await.unwrap();
+            c.batch_execute("SELECT pg_advisory_lock(hashtextextended('lokadb.move:2', 0))")
+                .await
+                .unwrap();
+            tx.send(()).unwrap();
+            let _ = done_rx.recv();
+        });
+    });
+    rx.recv().unwrap();
+    refused(&["move-org", "2"], 2, "a move of organization 2 is already running");
+    done_tx.send(()).unwrap();
+    t.join().unwrap();
+    // An unreachable agent: the organization's database does not answer.
+    w.agent.take();
+    refused(&["move-org", "2"], 1, "does not answer");
+    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "cloud");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+}
