@@ -4,7 +4,9 @@
 
 use crate::admin_cli::{lokadb, ok, stderr, stdout};
 use crate::admin_enable::SCHEMA;
-use crate::tunnel_world::{addrs, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB};
+use crate::tunnel_world::{
+    addrs, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
+};
 use lokadb_tests::pg::Cluster;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,7 +50,9 @@ fn world(extra_rows: i64, logical: bool) -> World {
     let agent = start_agent(&certs, &org, addrs(&relay).agents, &[]).unwrap();
     let mut b = Cluster::builder().setting("max_connections", "100");
     if logical {
-        b = b.setting("wal_level", "logical");
+        b = b
+            .setting("wal_level", "logical")
+            .setting("wal_writer_delay", "10ms");
     }
     let cloud = b.start().unwrap();
     cloud.create_database("app", "postgres").unwrap();
@@ -72,8 +76,17 @@ fn world(extra_rows: i64, logical: bool) -> World {
     ok(&lokadb(
         &dsn,
         &[
-            "org", "add", "2", "--via-relay", &via, "--dbname", ORG_DB, "--user", APP_USER,
-            "--password", APP_PASSWORD,
+            "org",
+            "add",
+            "2",
+            "--via-relay",
+            &via,
+            "--dbname",
+            ORG_DB,
+            "--user",
+            APP_USER,
+            "--password",
+            APP_PASSWORD,
         ],
     ));
     World {
@@ -109,11 +122,7 @@ struct Tally {
 
 /// Writers inserting documents (and a version each) for organizations 1 and 2, and
 /// updating titles, until `stop`.
-fn writers(
-    dsn: &str,
-    n: usize,
-    stop: Arc<AtomicBool>,
-) -> Vec<std::thread::JoinHandle<Tally>> {
+fn writers(dsn: &str, n: usize, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Tally>> {
     (0..n)
         .map(|w| {
             let dsn = dsn.to_owned();
@@ -160,7 +169,8 @@ fn writers(
                             Err(e) => {
                                 let _ = c.batch_execute("ROLLBACK").await;
                                 let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
-                                t.errors.push(format!("org {org}: {code} {e}"));
+                                let msg = e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned());
+                                t.errors.push(format!("org {org}: {code} {msg}"));
                             }
                         }
                     }
@@ -188,47 +198,86 @@ fn join(handles: Vec<std::thread::JoinHandle<Tally>>) -> Tally {
 #[track_caller]
 fn assert_moved(w: &World, docs2: i64, versions2: i64, docs1: i64) {
     assert_eq!(
-        count(&w.org.db, ORG_DB, "SELECT count(*) FROM documents WHERE organization_id = 2"),
+        count(
+            &w.org.db,
+            ORG_DB,
+            "SELECT count(*) FROM documents WHERE organization_id = 2"
+        ),
         docs2
     );
     assert_eq!(
-        count(&w.org.db, ORG_DB, "SELECT count(*) FROM document_versions WHERE organization_id = 2"),
+        count(
+            &w.org.db,
+            ORG_DB,
+            "SELECT count(*) FROM document_versions WHERE organization_id = 2"
+        ),
         versions2
     );
     assert_eq!(
-        count(&w.org.db, ORG_DB, "SELECT count(*) FROM documents WHERE organization_id <> 2")
-            + count(&w.org.db, ORG_DB, "SELECT count(*) FROM document_versions WHERE organization_id <> 2"),
+        count(
+            &w.org.db,
+            ORG_DB,
+            "SELECT count(*) FROM documents WHERE organization_id <> 2"
+        ) + count(
+            &w.org.db,
+            ORG_DB,
+            "SELECT count(*) FROM document_versions WHERE organization_id <> 2"
+        ),
         0,
         "another organization's rows in organization 2's database"
     );
     // Nothing of organization 2 stays in the cloud: no row in DEFAULT, no cloud partition.
     assert_eq!(
-        count(&w.cloud, "app", "SELECT count(*) FROM ONLY documents__lokadb_default WHERE organization_id = 2"),
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM ONLY documents__lokadb_default WHERE organization_id = 2"
+        ),
         0
     );
     assert_eq!(
-        q(&w.cloud, "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_c'"),
+        q(
+            &w.cloud,
+            "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_c'"
+        ),
         "0"
     );
     // Through the cloud (postgres_fdw), the same rows.
     assert_eq!(
-        count(&w.cloud, "app", "SELECT count(*) FROM documents WHERE organization_id = 2"),
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM documents WHERE organization_id = 2"
+        ),
         docs2
     );
     assert_eq!(
-        count(&w.cloud, "app", "SELECT count(*) FROM documents WHERE organization_id = 1"),
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM documents WHERE organization_id = 1"
+        ),
         docs1
     );
-    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "moved");
+    assert_eq!(
+        q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+        "moved"
+    );
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
     // Nothing the move created is left: triggers, records, publications, slots.
     assert_eq!(
-        q(&w.cloud, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"),
+        q(
+            &w.cloud,
+            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"
+        ),
         "0"
     );
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM pg_publication"), "0");
-    assert_eq!(q(&w.cloud, "SELECT count(*) FROM pg_replication_slots"), "0");
+    assert_eq!(
+        q(&w.cloud, "SELECT count(*) FROM pg_replication_slots"),
+        "0"
+    );
     assert_eq!(org_q(w, "SELECT count(*) FROM pg_subscription"), "0");
     // The pause is over.
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.pause p WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p.holder_pid)"), "0");
@@ -236,9 +285,21 @@ fn assert_moved(w: &World, docs2: i64, versions2: i64, docs1: i64) {
 
 fn counts(w: &World) -> (i64, i64, i64) {
     (
-        count(&w.cloud, "app", "SELECT count(*) FROM documents WHERE organization_id = 2"),
-        count(&w.cloud, "app", "SELECT count(*) FROM document_versions WHERE organization_id = 2"),
-        count(&w.cloud, "app", "SELECT count(*) FROM documents WHERE organization_id = 1"),
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM documents WHERE organization_id = 2",
+        ),
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM document_versions WHERE organization_id = 2",
+        ),
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM documents WHERE organization_id = 1",
+        ),
     )
 }
 
@@ -248,12 +309,31 @@ fn move_under_writers(mode: &str, logical: bool) {
     let stop = Arc::new(AtomicBool::new(false));
     let handles = writers(&w.dsn, 4, stop.clone());
     std::thread::sleep(Duration::from_millis(500));
-    let out = lokadb(&w.dsn, &["move-org", "2", "--mode", mode]);
+    let out = std::process::Command::new(lokadb_tests::proxy::find_binary().unwrap())
+        .args(["move-org", "2", "--mode", mode])
+        .env("LOKADB_CLOUD", &w.dsn)
+        .env("LOKADB_MOVE_COPY_STALL_S", "20")
+        .output()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let tally = join(handles);
     let report = format!("{}\n{}", stdout(&out), stderr(&out));
-    assert!(out.status.success(), "{report}");
+    let logs = || {
+        let tail = |s: String| {
+            s.lines()
+                .filter(|l| l.contains("ERROR"))
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        format!(
+            "org log:\n{}\ncloud log:\n{}",
+            tail(w.org.db.log_contents()),
+            tail(w.cloud.log_contents())
+        )
+    };
+    assert!(out.status.success(), "{report}\n{}", logs());
     assert!(report.contains("checksum equal"), "{report}");
     assert!(!report.contains("DIFFERS"), "{report}");
     assert!(tally.inserted[1] > 0 && tally.inserted[2] > 0, "{tally:?}");
@@ -308,7 +388,10 @@ fn move_back_returns_every_row_under_writers() {
     let report = format!("{}\n{}", stdout(&out), stderr(&out));
     assert!(out.status.success(), "{report}");
     assert!(tally.errors.is_empty(), "{:?}\n{report}", tally.errors);
-    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "cloud");
+    assert_eq!(
+        q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+        "cloud"
+    );
     assert_eq!(
         counts(&w),
         (
@@ -319,16 +402,26 @@ fn move_back_returns_every_row_under_writers() {
     );
     // Its rows are in its own cloud partition; its database keeps none of them.
     assert_eq!(
-        count(&w.cloud, "app", "SELECT count(*) FROM documents__lokadb_2_c"),
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM documents__lokadb_2_c"
+        ),
         docs2 + tally.inserted[2]
     );
     assert_eq!(
-        org_q(&w, "SELECT count(*) FROM pg_tables WHERE tablename IN ('documents', 'document_versions')"),
+        org_q(
+            &w,
+            "SELECT count(*) FROM pg_tables WHERE tablename IN ('documents', 'document_versions')"
+        ),
         "0"
     );
     assert_eq!(org_q(&w, "SELECT count(*) FROM lokadb.changes"), "0");
     assert_eq!(
-        q(&w.cloud, "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_f'"),
+        q(
+            &w.cloud,
+            "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_f'"
+        ),
         "0"
     );
     let v = ok(&lokadb(&w.dsn, &["verify", "2"]));
@@ -336,7 +429,10 @@ fn move_back_returns_every_row_under_writers() {
     // And out again: no split this time.
     let out = ok(&lokadb(&w.dsn, &["move-org", "2"]));
     assert!(out.contains("verified"), "{out}");
-    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "moved");
+    assert_eq!(
+        q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+        "moved"
+    );
 }
 
 /// Killed at every step in turn (each rerun resumes and is killed at the next one), with
@@ -419,23 +515,39 @@ fn an_aborted_move_leaves_nothing_behind() {
     // A second move of the same organization while one is interrupted: told to resume.
     let out = lokadb(&w.dsn, &["move-back", "2"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("a move-org of organization 2 is in progress"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a move-org of organization 2 is in progress"),
+        "{}",
+        stderr(&out)
+    );
     let out = ok(&lokadb(&w.dsn, &["move-org", "2", "--abort"]));
     assert!(out.contains("rolled back"), "{out}");
     assert_eq!(counts(&w), before);
-    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "cloud");
+    assert_eq!(
+        q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+        "cloud"
+    );
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
     assert_eq!(
-        q(&w.cloud, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"),
+        q(
+            &w.cloud,
+            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"
+        ),
         "0"
     );
     assert_eq!(
-        q(&w.cloud, "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_f'"),
+        q(
+            &w.cloud,
+            "SELECT count(*) FROM pg_class WHERE relname LIKE '%__lokadb_2_f'"
+        ),
         "0"
     );
     assert_eq!(
-        org_q(&w, "SELECT count(*) FROM pg_tables WHERE tablename IN ('documents', 'document_versions')"),
+        org_q(
+            &w,
+            "SELECT count(*) FROM pg_tables WHERE tablename IN ('documents', 'document_versions')"
+        ),
         "0"
     );
     // The split (done before the crash) stays: organization 2 in its own cloud partition.
@@ -458,14 +570,34 @@ fn bad_moves_are_refused_and_change_nothing() {
     };
     refused(&["move-org", "7"], 2, "organization 7 is not registered");
     refused(&["move-back", "2"], 2, "organization 2 is in the cloud");
-    refused(&["move-org", "2", "--mode", "fast"], 2, "--mode must be trigger or logical");
-    refused(&["move-org", "2", "--profile", "direct"], 2, "--profile must be fdw or fdw+direct");
-    refused(&["move-org", "2", "--abort"], 2, "no move-org of organization 2 is in progress");
+    refused(
+        &["move-org", "2", "--mode", "fast"],
+        2,
+        "--mode must be trigger or logical",
+    );
+    refused(
+        &["move-org", "2", "--profile", "direct"],
+        2,
+        "--profile must be fdw or fdw+direct",
+    );
+    refused(
+        &["move-org", "2", "--abort"],
+        2,
+        "no move-org of organization 2 is in progress",
+    );
     // wal_level is replica in this cloud.
-    refused(&["move-org", "2", "--mode", "logical"], 2, "needs wal_level = logical");
+    refused(
+        &["move-org", "2", "--mode", "logical"],
+        2,
+        "needs wal_level = logical",
+    );
     // A conflicting table in the organization's database.
     org_q(&w, "CREATE TABLE documents (x int)");
-    refused(&["move-org", "2"], 2, "already has a table public.documents");
+    refused(
+        &["move-org", "2"],
+        2,
+        "already has a table public.documents",
+    );
     org_q(&w, "DROP TABLE documents");
     // Another organization's database (its lokadb.info says so).
     org_q(&w, "SET ROLE app; CREATE SCHEMA lokadb; CREATE TABLE lokadb.info (singleton boolean PRIMARY KEY DEFAULT true, org text, version int); INSERT INTO lokadb.info (org, version) VALUES ('9', 1)");
@@ -473,14 +605,20 @@ fn bad_moves_are_refused_and_change_nothing() {
     org_q(&w, "UPDATE lokadb.info SET org = '2', version = 99");
     refused(&["move-org", "2"], 2, "schema version 99");
     org_q(&w, "DROP SCHEMA lokadb CASCADE");
-    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "cloud");
+    assert_eq!(
+        q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+        "cloud"
+    );
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
     // A second move of the same organization while one runs: held by a session here.
     let dsn = w.dsn.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let t = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let c = crate::world::connect(&dsn).await.unwrap();
             c.batch_execute("SELECT pg_advisory_lock(hashtextextended('lokadb.move:2', 0))")
@@ -491,12 +629,19 @@ fn bad_moves_are_refused_and_change_nothing() {
         });
     });
     rx.recv().unwrap();
-    refused(&["move-org", "2"], 2, "a move of organization 2 is already running");
+    refused(
+        &["move-org", "2"],
+        2,
+        "a move of organization 2 is already running",
+    );
     done_tx.send(()).unwrap();
     t.join().unwrap();
     // An unreachable agent: the organization's database does not answer.
     w.agent.take();
     refused(&["move-org", "2"], 1, "does not answer");
-    assert_eq!(q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"), "cloud");
+    assert_eq!(
+        q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+        "cloud"
+    );
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
 }

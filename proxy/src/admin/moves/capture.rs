@@ -45,6 +45,10 @@ pub fn install_sql(t: &MoveTable, source: &str, filtered: bool) -> Vec<String> {
     let body = format!(
         "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql {DEFINER} AS $lokadb$
 BEGIN
+    -- The move's own sessions (copy, catch-up) are not the organization writing.
+    IF current_setting('lokadb.applying', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
     IF TG_OP <> 'INSERT' THEN
         INSERT INTO lokadb.changes (org, rel, key) VALUES ({org}, {rel}, {old});
     END IF;
@@ -112,19 +116,18 @@ pub fn installed(
     t: &MoveTable,
     source: &str,
 ) -> Result<bool, AdminError> {
-    Ok(c
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1)
+    Ok(c.query_one(
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1)
                             AND tgname::text = ANY($2))",
-            &[
-                &source,
-                &["i", "u", "d", "a"]
-                    .iter()
-                    .map(|op| trigger_name(t, op))
-                    .collect::<Vec<_>>(),
-            ],
-        )?
-        .get(0))
+        &[
+            &source,
+            &["i", "u", "d", "a"]
+                .iter()
+                .map(|op| trigger_name(t, op))
+                .collect::<Vec<_>>(),
+        ],
+    )?
+    .get(0))
 }
 
 /// One side of a catch-up: a connection and the relation `t`'s rows are in there.
@@ -244,10 +247,7 @@ impl CatchUp {
             round.rows += r;
             round.bytes += b;
         }
-        source.execute(
-            "DELETE FROM lokadb.changes WHERE id = ANY($1)",
-            &[&all_ids],
-        )?;
+        source.execute("DELETE FROM lokadb.changes WHERE id = ANY($1)", &[&all_ids])?;
         // Keep a round near ROUND_BYTES of rows whatever their width.
         if round.bytes > ROUND_BYTES && self.limit > 100 {
             self.limit /= 2;
@@ -294,11 +294,7 @@ fn apply_table(
     dst: &str,
     stage: &str,
 ) -> Result<(u64, u64), AdminError> {
-    let id_list = ids
-        .iter()
-        .map(i64::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let id_list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     let key_cast: Vec<String> = t
         .key
         .iter()

@@ -130,9 +130,7 @@ fn copy_one(src: &str, dst: &str, job: &Job, counter: &Counter) -> Result<Done, 
             memchr::memchr_iter(b'\n', buf).count() as u64,
             Ordering::Relaxed,
         );
-        counter
-            .bytes
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        counter.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         writer
             .write_all(buf)
             .map_err(|e| AdminError::failed(format!("writing the destination: {e}")))?;
@@ -186,8 +184,14 @@ impl Display {
     }
 
     fn line(&self, counters: &[Arc<Counter>], started: Instant) -> String {
-        let rows: u64 = counters.iter().map(|c| c.rows.load(Ordering::Relaxed)).sum();
-        let bytes: u64 = counters.iter().map(|c| c.bytes.load(Ordering::Relaxed)).sum();
+        let rows: u64 = counters
+            .iter()
+            .map(|c| c.rows.load(Ordering::Relaxed))
+            .sum();
+        let bytes: u64 = counters
+            .iter()
+            .map(|c| c.bytes.load(Ordering::Relaxed))
+            .sum();
         let secs = started.elapsed().as_secs_f64().max(0.001);
         let rate = bytes as f64 / secs;
         let eta = if rate > 0.0 && self.estimate > bytes {

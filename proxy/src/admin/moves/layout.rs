@@ -89,6 +89,12 @@ impl MoveTable {
         self.parent()
     }
 
+    /// Its name during a logical-mode copy: a subscription writes into the table named
+    /// like the published one (the cloud partition); the switch renames it.
+    pub fn org_staging_table(&self) -> String {
+        self.cloud_part()
+    }
+
     /// Quoted column list.
     pub fn cols(&self) -> String {
         self.columns
@@ -126,8 +132,7 @@ impl MoveTable {
     /// NOT NULL, CHECK constraints, and the indexes (the primary key as a primary key).
     /// No defaults (they may call cloud sequences; writes through the cloud get them
     /// there) and no foreign keys (the cloud keeps them, see docs/cloud-schema.md).
-    pub fn org_ddl(&self) -> Vec<String> {
-        let table = self.org_table();
+    pub fn org_ddl(&self, table: &str) -> Vec<String> {
         let cols: Vec<String> = self
             .columns
             .iter()
@@ -144,8 +149,8 @@ impl MoveTable {
             format!("CREATE SCHEMA IF NOT EXISTS {}", ident(&self.schema)),
             format!("CREATE TABLE {table} ({})", cols.join(", ")),
         ];
-        sql.extend(self.checks_sql(&table, "TABLE"));
-        sql.extend(self.indexes_sql(&table));
+        sql.extend(self.checks_sql(table, "TABLE"));
+        sql.extend(self.indexes_sql(table));
         sql
     }
 
@@ -237,7 +242,10 @@ pub fn tag(org: &str) -> String {
 
 /// The capture function of a table for an organization (one per source database).
 pub fn capture_function(t: &MoveTable) -> String {
-    qualify("lokadb", &fit(&format!("capture_{}_{}_{}", t.org, t.schema, t.name)))
+    qualify(
+        "lokadb",
+        &fit(&format!("capture_{}_{}_{}", t.org, t.schema, t.name)),
+    )
 }
 
 /// Every LokaDB table, read for a move of `org`.

@@ -1,8 +1,9 @@
-//! Logical mode: a publication in the cloud with a row filter on the organization
-//! (`publish_via_partition_root`, so rows arrive under the LokaDB table's own name) and a
-//! subscription in the organization's database that copies them and then follows the
-//! changes. The switch writes a marker row (published with them) under its lock; once
-//! the marker has arrived, so has every earlier change.
+//! Logical mode: a publication in the cloud of the organization's cloud partitions (they
+//! hold only its rows) and a subscription in the organization's database that copies them
+//! and then follows the changes, into tables named like those partitions. The switch
+//! writes a marker row (published with a row filter on the organization) under its lock;
+//! once the marker has arrived, so has every earlier change; then it renames the tables
+//! to the LokaDB tables' names.
 
 use super::layout::tag;
 use super::Move;
@@ -11,8 +12,22 @@ use std::time::{Duration, Instant};
 
 /// The catch-up is done when the subscription is this close to the cloud's WAL.
 pub const CAUGHT_UP_BYTES: i64 = 1 << 20;
+/// Before the switch, markers are sent until one arrives within [`PROBE_GOAL`] (at most
+/// [`PROBES`] of them).
+pub const PROBE_GOAL: Duration = Duration::from_millis(50);
+pub const PROBES: u32 = 100;
 /// The switch gives up on the marker after this long.
 pub const MARKER_WAIT: Duration = Duration::from_secs(30);
+/// The initial copy is given up when it makes no progress for this long
+/// (`LOKADB_MOVE_COPY_STALL_S` overrides).
+pub const STALL: Duration = Duration::from_secs(300);
+
+fn stall() -> Duration {
+    std::env::var("LOKADB_MOVE_COPY_STALL_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(STALL, Duration::from_secs)
+}
 
 /// Checks what logical mode needs before anything is changed.
 ///
@@ -26,7 +41,9 @@ pub fn preflight(
     _dsn: &str,
     _opts: &super::MoveOptions,
 ) -> Result<(), AdminError> {
-    let wal: String = cloud.query_one("SELECT current_setting('wal_level')", &[])?.get(0);
+    let wal: String = cloud
+        .query_one("SELECT current_setting('wal_level')", &[])?
+        .get(0);
     if wal != "logical" {
         return Err(AdminError::usage(format!(
             "--mode logical needs wal_level = logical in the cloud database (it is {wal}; changing it needs a restart); or use --mode trigger. Nothing was changed"
@@ -43,6 +60,16 @@ pub fn preflight(
                 v % 10_000 / 100
             )));
         }
+    }
+    // The walsender of a logical slot wakes up with the WAL writer: the marker under the
+    // switch's lock waits up to wal_writer_delay.
+    let delay: String = cloud
+        .query_one("SELECT current_setting('wal_writer_delay')", &[])?
+        .get(0);
+    if !matches!(delay.as_str(), "1ms" | "5ms" | "10ms" | "20ms" | "50ms") {
+        eprintln!(
+            "lokadb: note: the cloud's wal_writer_delay is {delay}: logical mode's pause at the switch is about that long; 10ms makes it short (docs/moving.md)"
+        );
     }
     let may: bool = org
         .query_one(
@@ -76,20 +103,26 @@ pub fn start(m: &mut Move) -> Result<(), AdminError> {
         )?
         .get(0);
     if !exists {
+        // The organization's cloud partitions hold only its rows: no row filter (which
+        // would also bind the other partitions' updates), no publishing through the root.
         let mut items: Vec<String> = m
             .tables
             .iter()
-            .map(|t| format!("TABLE {} WHERE ({} = {})", t.parent(), ident(&t.org_column), t.org_literal))
+            .map(|t| format!("TABLE {}", t.cloud_part()))
             .collect();
         items.push(format!("TABLE lokadb.move_marker WHERE (org = {org})"));
         m.cloud.batch_execute(&format!(
             "DELETE FROM lokadb.move_marker WHERE org = {org};
-             CREATE PUBLICATION {} FOR {} WITH (publish_via_partition_root = true)",
+             CREATE PUBLICATION {} FOR {}",
             ident(&name),
             items.join(", ")
         ))?;
     }
-    let conninfo = m.opts.cloud_from_org.clone().unwrap_or_else(|| m.dsn.clone());
+    let conninfo = m
+        .opts
+        .cloud_from_org
+        .clone()
+        .unwrap_or_else(|| m.dsn.clone());
     let mut oc = m.org_session()?;
     oc.batch_execute("DELETE FROM lokadb.move_marker")?;
     let sub: bool = oc
@@ -120,10 +153,11 @@ pub fn start(m: &mut Move) -> Result<(), AdminError> {
 ///
 /// # Errors
 ///
-/// The organization's database failed, or the copy made no progress for 5 minutes.
+/// The organization's database failed, or the copy made no progress for {} s.
 pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
     let name = tag(&m.org.id);
     let mut oc = m.org_session()?;
+    staging_names(m, &mut oc)?;
     let started = Instant::now();
     let (mut last_bytes, mut last_change) = (-1i64, Instant::now());
     let mut told = Instant::now();
@@ -158,9 +192,10 @@ pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
             eprintln!("lokadb: {line}");
             m.progress(&line);
         }
-        if last_change.elapsed() > Duration::from_secs(300) {
+        if last_change.elapsed() > stall() {
             return Err(AdminError::failed(format!(
-                "the subscription's initial copy made no progress for 5 minutes; see organization {}'s Postgres log (a conflict or a connection the cloud refuses?). Rerun to keep waiting, or --abort",
+                "the subscription's initial copy made no progress for {} s; see organization {}'s Postgres log (a conflict or a connection the cloud refuses?). Rerun to keep waiting, or --abort",
+                stall().as_secs(),
                 m.org.id
             )));
         }
@@ -175,6 +210,9 @@ pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
 /// The slot is missing or a query failed.
 pub fn wait_caught_up(m: &mut Move) -> Result<(), AdminError> {
     let name = tag(&m.org.id);
+    let mut oc = m.org_session()?;
+    staging_names(m, &mut oc)?;
+    drop(oc);
     let started = Instant::now();
     let mut told = Instant::now();
     loop {
@@ -192,9 +230,22 @@ pub fn wait_caught_up(m: &mut Move) -> Result<(), AdminError> {
             )));
         };
         if lag < CAUGHT_UP_BYTES {
+            // The slot's position lags by the subscriber's feedback interval: probe with
+            // markers until one arrives fast, so the one under the switch's lock does too.
+            let mut oc = m.org_session()?;
+            let mut last = Duration::ZERO;
+            for _ in 0..PROBES {
+                let t0 = Instant::now();
+                marker(&mut m.cloud, &mut oc, &m.org.id.clone())?;
+                last = t0.elapsed();
+                if last <= PROBE_GOAL {
+                    break;
+                }
+            }
             m.say(format!(
-                "subscription caught up ({lag} bytes behind) after {:.1} s",
-                started.elapsed().as_secs_f64()
+                "subscription caught up after {:.1} s (a marker arrives in {:.0} ms)",
+                started.elapsed().as_secs_f64(),
+                last.as_secs_f64() * 1e3
             ));
             return Ok(());
         }
@@ -206,6 +257,48 @@ pub fn wait_caught_up(m: &mut Move) -> Result<(), AdminError> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The names the subscription writes to: a switch cut short after its rename in the
+/// organization's database (and before the cloud's commit) is undone.
+fn staging_names(m: &Move, oc: &mut postgres::Client) -> Result<(), AdminError> {
+    for t in &m.tables {
+        let r = oc.query_one(
+            "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL",
+            &[&t.org_table(), &t.org_staging_table()],
+        )?;
+        if r.get::<_, bool>(0) && !r.get::<_, bool>(1) {
+            oc.batch_execute(&format!(
+                "ALTER TABLE {} RENAME TO {}",
+                t.org_table(),
+                ident(&t.cloud_part_name())
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// Under the switch's lock, once the marker arrived: the tables get their names.
+///
+/// # Errors
+///
+/// The rename failed (nothing was renamed).
+pub fn rename(
+    tables: &[super::layout::MoveTable],
+    oc: &mut postgres::Client,
+) -> Result<(), AdminError> {
+    let sql: Vec<String> = tables
+        .iter()
+        .map(|t| {
+            format!(
+                "ALTER TABLE {} RENAME TO {}",
+                t.org_staging_table(),
+                ident(&t.name)
+            )
+        })
+        .collect();
+    oc.batch_execute(&sql.join(";\n"))?;
+    Ok(())
 }
 
 /// Under the switch's lock: writes the marker in the cloud and waits for it to arrive.
@@ -254,7 +347,10 @@ pub fn stop(m: &mut Move) -> Result<(), AdminError> {
     let name = tag(&m.org.id);
     let mut oc = m.org_session()?;
     let subid: Option<u32> = oc
-        .query_opt("SELECT oid FROM pg_subscription WHERE subname = $1", &[&name])?
+        .query_opt(
+            "SELECT oid FROM pg_subscription WHERE subname = $1",
+            &[&name],
+        )?
         .map(|r| r.get(0));
     if let Some(subid) = subid {
         let n = ident(&name);

@@ -154,7 +154,7 @@ pub fn session_settings(c: &mut postgres::Client) -> Result<(), AdminError> {
     c.batch_execute(
         "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';
          SET extra_float_digits = 1; SET bytea_output = 'hex'; SET statement_timeout = 0;
-         SET client_min_messages = warning",
+         SET client_min_messages = warning; SET lokadb.applying = 'on'",
     )?;
     Ok(())
 }
@@ -429,7 +429,11 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
     };
     if opts.abort {
         abort(&mut m)?;
-        return Ok(format!("{} of {} rolled back", direction.command(), m.org.id));
+        return Ok(format!(
+            "{} of {} rolled back",
+            direction.command(),
+            m.org.id
+        ));
     }
     if resumed {
         let (step, mode) = (m.journal.step.clone(), m.journal.mode);
@@ -469,9 +473,19 @@ fn start(
     };
     if org.state != want {
         let why = match (direction, org.state.as_str()) {
-            (Direction::Out, "moved") => format!("organization {} is already moved (lokadb move-back {} returns it)", org.id, org.id),
-            (Direction::Back, "cloud") => format!("organization {} is in the cloud: there is nothing to move back", org.id),
-            (_, s) => format!("organization {} is {s}; a {} needs it {want}", org.id, direction.command()),
+            (Direction::Out, "moved") => format!(
+                "organization {} is already moved (lokadb move-back {} returns it)",
+                org.id, org.id
+            ),
+            (Direction::Back, "cloud") => format!(
+                "organization {} is in the cloud: there is nothing to move back",
+                org.id
+            ),
+            (_, s) => format!(
+                "organization {} is {s}; a {} needs it {want}",
+                org.id,
+                direction.command()
+            ),
         };
         return Err(AdminError::usage(format!("{why}; nothing was changed")));
     }
@@ -619,9 +633,24 @@ fn back(m: &mut Move) -> Result<(), AdminError> {
 fn prepare_out(m: &mut Move) -> Result<(), AdminError> {
     let mut oc = m.org_session()?;
     let mut tx = oc.transaction()?;
+    let logical = m.journal.mode == Mode::Logical;
     for t in &m.tables {
-        tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", t.org_table()))?;
-        for s in t.org_ddl() {
+        let table = if logical {
+            t.org_staging_table()
+        } else {
+            t.org_table()
+        };
+        tx.batch_execute(&format!(
+            "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {}",
+            t.org_table(),
+            t.org_staging_table()
+        ))?;
+        // The destination's capture records what the organization writes after the
+        // switch, so a verification cut short can be redone (this command's own writes
+        // are not recorded).
+        let mut ddl = t.org_ddl(&table);
+        ddl.extend(capture::install_sql(t, &table, false));
+        for s in ddl {
             tx.batch_execute(&s).map_err(|e| {
                 AdminError::failed(format!(
                     "creating {} in organization {}'s database: {}\nstatement: {s}",
@@ -637,7 +666,10 @@ fn prepare_out(m: &mut Move) -> Result<(), AdminError> {
     let tables = m.tables.clone();
     let mut tx = m.cloud.transaction()?;
     for t in &tables {
-        tx.batch_execute(&format!("DROP FOREIGN TABLE IF EXISTS {}", t.foreign_part()))?;
+        tx.batch_execute(&format!(
+            "DROP FOREIGN TABLE IF EXISTS {}",
+            t.foreign_part()
+        ))?;
         for s in t.foreign_ddl(&server) {
             tx.batch_execute(&s)?;
         }
@@ -676,7 +708,10 @@ fn copy_out(m: &mut Move) -> Result<(), AdminError> {
         }
         let estimate: i64 = m
             .cloud
-            .query_one("SELECT coalesce(pg_table_size(to_regclass($1)), 0)", &[&t.cloud_part()])?
+            .query_one(
+                "SELECT coalesce(pg_table_size(to_regclass($1)), 0)",
+                &[&t.cloud_part()],
+            )?
             .get(0);
         jobs.push(copy::Job {
             out_sql: format!(
@@ -779,7 +814,10 @@ fn prepare_back(m: &mut Move) -> Result<(), AdminError> {
     let mut tx = m.cloud.transaction()?;
     for t in &tables {
         tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", t.cloud_part()))?;
-        for s in t.cloud_part_ddl() {
+        let mut ddl = t.cloud_part_ddl();
+        // As for move-org: what is written after the switch, for a verification redone.
+        ddl.extend(capture::install_sql(t, &t.cloud_part(), false));
+        for s in ddl {
             tx.batch_execute(&s)?;
         }
     }
@@ -813,7 +851,10 @@ fn copy_back(m: &mut Move) -> Result<(), AdminError> {
             continue;
         }
         let estimate: i64 = oc
-            .query_one("SELECT coalesce(pg_table_size(to_regclass($1)), 0)", &[&t.org_table()])?
+            .query_one(
+                "SELECT coalesce(pg_table_size(to_regclass($1)), 0)",
+                &[&t.org_table()],
+            )?
             .get(0);
         jobs.push(copy::Job {
             out_sql: format!(
@@ -854,7 +895,16 @@ fn abort(m: &mut Move) -> Result<(), AdminError> {
     match m.direction {
         Direction::Out => {
             for t in &tables {
-                oc.batch_execute(&format!("DROP TABLE IF EXISTS {}", t.org_table()))?;
+                let table = t.org_table();
+                let mut sql = capture::remove_sql(t, &table);
+                sql.push(format!("DROP TABLE IF EXISTS {table}"));
+                sql.extend(capture::remove_sql(t, &t.org_staging_table()));
+                sql.push(format!("DROP TABLE IF EXISTS {}", t.org_staging_table()));
+                let mut tx = oc.transaction()?;
+                for s in sql {
+                    tx.batch_execute(&s)?;
+                }
+                tx.commit()?;
             }
         }
         Direction::Back => {
@@ -883,6 +933,7 @@ fn abort(m: &mut Move) -> Result<(), AdminError> {
                 sql.push(format!("DROP FOREIGN TABLE IF EXISTS {}", t.foreign_part()));
             }
             Direction::Back => {
+                sql.extend(capture::remove_sql(t, &t.cloud_part()));
                 sql.push(format!("DROP TABLE IF EXISTS {}", t.cloud_part()));
             }
         }
@@ -917,7 +968,11 @@ fn abort(m: &mut Move) -> Result<(), AdminError> {
 /// # Errors
 ///
 /// Unknown organization (usage), a failed query, or a failed check.
-pub fn verify_org(dsn: &str, org_id: &str, org_dsn_opt: Option<&str>) -> Result<String, AdminError> {
+pub fn verify_org(
+    dsn: &str,
+    org_id: &str,
+    org_dsn_opt: Option<&str>,
+) -> Result<String, AdminError> {
     let mut cloud = connect(dsn)?;
     require_current(&mut cloud)?;
     session_settings(&mut cloud)?;
@@ -931,7 +986,7 @@ pub fn verify_org(dsn: &str, org_id: &str, org_dsn_opt: Option<&str>) -> Result<
         let in_default = verify::left_in_default(&mut cloud, t)?;
         let (line, good) = match place {
             Place::Default => {
-                let s = verify::sum(&mut cloud, t, &format!("ONLY {}", t.default()))?;
+                let s = verify::sum(&mut cloud, t, &format!("ONLY {}", t.default()), &[])?;
                 (
                     format!(
                         "{:<28} {:>10} rows  in the cloud (DEFAULT partition)",
@@ -942,7 +997,7 @@ pub fn verify_org(dsn: &str, org_id: &str, org_dsn_opt: Option<&str>) -> Result<
                 )
             }
             Place::Cloud => {
-                let s = verify::sum(&mut cloud, t, &t.cloud_part())?;
+                let s = verify::sum(&mut cloud, t, &t.cloud_part(), &[])?;
                 let good = s.foreign_rows == 0 && in_default == 0;
                 (
                     format!(
@@ -967,7 +1022,7 @@ pub fn verify_org(dsn: &str, org_id: &str, org_dsn_opt: Option<&str>) -> Result<
                     oc = Some(connect_org(&d, org_id)?);
                 }
                 let c = oc.as_mut().expect("connected above");
-                let direct = verify::sum(c, t, &t.org_table())?;
+                let direct = verify::sum(c, t, &t.org_table(), &[])?;
                 let through: i64 = cloud
                     .query_one(
                         &format!(
@@ -1008,7 +1063,11 @@ pub fn verify_org(dsn: &str, org_id: &str, org_dsn_opt: Option<&str>) -> Result<
         "organization {} ({}): {}",
         org.id,
         org.state,
-        if ok { "verified" } else { "VERIFICATION FAILED" }
+        if ok {
+            "verified"
+        } else {
+            "VERIFICATION FAILED"
+        }
     );
     out.push(summary);
     let text = out.join("\n") + "\n";

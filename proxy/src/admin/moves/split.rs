@@ -116,10 +116,10 @@ fn switch(
     m.cloud
         .batch_execute(&format!("SET lock_timeout = '{PAUSE_WAIT}'"))
         .map_err(AdminError::from)?;
-    if let Err(e) = m.cloud.execute(
-        "SELECT pg_advisory_lock(lokadb.pause_key($1))",
-        &[&org],
-    ) {
+    if let Err(e) = m
+        .cloud
+        .execute("SELECT pg_advisory_lock(lokadb.pause_key($1))", &[&org])
+    {
         let _ = m.cloud.batch_execute("RESET lock_timeout");
         return Err(AdminError::failed(format!(
             "could not pause {org} for the split: {} (a transaction writing its rows ran longer than {PAUSE_WAIT}?); nothing changed, run the command again",

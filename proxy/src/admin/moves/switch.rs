@@ -52,9 +52,8 @@ pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
     };
     for attempt in 1..=LOCK_ATTEMPTS {
         let mut tx = m.cloud.transaction()?;
-        let locked = lock_own(&mut tx, &tables).map_err(|e| {
-            AdminError::failed(format!("switch of {org}: {}", describe(&e)))
-        })?;
+        let locked = lock_own(&mut tx, &tables)
+            .map_err(|e| AdminError::failed(format!("switch of {org}: {}", describe(&e))))?;
         if !locked {
             drop(tx);
             if attempt == LOCK_ATTEMPTS {
@@ -69,6 +68,9 @@ pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
         let paused = Instant::now();
         let applied = if let Some(mc) = marker.as_mut() {
             logical::marker(mc, &mut dst, &org)?;
+            failpoint("switch-renamed-before");
+            logical::rename(&tables, &mut dst)?;
+            failpoint("switch-renamed");
             0
         } else {
             cu.drain(
@@ -157,8 +159,7 @@ pub fn lock_own(
     }
     for t in tables {
         if let Err(e) = tx.batch_execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", t.own())) {
-            if e
-                .as_db_error()
+            if e.as_db_error()
                 .is_some_and(|d| matches!(d.code().code(), "55P03" | "40P01"))
             {
                 return Ok(false);
@@ -183,32 +184,18 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
     let tables = m.tables.clone();
     let org = m.org.id.clone();
     failpoint("verify");
-    // The destination as of the switch; on a rerun, under the organization's lock (its
-    // writes wait while both sides are summed).
-    let mut lock_tx_client;
-    let (mut dest, locked) = match snap {
-        Some(s) => (s, false),
+    // The destination as of the switch. On a rerun the organization has written since:
+    // the keys it wrote (recorded by the destination's capture) are left out on both sides.
+    let rerun = snap.is_none();
+    let mut dest = match snap {
+        Some(s) => s,
         None => {
-            lock_tx_client = m.cloud_session()?;
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                lock_tx_client.batch_execute("BEGIN")?;
-                if lock_own(&mut lock_tx_client, &tables)? {
-                    break;
-                }
-                lock_tx_client.batch_execute("ROLLBACK")?;
-                if attempt == LOCK_ATTEMPTS {
-                    return Err(AdminError::failed(format!(
-                        "verification of {org}: its tables' lock was not granted; run the command again"
-                    )));
-                }
-            }
-            let d = match direction {
+            let mut d = match direction {
                 Direction::Out => m.org_session()?,
                 Direction::Back => m.cloud_session()?,
             };
-            (d, true)
+            d.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")?;
+            d
         }
     };
     let mut old_side = match direction {
@@ -222,17 +209,31 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
             Direction::Out => (t.cloud_part(), t.org_table()),
             Direction::Back => (t.org_table(), t.cloud_part()),
         };
-        let a = verify::sum(&mut old_side, t, &old)?;
-        let b = verify::sum(&mut dest, t, &new)?;
+        let since: Vec<String> = if rerun {
+            dest.query(
+                "SELECT DISTINCT key::text FROM lokadb.changes WHERE org = $1 AND rel = $2",
+                &[&org, &t.display()],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        } else {
+            Vec::new()
+        };
+        let a = verify::sum(&mut old_side, t, &old, &since)?;
+        let b = verify::sum(&mut dest, t, &new, &since)?;
         let in_default = verify::left_in_default(&mut m.cloud, t)?;
-        let (line, good) = verify::compare(t, &a, &b, in_default);
+        let (mut line, good) = verify::compare(t, &a, &b, in_default);
+        if !since.is_empty() {
+            line.push_str(&format!(
+                " (without {} rows written since the switch)",
+                since.len()
+            ));
+        }
         ok &= good;
         lines.push(line);
     }
     let _ = dest.batch_execute("COMMIT");
-    if locked {
-        drop(dest);
-    }
     for l in &lines {
         m.say(format!("verify {l}"));
     }
@@ -262,7 +263,14 @@ fn cleanup(m: &mut Move, tables: &[MoveTable]) -> Result<(), AdminError> {
             if m.journal.mode == Mode::Logical {
                 logical::stop(m)?;
             }
+            let mut oc = m.org_session()?;
             for t in tables {
+                let table = t.org_table();
+                let mut tx = oc.transaction()?;
+                for s in super::capture::remove_sql(t, &table) {
+                    tx.batch_execute(&s)?;
+                }
+                tx.commit()?;
                 m.cloud
                     .batch_execute(&format!("DROP TABLE IF EXISTS {}", t.cloud_part()))?;
                 // Autovacuum does not analyze foreign tables: without statistics the
@@ -285,10 +293,17 @@ fn cleanup(m: &mut Move, tables: &[MoveTable]) -> Result<(), AdminError> {
                 }
                 tx.batch_execute(&format!("DROP TABLE IF EXISTS {table}"))?;
                 tx.commit()?;
-                m.cloud
-                    .batch_execute(&format!("DROP FOREIGN TABLE IF EXISTS {}", t.foreign_part()))?;
-                m.cloud
-                    .batch_execute(&format!("ANALYZE {}", t.cloud_part()))?;
+                m.cloud.batch_execute(&format!(
+                    "DROP FOREIGN TABLE IF EXISTS {}",
+                    t.foreign_part()
+                ))?;
+                let part = t.cloud_part();
+                let mut tx = m.cloud.transaction()?;
+                for s in super::capture::remove_sql(t, &part) {
+                    tx.batch_execute(&s)?;
+                }
+                tx.commit()?;
+                m.cloud.batch_execute(&format!("ANALYZE {part}"))?;
             }
             let id = m.org.id.clone();
             m.say(format!(
