@@ -435,68 +435,181 @@ fn move_back_returns_every_row_under_writers() {
     );
 }
 
+/// Runs `lokadb ARGS` killed at failpoint `point` (exit 99), and checks that afterwards
+/// organization 2 is not paused and `lokadb status` shows the move as interrupted.
+fn killed_at(w: &World, args: &[&str], point: &str) {
+    let out = std::process::Command::new(lokadb_tests::proxy::find_binary().unwrap())
+        .args(args)
+        .env("LOKADB_CLOUD", &w.dsn)
+        .env("LOKADB_MOVE_FAILPOINT", point)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(99),
+        "{point}: {}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    // Not paused: organization 2 takes a write at once.
+    let started = Instant::now();
+    q(
+        &w.cloud,
+        "SET lock_timeout = '3s'; UPDATE documents SET title = title WHERE organization_id = 2 AND id = (SELECT min(id) FROM documents WHERE organization_id = 2)",
+    );
+    assert!(started.elapsed() < Duration::from_secs(3), "{point}");
+    let status = ok(&lokadb(&w.dsn, &["status"]));
+    assert!(status.contains("interrupted"), "{point}: {status}");
+}
+
 /// Killed at every step in turn (each rerun resumes and is killed at the next one), with
-/// a writer running throughout; the last rerun finishes. After each crash the
-/// organization is not paused and its rows are where they were.
-#[test]
-fn move_org_killed_at_each_step_resumes_cleanly() {
-    let w = world(3_000, false);
+/// writers running throughout; the last rerun finishes. After each crash the
+/// organization is not paused and its rows are where they were; at the end every row is
+/// where it belongs and nothing the move created is left.
+fn killed_at_each_step(args: &[&str], logical: bool, points: &[&str]) {
+    let w = world(3_000, logical);
+    let back = args[0] == "move-back";
+    if back {
+        ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    }
     let (docs2, versions2, docs1) = counts(&w);
     let stop = Arc::new(AtomicBool::new(false));
     let handles = writers(&w.dsn, 2, stop.clone());
-    let bin = lokadb_tests::proxy::find_binary().unwrap();
-    for point in [
-        "split-copy",
-        "split-switch",
-        "after-split",
-        "after-prepare",
-        "copy",
-        "after-copy-table",
-        "catchup",
-        "switch",
-        "after-switch",
-        "verify",
-    ] {
-        let out = std::process::Command::new(&bin)
-            .args(["move-org", "2"])
-            .env("LOKADB_CLOUD", &w.dsn)
-            .env("LOKADB_MOVE_FAILPOINT", point)
-            .output()
-            .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(99),
-            "{point}: {}\n{}",
-            stdout(&out),
-            stderr(&out)
-        );
-        // Not paused: organization 2 takes a write at once.
-        let started = Instant::now();
-        q(
-            &w.cloud,
-            "INSERT INTO projects VALUES (1000 + (random() * 1e6)::int, 2) ON CONFLICT DO NOTHING",
-        );
-        q(
-            &w.cloud,
-            "SET lock_timeout = '3s'; UPDATE documents SET title = title WHERE organization_id = 2 AND id = (SELECT min(id) FROM documents WHERE organization_id = 2)",
-        );
-        assert!(started.elapsed() < Duration::from_secs(3), "{point}");
-        let status = ok(&lokadb(&w.dsn, &["status"]));
-        assert!(status.contains("interrupted"), "{point}: {status}");
+    for point in points {
+        killed_at(&w, args, point);
     }
-    let out = ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    let out = ok(&lokadb(&w.dsn, args));
     assert!(out.contains("verified"), "{out}");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let tally = join(handles);
     for e in &tally.errors {
-        assert!(e.starts_with("org 2: 40001"), "{e}");
+        assert!(!back && e.starts_with("org 2: 40001"), "{e}");
     }
-    assert_moved(
-        &w,
+    let expect = (
         docs2 + tally.inserted[2],
         versions2 + tally.inserted[2],
         docs1 + tally.inserted[1],
+    );
+    if back {
+        assert_eq!(counts(&w), expect);
+        assert_eq!(
+            q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+            "cloud"
+        );
+        assert_eq!(
+            org_q(
+                &w,
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+            ),
+            "0"
+        );
+        assert_eq!(
+            org_q(&w, "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal"),
+            "0"
+        );
+        assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+        ok(&lokadb(&w.dsn, &["verify", "2"]));
+    } else {
+        assert_moved(&w, expect.0, expect.1, expect.2);
+    }
+}
+
+#[test]
+fn move_org_killed_at_each_step_resumes_cleanly() {
+    killed_at_each_step(
+        &["move-org", "2"],
+        false,
+        &[
+            "split-copy",
+            "split-switch",
+            "after-split",
+            "after-prepare",
+            "copy",
+            "after-copy-table",
+            "catchup",
+            "switch",
+            "after-switch",
+            "verify",
+        ],
+    );
+}
+
+#[test]
+fn logical_move_killed_at_each_step_resumes_cleanly() {
+    killed_at_each_step(
+        &["move-org", "2", "--mode", "logical"],
+        true,
+        &[
+            "after-prepare",
+            "catchup",
+            "switch-renamed",
+            "switch",
+            "after-switch",
+            "verify",
+        ],
+    );
+}
+
+#[test]
+fn move_back_killed_at_each_step_resumes_cleanly() {
+    killed_at_each_step(
+        &["move-back", "2"],
+        false,
+        &[
+            "after-prepare",
+            "copy",
+            "after-copy-table",
+            "catchup",
+            "switch",
+            "after-switch",
+            "verify",
+        ],
+    );
+}
+
+/// An application through the proxy, ORM-style (prepared statements, a transaction per
+/// request: insert, read back, count), while organization 2 moves back and out again:
+/// no error, and no request waits longer than the documented pause.
+#[test]
+fn an_orm_client_through_the_proxy_sees_no_error_during_moves() {
+    let w = world(5_000, false);
+    w.cloud
+        .psql(
+            "postgres",
+            "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD 'auth-secret'",
+        )
+        .unwrap();
+    let proxy = crate::world::start_proxy(&w.cloud, json!({}), &[]).unwrap();
+    // The first move (with its split out of DEFAULT) before the clients start.
+    ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    let before = counts(&w);
+    let via_proxy = format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=app",
+        proxy.port(),
+        lokadb_tests::pg::SUPERUSER,
+        lokadb_tests::pg::SUPERUSER_PASSWORD
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles = writers(&via_proxy, 4, stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    let back = ok(&lokadb(&w.dsn, &["move-back", "2"]));
+    let out = ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let tally = join(handles);
+    assert!(tally.errors.is_empty(), "{:?}", tally.errors);
+    assert!(tally.inserted[2] > 0, "{tally:?}");
+    assert!(
+        tally.longest < Duration::from_secs(2),
+        "a request waited {:?}\n{back}\n{out}",
+        tally.longest
+    );
+    assert_moved(
+        &w,
+        before.0 + tally.inserted[2],
+        before.1 + tally.inserted[2],
+        before.2 + tally.inserted[1],
     );
 }
 
