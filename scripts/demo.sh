@@ -167,7 +167,7 @@ start_cluster() {
         if runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$data" -l "$log" -w -t 60 \
             -o "-c port=$CLUSTER_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$DEMO/run \
                 -c password_encryption=scram-sha-256 -c fsync=off -c synchronous_commit=off \
-                -c max_connections=100" start >/dev/null; then
+                -c max_connections=100 -c wal_level=logical -c wal_writer_delay=10ms" start >/dev/null; then
             return 0
         fi
         CLUSTER_PORT=""
@@ -371,6 +371,48 @@ echo "    read acme: $(app_sql "SELECT count(*) FROM notes WHERE organization_id
 app_sql "UPDATE notes SET body = 'x' WHERE id = 2" 2>&1 | grep -E '^(ERROR|HINT)' | sed 's/^/    write acme: /' || true
 "$LOKADB" resume acme --cloud "$CLOUD_DSN" | sed 's/^/    /'
 echo "    write acme after resume: $(app_sql "UPDATE notes SET body = 'x' WHERE id = 2" && echo ok)"
+
+say "lokadb move-org acme: acme's notes move into its own database while a writer keeps inserting"
+# A writer through the proxy, one INSERT per psql call, acme and globex in turn.
+: >"$DEMO/writer.ok"
+: >"$DEMO/writer.err"
+(
+    i=0
+    while [ ! -e "$DEMO/writer.stop" ]; do
+        i=$((i + 1))
+        org=acme
+        [ $((i % 2)) -eq 0 ] && org=globex
+        if app_sql "INSERT INTO notes (organization_id, body) VALUES ('$org', 'written during the move $i')" >/dev/null 2>>"$DEMO/writer.err"; then
+            echo "$org" >>"$DEMO/writer.ok"
+        fi
+    done
+) &
+WRITER_PID=$!
+ACME_BEFORE=$(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'acme'")
+sleep 1
+"$LOKADB" move-org acme --cloud "$CLOUD_DSN" 2>&1 | sed 's/^/    /'
+sleep 1
+touch "$DEMO/writer.stop"
+wait "$WRITER_PID" 2>/dev/null || true
+rm -f "$DEMO/writer.stop"
+ACME_WRITES=$(grep -c '^acme$' "$DEMO/writer.ok" || true)
+echo "  the writer inserted $ACME_WRITES acme notes and $(grep -c '^globex$' "$DEMO/writer.ok" || true) globex notes; errors: $(wc -l <"$DEMO/writer.err")"
+echo "  acme's notes: $ACME_BEFORE before + the writer's $ACME_WRITES;"
+echo "    in acme's database: $(org_psql -d acme -At -c "SELECT count(*) FROM notes")"
+echo "    in the cloud: $(su_psql -d app -At -c "SELECT count(*) FROM ONLY notes__lokadb_default WHERE organization_id = 'acme'") (through the proxy, postgres_fdw still reads them: $(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'acme'"))"
+echo "  lokadb status:"
+"$LOKADB" status --cloud "$CLOUD_DSN" | sed 's/^/    /'
+echo "  lokadb verify acme:"
+"$LOKADB" verify acme --cloud "$CLOUD_DSN" | sed 's/^/    /'
+say "lokadb move-back acme: and back into the cloud (its own partition now; no split next time)"
+"$LOKADB" move-back acme --cloud "$CLOUD_DSN" 2>&1 | grep -E 'switched|verify|done' | sed 's/^/    /'
+say "lokadb move-org acme --mode logical: out again, through a subscription this time"
+# The subscription in acme's database connects to the cloud with a password (a real
+# deployment uses a role with REPLICATION and SELECT only; docs/moving.md).
+org_psql -d acme -q -c "GRANT pg_create_subscription TO app"
+"$LOKADB" move-org acme --mode logical --cloud "$CLOUD_DSN" \
+    --cloud-from-org "host=127.0.0.1 port=$PG_PORT dbname=app user=postgres password=$SUPER_PASSWORD" 2>&1 |
+    grep -E 'subscription|switched|verify|done' | sed 's/^/    /'
 echo
 
 FAILED=0

@@ -25,10 +25,30 @@ fn trigger_name(t: &MoveTable, op: &str) -> String {
     crate::admin::keymap::fit(&format!("lokadb_capture_{}_{op}", t.org))
 }
 
-/// The capture function and triggers on `source` (a relation of the source database
-/// holding `t`'s rows). `filtered`: the source holds other organizations' rows too (the
-/// DEFAULT partition), so the triggers fire only for the organization's.
-pub fn install_sql(t: &MoveTable, source: &str, filtered: bool) -> Vec<String> {
+/// What a capture is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capture {
+    /// The source of a move: every write of the organization.
+    Source,
+    /// The DEFAULT partition at a split: only the organization's rows.
+    FilteredSource,
+    /// The destination: what the organization writes after the switch (for a
+    /// verification redone), not what this command's own sessions apply.
+    Destination,
+}
+
+/// The capture function and triggers on `source` (a relation holding `t`'s rows).
+pub fn install_sql(t: &MoveTable, source: &str, kind: Capture) -> Vec<String> {
+    let filtered = kind == Capture::FilteredSource;
+    // Only the destination skips the command's own sessions: a session that set the
+    // flag at a source would have its writes left behind.
+    let skip_own = if kind == Capture::Destination {
+        "IF current_setting('lokadb.applying', true) = 'on' THEN
+        RETURN NULL;
+    END IF;"
+    } else {
+        ""
+    };
     let f = capture_function(t);
     let keys = |rec: &str| -> String {
         let k: Vec<String> = t
@@ -45,10 +65,7 @@ pub fn install_sql(t: &MoveTable, source: &str, filtered: bool) -> Vec<String> {
     let body = format!(
         "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql {DEFINER} AS $lokadb$
 BEGIN
-    -- The move's own sessions (copy, catch-up) are not the organization writing.
-    IF current_setting('lokadb.applying', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
+    {skip_own}
     IF TG_OP <> 'INSERT' THEN
         INSERT INTO lokadb.changes (org, rel, key) VALUES ({org}, {rel}, {old});
     END IF;
@@ -377,5 +394,39 @@ impl LagReport {
             self.last = Instant::now();
             eprintln!("lokadb: {}", line());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::moves::layout::tests::table;
+
+    #[test]
+    fn only_the_destination_skips_the_commands_own_sessions() {
+        let t = table("42", "documents");
+        let dest = install_sql(&t, "d", Capture::Destination).join("\n");
+        let src = install_sql(&t, "s", Capture::Source).join("\n");
+        assert!(dest.contains("lokadb.applying"));
+        assert!(!src.contains("lokadb.applying"));
+    }
+
+    #[test]
+    fn a_filtered_source_fires_only_for_the_organization() {
+        let t = table("42", "documents");
+        let sql = install_sql(&t, "def", Capture::FilteredSource);
+        assert_eq!(sql.len(), 4);
+        assert!(sql[1]
+            .contains("AFTER INSERT ON def FOR EACH ROW WHEN (NEW.\"organization_id\" = '42')"));
+        assert!(sql[2]
+            .contains("WHEN (OLD.\"organization_id\" = '42' OR NEW.\"organization_id\" = '42')"));
+        assert!(sql[3]
+            .contains("AFTER DELETE ON def FOR EACH ROW WHEN (OLD.\"organization_id\" = '42')"));
+        // Removal drops every form, and the records.
+        let rm = remove_sql(&t, "def").join("\n");
+        for op in ["i", "u", "d", "a"] {
+            assert!(rm.contains(&format!("lokadb_capture_42_{op}")), "{rm}");
+        }
+        assert!(rm.contains("DELETE FROM lokadb.changes WHERE org = '42'"));
     }
 }

@@ -383,3 +383,79 @@ pub fn place(c: &mut impl GenericClient, t: &MoveTable) -> Result<Place, AdminEr
         ))),
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn table(org: &str, name: &str) -> MoveTable {
+        let col = |n: &str, t: &str, nn: bool| Column {
+            name: n.to_owned(),
+            sql_type: t.to_owned(),
+            not_null: nn,
+            identity: String::new(),
+        };
+        MoveTable {
+            schema: "public".to_owned(),
+            name: name.to_owned(),
+            org_column: "organization_id".to_owned(),
+            default_partition: format!("{name}__lokadb_default"),
+            columns: vec![
+                col("id", "bigint", true),
+                col("organization_id", "bigint", true),
+                col("title", "text", false),
+            ],
+            key: vec!["id".to_owned()],
+            key_types: vec!["bigint".to_owned()],
+            indexes: vec![IndexDef {
+                primary: true,
+                unique: true,
+                columns: vec!["id".to_owned()],
+                using: "USING btree (id)".to_owned(),
+            }],
+            checks: vec![],
+            org_literal: literal(org),
+            org: org.to_owned(),
+        }
+    }
+
+    #[test]
+    fn names_fit_and_stay_distinct_per_organization() {
+        let long = "a".repeat(60);
+        let a = table("42", &long);
+        let b = table("43", &long);
+        for n in [a.own_name(), a.cloud_part_name(), a.foreign_part_name()] {
+            assert!(n.len() <= 63, "{n}");
+        }
+        assert_ne!(a.cloud_part_name(), b.cloud_part_name());
+        assert_ne!(a.cloud_part_name(), a.foreign_part_name());
+        assert_eq!(
+            table("42", "documents").cloud_part_name(),
+            "documents__lokadb_42_c"
+        );
+    }
+
+    #[test]
+    fn slot_tags_are_stable_and_valid_slot_names() {
+        let t = tag("acme/../corp ü");
+        assert_eq!(t, tag("acme/../corp ü"));
+        assert_ne!(t, tag("acme"));
+        assert!(t.len() <= 63);
+        assert!(t
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+    }
+
+    #[test]
+    fn the_organization_copy_has_no_defaults_and_keeps_the_key() {
+        let ddl = table("42", "documents").org_ddl("\"public\".\"documents\"");
+        assert_eq!(
+            ddl[1],
+            "CREATE TABLE \"public\".\"documents\" (\"id\" bigint NOT NULL, \"organization_id\" bigint NOT NULL, \"title\" text)"
+        );
+        assert_eq!(
+            ddl[2],
+            "ALTER TABLE \"public\".\"documents\" ADD PRIMARY KEY (\"id\")"
+        );
+    }
+}

@@ -649,7 +649,11 @@ fn prepare_out(m: &mut Move) -> Result<(), AdminError> {
         // switch, so a verification cut short can be redone (this command's own writes
         // are not recorded).
         let mut ddl = t.org_ddl(&table);
-        ddl.extend(capture::install_sql(t, &table, false));
+        ddl.extend(capture::install_sql(
+            t,
+            &table,
+            capture::Capture::Destination,
+        ));
         for s in ddl {
             tx.batch_execute(&s).map_err(|e| {
                 AdminError::failed(format!(
@@ -682,7 +686,7 @@ fn prepare_out(m: &mut Move) -> Result<(), AdminError> {
                 if capture::installed(&mut m.cloud, t, &part)? {
                     continue;
                 }
-                let sql = capture::install_sql(t, &part, false);
+                let sql = capture::install_sql(t, &part, capture::Capture::Source);
                 crate::admin::fkeys::with_lock_retry(
                     &mut m.cloud,
                     &format!("starting change capture on {}", t.display()),
@@ -816,7 +820,11 @@ fn prepare_back(m: &mut Move) -> Result<(), AdminError> {
         tx.batch_execute(&format!("DROP TABLE IF EXISTS {}", t.cloud_part()))?;
         let mut ddl = t.cloud_part_ddl();
         // As for move-org: what is written after the switch, for a verification redone.
-        ddl.extend(capture::install_sql(t, &t.cloud_part(), false));
+        ddl.extend(capture::install_sql(
+            t,
+            &t.cloud_part(),
+            capture::Capture::Destination,
+        ));
         for s in ddl {
             tx.batch_execute(&s)?;
         }
@@ -830,7 +838,7 @@ fn prepare_back(m: &mut Move) -> Result<(), AdminError> {
             continue;
         }
         let mut tx = oc.transaction()?;
-        for s in capture::install_sql(t, &table, false) {
+        for s in capture::install_sql(t, &table, capture::Capture::Source) {
             tx.batch_execute(&s)?;
         }
         tx.commit()?;

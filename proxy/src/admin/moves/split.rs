@@ -61,7 +61,7 @@ pub fn run(m: &mut Move) -> Result<(), AdminError> {
         tx.commit()?;
         let default = t.default();
         if !capture::installed(&mut m.cloud, t, &default)? {
-            let sql = capture::install_sql(t, &default, true);
+            let sql = capture::install_sql(t, &default, capture::Capture::FilteredSource);
             with_lock_retry(
                 &mut m.cloud,
                 &format!("starting change capture on {default}"),
