@@ -1,0 +1,1359 @@
+#!/usr/bin/env python3
+"""LokaDB move benchmark: `lokadb move-org` / `lokadb move-back` under writers, through a 40 ms link.
+
+    /work/main/.venv/bin/python research/bench/moves.py [--quick] [--out DIR]
+
+For each scenario (organization size x catch-up mode x writers) a fresh world: a cloud cluster
+with the test schema of tests/tests/it/admin_enable.rs (`SCHEMA`), bulk rows for organizations 1
+and 2 in the DEFAULT partitions (`lokadb enable documents`, `lokadb enable document_versions`),
+organization 2's database registered behind the relay (`lokadb org add 2 --via-relay ...`), the
+relay, and organization 2's agent dialing the relay's agent port through the latency link (20 ms
+each way = 40 ms RTT). Writers (psycopg threads, straight at the cloud) insert documents and
+versions of organizations 1 and 2 before, during and after `lokadb move-org 2 [--mode M]`; then
+the rows are counted on both sides, the link's ceiling is measured on the same rows (a plain COPY
+through the relay), and once per size `lokadb move-back 2` is measured too.
+
+The world of a size is built once and its two data directories kept as templates; each scenario
+starts clusters on copies of them (`cp -a`), so each move is a first move (a split out of DEFAULT).
+
+Writes raw.json, summary.md and PNG charts into research/bench/results/<UTC ts>-moves[-quick]/
+and the numbers behind the charts into research/bench/charts-data.md (move-org sections).
+Benchmarks whatever binaries are in $LOKADB_BENCH_TARGET (default /work/target-bench/release,
+built with `CARGO_TARGET_DIR=/work/target-bench cargo build --release -p lokadb -p lokadb-agent
+-p lokadb-tests`); it builds nothing. See research/bench/README.md, "Move benchmark".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
+from run import (  # noqa: E402
+    CHILDREN, PG_BIN, PG_USER, REPO, TEMP_DIRS, cleanup, cpu_ticks, free_port, log,
+    on_sigterm, percentile, rss_kib, run_checked, stop_process,
+)
+import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
+from tunnel import (  # noqa: E402
+    Relay, binary_info, make_certs, new_token, start_agent, start_link, stop_agents, ticks_to_ms,
+)
+
+import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
+import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
+
+BIN_DIR = tunnel.BIN_DIR
+LOKADB_BIN = BIN_DIR / "lokadb"
+AGENT_BIN = BIN_DIR / "lokadb-agent"
+LINK_BIN = BIN_DIR / "latency-link"
+
+SUPER_PASSWORD = tunnel.SUPER_PASSWORD
+APP_PASSWORD = "app-bench-secret"
+ORG = "2"  # the organization that moves
+OTHER = "1"  # the one that stays in DEFAULT
+ORG_DB = "orgdb"
+RTT_MS = 40.0
+BODY_BYTES = 1000  # document_versions.body of a bulk row (under the TOAST threshold: stored as is)
+GOAL_PAUSE_MS = 300
+TABLES = ["documents", "document_versions"]
+
+# Postgres settings. fsync stays on (default); synchronous_commit off as in run.py.
+COMMON_PG = {"synchronous_commit": "off", "max_wal_size": "4GB", "min_wal_size": "80MB",
+             "checkpoint_timeout": "15min"}
+CLOUD_PG = {"max_connections": "100", "shared_buffers": "256MB", **COMMON_PG}
+ORG_PG = {"max_connections": "100", "shared_buffers": "128MB", **COMMON_PG}
+LOGICAL_CLOUD_PG = {"wal_level": "logical", "wal_writer_delay": "10ms"}
+
+
+class Mode:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.name = "quick" if quick else "full"
+        self.sizes_mb = [20] if quick else [60, 600]
+        self.modes = ["trigger"] if quick else ["trigger", "logical"]
+        self.writers = [2] if quick else [2, 8]
+        self.t_before = 3.0 if quick else 5.0  # writers' seconds before the move
+        self.t_after = 2.0 if quick else 3.0  # ... and after it
+        self.move_back = True  # once per size, after the first scenario
+        self.move_back_writers = 2
+
+
+# --------------------------------------------------------------------------------------
+# Small helpers
+
+
+def med(v):
+    v = [x for x in v if x is not None]
+    return statistics.median(v) if v else None
+
+
+def fmt(v, nd=1):
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def loadavg() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def mask(s: str) -> str:
+    return s.replace(SUPER_PASSWORD, "***").replace(APP_PASSWORD, "***")
+
+
+def schema_sql() -> str:
+    """The test schema, read from tests/tests/it/admin_enable.rs (`SCHEMA`), so both stay one."""
+    src = (REPO / "tests" / "tests" / "it" / "admin_enable.rs").read_text()
+    m = re.search(r'pub\(crate\) const SCHEMA: &str = "(.*?)";\n', src, re.S)
+    if not m or "\\" in m.group(1) or '"' in m.group(1):
+        raise RuntimeError("could not read SCHEMA from tests/tests/it/admin_enable.rs")
+    return m.group(1)
+
+
+def stat_fields(pid: int):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return data[data.rindex(")") + 2:].split()
+
+
+def tree_ticks(pid: int):
+    """CPU ticks of a Postgres cluster: the postmaster, its reaped children (cutime+cstime) and
+    its live children. A backend that ends between two readings is counted by cutime."""
+    f = stat_fields(pid)
+    if f is None:
+        return None
+    total = sum(int(x) for x in f[11:15])
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        cf = stat_fields(int(d))
+        if cf and cf[1] == str(pid):
+            total += int(cf[11]) + int(cf[12])
+    return total
+
+
+# --------------------------------------------------------------------------------------
+# Clusters: initdb once per size, then copies of the data directory per scenario
+
+
+class PgCluster:
+    def __init__(self, root: Path, name: str, commands: list):
+        self.dir = root / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        shutil.chown(self.dir, PG_USER, PG_USER)
+        self.data = self.dir / "pgdata"
+        self.name = name
+        self.commands = commands
+        self.proc = None
+        self.port = None
+        self.settings = {}
+
+    def initdb(self):
+        pwfile = self.dir / "pwfile"
+        pwfile.write_text(SUPER_PASSWORD + "\n")
+        shutil.chown(pwfile, PG_USER, PG_USER)
+        os.chmod(pwfile, 0o600)
+        cmd = [PG_BIN / "initdb", "-D", self.data, "-U", "postgres", f"--pwfile={pwfile}",
+               "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
+               "--locale=C.UTF-8", "--no-instructions"]
+        self.commands.append(f"(as {PG_USER}) {shlex.join(map(str, cmd))}")
+        run_checked([str(c) for c in cmd], user=PG_USER, group=PG_USER, extra_groups=[],
+                    cwd=self.dir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        pwfile.unlink()
+
+    def clone_from(self, template: Path):
+        cmd = ["cp", "-a", str(template), str(self.data)]
+        self.commands.append(shlex.join(cmd))
+        run_checked(cmd)
+
+    def start(self, settings: dict):
+        self.port = free_port()
+        s = {"listen_addresses": "127.0.0.1", "port": str(self.port),
+             "unix_socket_directories": str(self.dir), "password_encryption": "scram-sha-256",
+             "logging_collector": "off", **settings}
+        self.settings = s
+        cmd = [PG_BIN / "postgres", "-D", self.data]
+        for k, v in s.items():
+            cmd += ["-c", f"{k}={v}"]
+        self.commands.append(f"(as {PG_USER}) {shlex.join(map(str, cmd))}")
+        logf = open(self.dir / "postgres.log", "ab")
+        self.proc = subprocess.Popen(
+            [str(c) for c in cmd], stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            user=PG_USER, group=PG_USER, extra_groups=[], cwd=self.dir,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(self.dir)},
+            start_new_session=True)
+        self.proc._bench_stop_signal = signal.SIGINT
+        CHILDREN.append(self.proc)
+        deadline = time.time() + 120
+        while True:
+            try:
+                with self.conn():
+                    break
+            except psycopg.OperationalError:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"Postgres {self.name} did not start:\n" + self.log_tail())
+                time.sleep(0.2)
+
+    def stop(self, wait=180.0):
+        if self.proc is not None:
+            stop_process(self.proc, signal.SIGINT, wait=wait)  # fast shutdown: a clean checkpoint
+            if self.proc in CHILDREN:
+                CHILDREN.remove(self.proc)
+            self.proc = None
+
+    def log_tail(self, n=3000) -> str:
+        p = self.dir / "postgres.log"
+        return p.read_text(errors="replace")[-n:] if p.exists() else ""
+
+    def conn(self, dbname="postgres", user="postgres", password=SUPER_PASSWORD, autocommit=True, **kw):
+        return psycopg.connect(host="127.0.0.1", port=self.port, user=user, password=password,
+                               dbname=dbname, sslmode="disable", autocommit=autocommit,
+                               connect_timeout=30, **kw)
+
+    def dsn(self, dbname="app", port=None) -> str:
+        return (f"host=127.0.0.1 port={port or self.port} user=postgres password={SUPER_PASSWORD} "
+                f"dbname={dbname} sslmode=disable")
+
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def one(self, sql: str, dbname="app"):
+        with self.conn(dbname) as c:
+            return c.execute(sql).fetchone()[0]
+
+
+def lokadb(ctx, args: list, dsn: str, timeout=3600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
+    env.update({"LOKADB_CLOUD": dsn, "LOKADB_LOG": "warn"})
+    cmd = [str(LOKADB_BIN), *args]
+    ctx.commands.append(mask(f"LOKADB_CLOUD='{dsn}' " + shlex.join(cmd)))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{mask(shlex.join(cmd))} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+# --------------------------------------------------------------------------------------
+# The world of one size
+
+
+def org_pairs(size_mb: int) -> int:
+    """Documents (one version each) of one organization for ~size_mb MB of COPY text."""
+    return int(size_mb * 1e6 / (BODY_BYTES + 45))
+
+
+def load_sql(pairs: int) -> str:
+    # Triggers off for the bulk load (session_replication_role = replica): the rows are
+    # consistent by construction, the FK checks and the audit trigger would only slow it.
+    return f"""
+SET session_replication_role = replica;
+INSERT INTO documents (organization_id, project_id, title)
+  SELECT 1 + g % 2, 10 * (1 + g % 2), 'bulk ' || g FROM generate_series(1, {2 * pairs}) g;
+INSERT INTO document_versions (organization_id, document_id, body)
+  SELECT organization_id, id, left(repeat(md5(id::text), {BODY_BYTES // 32 + 1}), {BODY_BYTES})
+    FROM documents WHERE title LIKE 'bulk %';
+SET session_replication_role = origin;
+"""
+
+
+def build_template(ctx, size_mb: int) -> dict:
+    """Cloud + organization clusters for one size, stopped: their data dirs are the templates."""
+    root = ctx.tmp / f"template-{size_mb}"
+    root.mkdir()
+    shutil.chown(root, PG_USER, PG_USER)
+    info = {"size_mb_target": size_mb, "pairs_per_org": org_pairs(size_mb), "timings_s": {}}
+    T = info["timings_s"]
+    t0 = time.time()
+    org = PgCluster(root, "org", ctx.commands)
+    org.initdb()
+    org.start(ORG_PG)
+    with org.conn() as c:
+        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+        c.execute(f"CREATE DATABASE {ORG_DB} OWNER app")
+        info["postgres_version"] = c.execute("SELECT version()").fetchone()[0]
+    relay = Relay(ctx.tmp, ctx.certs, {ORG: ctx.token_hash}, {}, ctx.commands,
+                  agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port,
+                  tag=f"relay-template-{size_mb}")
+    agent = start_agent(f"127.0.0.1:{relay.agents_port}", ctx.token, org.addr(), ctx.certs["ca"], {},
+                        ctx.agent_log)
+    cloud = PgCluster(root, "cloud", ctx.commands)
+    try:
+        relay.wait_connected(1)
+        cloud.initdb()
+        cloud.start(CLOUD_PG)
+        with cloud.conn() as c:
+            c.execute("CREATE DATABASE app")
+        dsn = cloud.dsn()
+        T["clusters"] = round(time.time() - t0, 1)
+        t = time.time()
+        lokadb(ctx, ["init"], dsn)
+        with cloud.conn("app") as c:
+            c.execute(schema_sql())
+        T["init_schema"] = round(time.time() - t, 1)
+        t = time.time()
+        sql = load_sql(info["pairs_per_org"])
+        ctx.commands.append(f"(cloud, database app) {sql.strip()}")
+        with cloud.conn("app") as c:
+            c.execute(sql)
+            c.execute("VACUUM ANALYZE documents")
+            c.execute("VACUUM ANALYZE document_versions")
+        T["load"] = round(time.time() - t, 1)
+        log(f"  loaded {2 * info['pairs_per_org']:,} documents + versions in {T['load']} s")
+        t = time.time()
+        for tbl in TABLES:
+            lokadb(ctx, ["enable", tbl], dsn)
+        T["enable"] = round(time.time() - t, 1)
+        log(f"  lokadb enable documents, document_versions: {T['enable']} s")
+        t = time.time()
+        lokadb(ctx, ["org", "add", ORG, "--via-relay", f"127.0.0.1:{ctx.relay_pg_port}", "--dbname",
+                     ORG_DB, "--user", "app", "--password", APP_PASSWORD], dsn)
+        T["org_add"] = round(time.time() - t, 1)
+        with cloud.conn("app") as c:
+            c.execute("VACUUM ANALYZE")
+            c.execute("CHECKPOINT")
+            rows = {}
+            for tbl in TABLES:
+                rows[tbl] = dict(c.execute(
+                    f"SELECT organization_id::text, count(*) FROM {tbl} GROUP BY 1 ORDER BY 1").fetchall())
+            info["rows"] = rows
+            # The COPY text of organization 2's rows (what a move streams), and on disk.
+            t = time.time()
+            copy_bytes = {}
+            for tbl in TABLES:
+                n = 0
+                with c.cursor().copy(f"COPY (SELECT * FROM {tbl} WHERE organization_id = {ORG}) TO STDOUT") as cp:
+                    for data in cp:
+                        n += len(data)
+                copy_bytes[tbl] = n
+            info["org_copy_bytes"] = copy_bytes
+            info["org_copy_mb"] = round(sum(copy_bytes.values()) / 1e6, 1)
+            T["measure_copy"] = round(time.time() - t, 1)
+            info["cloud_db_size_mb"] = round(c.execute("SELECT pg_database_size('app')").fetchone()[0] / 1e6, 1)
+            info["default_partition_mb"] = {
+                tbl: round(c.execute(f"SELECT pg_total_relation_size('{tbl}__lokadb_default')").fetchone()[0] / 1e6, 1)
+                for tbl in TABLES}
+        log(f"  organization {ORG}: {info['org_copy_mb']} MB of COPY text "
+            f"({rows['documents'].get(ORG)} documents, {rows['document_versions'].get(ORG)} versions); "
+            f"cloud database {info['cloud_db_size_mb']} MB")
+    finally:
+        stop_agents([agent])
+        relay.stop()
+        cloud.stop()
+        org.stop()
+    info["cloud_template"] = cloud.data
+    info["org_template"] = org.data
+    info["template_du_mb"] = {
+        n: round(int(subprocess.run(["du", "-sk", str(p)], capture_output=True, text=True).stdout.split()[0]) / 1024, 1)
+        for n, p in (("cloud", cloud.data), ("org", org.data))}
+    T["total"] = round(time.time() - t0, 1)
+    return info
+
+
+# --------------------------------------------------------------------------------------
+# Writers
+
+
+class Writers:
+    """n threads, each its own cloud connection: BEGIN; INSERT a document of organization 1 or 2
+    (alternately); INSERT a version of it; COMMIT. Every transaction's end time, org, outcome,
+    latency is kept."""
+
+    def __init__(self, cloud: PgCluster, n: int, tag: str):
+        self.cloud, self.n, self.tag = cloud, n, tag
+        self.stop = threading.Event()
+        self.events: list[tuple] = []  # (t_end monotonic, org, ok, latency s, sqlstate/None)
+        self.messages: dict[str, str] = {}
+        self.threads = [threading.Thread(target=self._run, args=(w,), daemon=True) for w in range(n)]
+        self.reconnects = 0
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def _connect(self):
+        return self.cloud.conn("app", autocommit=False)
+
+    def _run(self, w: int):
+        conn = None
+        i = 0
+        while not self.stop.is_set():
+            if conn is None or conn.closed:
+                try:
+                    conn = self._connect()
+                except psycopg.Error as e:
+                    self._err(0, "connect", e, 0.0, time.monotonic())
+                    time.sleep(0.2)
+                    continue
+            i += 1
+            org = 1 + (i + w) % 2
+            t0 = time.monotonic()
+            try:
+                cur = conn.execute(
+                    "INSERT INTO documents (organization_id, project_id, title) VALUES (%s, %s, %s) RETURNING id",
+                    (org, org * 10, f"{self.tag} w{w} {i}"))
+                doc = cur.fetchone()[0]
+                conn.execute(
+                    "INSERT INTO document_versions (organization_id, document_id, body) VALUES (%s, %s, 'new')",
+                    (org, doc))
+                conn.commit()
+                t1 = time.monotonic()
+                self.events.append((t1, org, True, t1 - t0, None))
+            except psycopg.Error as e:
+                t1 = time.monotonic()
+                self._err(org, e.sqlstate or type(e).__name__, e, t1 - t0, t1)
+                try:
+                    conn.rollback()
+                except psycopg.Error:
+                    pass
+                if conn.closed or conn.broken:
+                    self.reconnects += 1
+                    try:
+                        conn.close()
+                    except psycopg.Error:
+                        pass
+                    conn = None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+    def _err(self, org, code, e, lat, t1):
+        self.events.append((t1, org, False, lat, code))
+        key = f"org {org}: {code}"
+        if key not in self.messages:
+            self.messages[key] = str(e).strip().splitlines()[0][:300] if str(e).strip() else repr(e)
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=120)
+
+    def tally(self, t_move0: float, t_move1: float, t_start: float, t_stop: float) -> dict:
+        ev = sorted(self.events)
+        ok = {1: 0, 2: 0}
+        errors: dict[str, int] = {}
+        for t, org, good, lat, code in ev:
+            if good:
+                ok[org] += 1
+            else:
+                k = f"org {org}: {code}"
+                errors[k] = errors.get(k, 0) + 1
+
+        def rate(a, b, org=None):
+            if b <= a:
+                return None
+            n = sum(1 for t, o, good, _, _ in ev if good and a <= t < b and (org is None or o == org))
+            return n / (b - a)
+
+        def lat_stats(a, b, org):
+            # transactions that ended during [a, b] or were in flight across it
+            ls = sorted(lat for t, o, good, lat, _ in ev if good and o == org and t >= a and t - lat <= b)
+            return {"n": len(ls), "max_ms": round(ls[-1] * 1e3, 1) if ls else None,
+                    "p50_ms": round(percentile(ls, 0.5) * 1e3, 2) if ls else None,
+                    "p99_ms": round(percentile(ls, 0.99) * 1e3, 1) if ls else None}
+
+        b0 = t_start + 1.0  # the writers' first second (connecting) is left out
+        out = {
+            "writers": self.n, "ok": {str(k): v for k, v in ok.items()}, "errors": errors,
+            "error_messages": self.messages, "reconnects": self.reconnects,
+            "rate": {
+                "before": {"all": rate(b0, t_move0), "org1": rate(b0, t_move0, 1), "org2": rate(b0, t_move0, 2)},
+                "during": {"all": rate(t_move0, t_move1), "org1": rate(t_move0, t_move1, 1),
+                           "org2": rate(t_move0, t_move1, 2)},
+                "after": {"all": rate(t_move1, t_stop), "org1": rate(t_move1, t_stop, 1),
+                          "org2": rate(t_move1, t_stop, 2)},
+            },
+            "latency_during_move": {"org1": lat_stats(t_move0, t_move1, 1), "org2": lat_stats(t_move0, t_move1, 2)},
+            "latency_before": {"org1": lat_stats(b0, t_move0, 1), "org2": lat_stats(b0, t_move0, 2)},
+            "latency_after": {"org1": lat_stats(t_move1, t_stop, 1), "org2": lat_stats(t_move1, t_stop, 2)},
+            "windows_s": {"before": round(t_move0 - b0, 2), "during": round(t_move1 - t_move0, 2),
+                          "after": round(t_stop - t_move1, 2)},
+        }
+        # Per-second successes per organization, seconds relative to the move's start.
+        lo = math.floor(t_start - t_move0)
+        hi = math.ceil(t_stop - t_move0)
+        series = {"t": list(range(lo, hi)), "org1": [0] * (hi - lo), "org2": [0] * (hi - lo),
+                  "errors": [0] * (hi - lo)}
+        for t, org, good, _, _ in ev:
+            k = math.floor(t - t_move0) - lo
+            if 0 <= k < hi - lo:
+                if good:
+                    series[f"org{org}" if org in (1, 2) else "org1"][k] += 1
+                else:
+                    series["errors"][k] += 1
+        out["per_second"] = series
+        # The longest org-2 transaction and when it ended (relative to the move's start).
+        l2 = [(lat, t) for t, o, good, lat, _ in ev if o == 2]
+        if l2:
+            lat, t = max(l2)
+            out["longest_org2"] = {"ms": round(lat * 1e3, 1), "ended_at_s": round(t - t_move0, 2)}
+        l1 = [(lat, t) for t, o, good, lat, _ in ev if o == 1]
+        if l1:
+            lat, t = max(l1)
+            out["longest_org1"] = {"ms": round(lat * 1e3, 1), "ended_at_s": round(t - t_move0, 2)}
+        return out
+
+
+# --------------------------------------------------------------------------------------
+# The move command and its report
+
+
+def run_move(ctx, args: list, dsn: str, timeout=3600) -> dict:
+    """Runs lokadb with `args`, timestamping every output line; CPU and peak RSS from wait4."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
+    env.update({"LOKADB_CLOUD": dsn, "LOKADB_LOG": "warn"})
+    cmd = [str(LOKADB_BIN), *args]
+    ctx.commands.append(mask(f"LOKADB_CLOUD='{dsn}' " + shlex.join(cmd)))
+    lines: list = []
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         env=env, start_new_session=True, text=True)
+    CHILDREN.append(p)
+
+    def pump(stream, name):
+        for line in stream:
+            lines.append((time.monotonic() - t0, name, line.rstrip("\n")))
+
+    pumps = [threading.Thread(target=pump, args=(p.stdout, "stdout"), daemon=True),
+             threading.Thread(target=pump, args=(p.stderr, "stderr"), daemon=True)]
+    for th in pumps:
+        th.start()
+    killer = threading.Timer(timeout, lambda: p.poll() is None and p.kill())
+    killer.start()
+    try:
+        _, status, ru = os.wait4(p.pid, 0)
+    finally:
+        killer.cancel()
+    t1 = time.monotonic()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    for th in pumps:
+        th.join(timeout=10)
+    if p in CHILDREN:
+        CHILDREN.remove(p)
+    lines.sort()
+    return {"command": mask(shlex.join(cmd)), "rc": p.returncode, "wall_s": round(t1 - t0, 3),
+            "t0": t0, "t1": t1, "cpu_user_s": round(ru.ru_utime, 3), "cpu_sys_s": round(ru.ru_stime, 3),
+            "maxrss_kib": ru.ru_maxrss,
+            "lines": [{"t": round(t, 3), "stream": s, "line": l} for t, s, l in lines]}
+
+
+def parse_report(res: dict) -> dict:
+    out = {"copied": [], "verify": [], "switch_retries": 0, "split_retries": 0}
+    for e in res["lines"]:
+        line, t = e["line"], e["t"]
+        if m := re.search(r"split of \S+: its writes paused (\d+) ms", line):
+            out["split_pause_ms"] = int(m.group(1))
+            out["t_split_pause_end"] = t
+        elif m := re.search(r"split (\S+): (\d+) rows copied to", line):
+            out.setdefault("split_rows", {})[m.group(1)] = int(m.group(2))
+        elif m := re.search(r"split of \S+ out of DEFAULT done in ([\d.]+) s", line):
+            out["split_s"] = float(m.group(1))
+            out["t_split_done"] = t
+        elif re.search(r"prepared \d+ (tables|cloud partitions)", line):
+            out["t_prepared"] = t
+        elif m := re.search(r"copied (\S+): (\d+) rows, ([\d.]+) MB in ([\d.]+) s", line):
+            out["copied"].append({"table": m.group(1), "rows": int(m.group(2)), "mb": float(m.group(3)),
+                                  "s": float(m.group(4)), "t": t})
+        elif m := re.search(r"initial copy by the subscription done in ([\d.]+) s", line):
+            out["subscription_copy_s"] = float(m.group(1))
+            out["t_copy_done"] = t
+        elif m := re.search(r"subscription caught up after ([\d.]+) s \(a marker arrives in (\d+) ms\)", line):
+            out["catchup_s"] = float(m.group(1))
+            out["marker_ms"] = int(m.group(2))
+            out["t_catchup_done"] = t
+        elif m := re.search(r"catch-up done: (\d+) records in ([\d.]+) s", line):
+            out["catchup_records"] = int(m.group(1))
+            out["catchup_s"] = float(m.group(2))
+            out["t_catchup_done"] = t
+        elif m := re.search(r"switched \S+ to (its database|the cloud): its writes paused (\d+) ms "
+                            r"\((\d+) last records applied in (\d+) ms\)", line):
+            out["switch_pause_ms"] = int(m.group(2))
+            out["switch_last_records"] = int(m.group(3))
+            out["switch_apply_ms"] = int(m.group(4))
+            out["t_switch"] = t
+        elif line.startswith("lokadb: verify "):
+            out["verify"].append(line[len("lokadb: verify "):])
+        elif "lock not granted" in line and "switch of" in line:
+            out["switch_retries"] += 1
+        elif "DEFAULT partition's lock was not granted" in line:
+            out["split_retries"] += 1
+        elif m := re.search(r"(move-org|move-back) of \S+ done in ([\d.]+) s(?:, writes paused (\d+) ms at the switch)?; verified", line):
+            out["done_s"] = float(m.group(2))
+            out["final_pause_ms"] = int(m.group(3)) if m.group(3) else None
+            out["final_line"] = line
+    out["verified"] = bool(out["verify"]) and all("checksum equal" in v for v in out["verify"]) \
+        and not any("DIFFERS" in v for v in out["verify"]) and "final_line" in out
+    if out["copied"]:
+        out["copy_mb"] = round(sum(c["mb"] for c in out["copied"]), 1)
+        out["copy_rows"] = sum(c["rows"] for c in out["copied"])
+        # Tables copy in parallel: the copy phase is from the end of "prepare" to the last table.
+        t_start = out.get("t_prepared")
+        t_end = max(c["t"] for c in out["copied"])
+        out["copy_phase_s"] = round(t_end - t_start, 2) if t_start is not None else max(c["s"] for c in out["copied"])
+        out["copy_mb_s"] = round(out["copy_mb"] / max(1e-6, out["copy_phase_s"]), 2)
+        out["t_copy_done"] = t_end
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Counting and the link's ceiling
+
+
+def count_state(cloud: PgCluster, org: PgCluster) -> dict:
+    out = {}
+    with cloud.conn("app") as c:
+        for tbl in TABLES:
+            for o in (OTHER, ORG):
+                out[f"cloud_{tbl}_org{o}"] = c.execute(
+                    f"SELECT count(*) FROM {tbl} WHERE organization_id = {o}").fetchone()[0]
+            out[f"cloud_default_{tbl}_org{ORG}"] = c.execute(
+                f"SELECT count(*) FROM ONLY {tbl}__lokadb_default WHERE organization_id = {ORG}").fetchone()[0]
+        out["cloud_org_parts_c"] = c.execute(
+            f"SELECT count(*) FROM pg_class WHERE relname LIKE '%\\_\\_lokadb\\_{ORG}\\_c'").fetchone()[0]
+        out["cloud_org_parts_f"] = c.execute(
+            f"SELECT count(*) FROM pg_class WHERE relname LIKE '%\\_\\_lokadb\\_{ORG}\\_f'").fetchone()[0]
+        out["state"] = c.execute(f"SELECT state FROM lokadb.org WHERE id = '{ORG}'").fetchone()[0]
+        out["moves_in_journal"] = c.execute("SELECT count(*) FROM lokadb.moves").fetchone()[0]
+        out["slots"] = c.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0]
+        out["publications"] = c.execute("SELECT count(*) FROM pg_publication").fetchone()[0]
+    with org.conn(ORG_DB) as c:
+        for tbl in TABLES:
+            exists = c.execute(f"SELECT to_regclass('public.{tbl}') IS NOT NULL").fetchone()[0]
+            out[f"org_has_{tbl}"] = exists
+            if exists:
+                out[f"org_{tbl}_org{ORG}"] = c.execute(
+                    f"SELECT count(*) FROM public.{tbl} WHERE organization_id = {ORG}").fetchone()[0]
+                out[f"org_{tbl}_others"] = c.execute(
+                    f"SELECT count(*) FROM public.{tbl} WHERE organization_id <> {ORG}").fetchone()[0]
+        out["org_subscriptions"] = c.execute("SELECT count(*) FROM pg_subscription").fetchone()[0]
+    return out
+
+
+def check_moved(before: dict, after: dict, ok: dict) -> dict:
+    ok1, ok2 = ok.get("1", 0), ok.get("2", 0)
+    checks = {}
+    for tbl in TABLES:
+        checks[f"org {ORG} {tbl} in its database = before + its inserts"] = (
+            after.get(f"org_{tbl}_org{ORG}"), before[f"cloud_{tbl}_org{ORG}"] + ok2)
+        checks[f"org {ORG} {tbl} through the cloud (postgres_fdw) = in its database"] = (
+            after[f"cloud_{tbl}_org{ORG}"], after.get(f"org_{tbl}_org{ORG}"))
+        checks[f"org {OTHER} {tbl} in the cloud = before + its inserts"] = (
+            after[f"cloud_{tbl}_org{OTHER}"], before[f"cloud_{tbl}_org{OTHER}"] + ok1)
+        checks[f"org {ORG} {tbl} rows left in DEFAULT"] = (after[f"cloud_default_{tbl}_org{ORG}"], 0)
+        checks[f"other organizations' {tbl} rows in org {ORG}'s database"] = (after.get(f"org_{tbl}_others"), 0)
+    checks[f"org {ORG} cloud partitions (__lokadb_{ORG}_c) left"] = (after["cloud_org_parts_c"], 0)
+    checks["state"] = (after["state"], "moved")
+    checks["journal rows left"] = (after["moves_in_journal"], 0)
+    checks["replication slots left"] = (after["slots"], 0)
+    checks["publications left"] = (after["publications"], 0)
+    checks["subscriptions left"] = (after["org_subscriptions"], 0)
+    return {k: {"got": g, "want": w, "ok": g == w} for k, (g, w) in checks.items()}
+
+
+def check_back(before: dict, after: dict, ok: dict) -> dict:
+    ok1, ok2 = ok.get("1", 0), ok.get("2", 0)
+    checks = {}
+    for tbl in TABLES:
+        checks[f"org {ORG} {tbl} in the cloud = before + its inserts"] = (
+            after[f"cloud_{tbl}_org{ORG}"], before[f"cloud_{tbl}_org{ORG}"] + ok2)
+        checks[f"org {OTHER} {tbl} in the cloud = before + its inserts"] = (
+            after[f"cloud_{tbl}_org{OTHER}"], before[f"cloud_{tbl}_org{OTHER}"] + ok1)
+        checks[f"org {ORG}'s database still has {tbl}"] = (after[f"org_has_{tbl}"], False)
+    checks[f"org {ORG} foreign partitions (__lokadb_{ORG}_f) left"] = (after["cloud_org_parts_f"], 0)
+    checks["state"] = (after["state"], "cloud")
+    checks["journal rows left"] = (after["moves_in_journal"], 0)
+    return {k: {"got": g, "want": w, "ok": g == w} for k, (g, w) in checks.items()}
+
+
+def relay_conn(ctx):
+    return psycopg.connect(host="127.0.0.1", port=ctx.relay_pg_port, user="app", password=APP_PASSWORD,
+                           dbname=f"{ORG}/{ORG_DB}", sslmode="disable", autocommit=True, connect_timeout=30)
+
+
+def parallel(fns) -> list:
+    res = [None] * len(fns)
+
+    def one(i, f):
+        try:
+            res[i] = f()
+        except Exception as e:  # noqa: BLE001
+            res[i] = e
+
+    ths = [threading.Thread(target=one, args=(i, f), daemon=True) for i, f in enumerate(fns)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    for r in res:
+        if isinstance(r, Exception):
+            raise r
+    return res
+
+
+def ceilings(ctx, org: PgCluster) -> dict:
+    """The same rows (organization 2's tables in its database, after the move) as plain COPYs,
+    both tables at once as the move copies them:
+      read  — COPY TO STDOUT from the org database through the relay + link (org → cloud side)
+      write — COPY FROM STDIN through the relay + link into a table with the destination's columns
+              and indexes (cloud side → org: the move's direction), fed by a COPY read from the
+              org database directly
+      write_direct — the same write straight into the org database (no relay, no link)."""
+    out = {}
+
+    def read_one(tbl):
+        t0 = time.monotonic()
+        n = 0
+        with relay_conn(ctx) as c:
+            with c.cursor().copy(f"COPY (SELECT * FROM public.{tbl}) TO STDOUT") as cp:
+                for data in cp:
+                    n += len(data)
+        return n, time.monotonic() - t0
+
+    def write_one(tbl, through_relay: bool):
+        dst_name = f"lokadb_bench_ceiling_{tbl}"
+        with org.conn(ORG_DB, user="app", password=APP_PASSWORD) as c:
+            c.execute(f"DROP TABLE IF EXISTS public.{dst_name}")
+            c.execute(f"CREATE TABLE public.{dst_name} (LIKE public.{tbl} INCLUDING DEFAULTS INCLUDING INDEXES)")
+        t0 = time.monotonic()
+        n = 0
+        src = org.conn(ORG_DB, user="app", password=APP_PASSWORD)
+        dst = relay_conn(ctx) if through_relay else org.conn(ORG_DB, user="app", password=APP_PASSWORD)
+        try:
+            with src.cursor().copy(f"COPY (SELECT * FROM public.{tbl}) TO STDOUT") as cin, \
+                    dst.cursor().copy(f"COPY public.{dst_name} FROM STDIN") as cout:
+                buf = bytearray()
+                for data in cin:
+                    buf += data
+                    if len(buf) >= 1 << 20:
+                        cout.write(buf)
+                        n += len(buf)
+                        buf = bytearray()
+                if buf:
+                    cout.write(buf)
+                    n += len(buf)
+        finally:
+            src.close()
+            dst.close()
+        secs = time.monotonic() - t0
+        with org.conn(ORG_DB, user="app", password=APP_PASSWORD) as c:
+            c.execute(f"DROP TABLE public.{dst_name}")
+        return n, secs
+
+    for kind, fn in (("read", lambda t: read_one(t)),
+                     ("write", lambda t: write_one(t, True)),
+                     ("write_direct", lambda t: write_one(t, False))):
+        t0 = time.monotonic()
+        c0 = cpu_ticks(ctx.relay.pid), cpu_ticks(ctx.agent.pid)
+        res = parallel([(lambda t=t: fn(t)) for t in TABLES])
+        wall = time.monotonic() - t0
+        c1 = cpu_ticks(ctx.relay.pid), cpu_ticks(ctx.agent.pid)
+        total = sum(r[0] for r in res)
+        out[kind] = {"bytes": total, "seconds": round(wall, 3), "mb_s": round(total / wall / 1e6, 2),
+                     "per_table": {t: {"bytes": r[0], "seconds": round(r[1], 3)} for t, r in zip(TABLES, res)},
+                     "relay_cpu_ms": ticks_to_ms(c1[0] - c0[0]), "agent_cpu_ms": ticks_to_ms(c1[1] - c0[1]),
+                     "loadavg_before": loadavg()}
+        log(f"    ceiling {kind:<12} {total / 1e6:8.1f} MB in {wall:6.1f} s = {total / wall / 1e6:6.1f} MB/s")
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# One scenario
+
+
+def proc_snapshot(ctx) -> dict:
+    s = {"relay": cpu_ticks(ctx.relay.pid), "agent": cpu_ticks(ctx.agent.pid),
+         "link_agent": cpu_ticks(ctx.link.proc.pid),
+         "cloud_pg": tree_ticks(ctx.cloud.proc.pid), "org_pg": tree_ticks(ctx.org.proc.pid)}
+    if ctx.link_sub is not None:
+        s["link_subscription"] = cpu_ticks(ctx.link_sub.proc.pid)
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    s["bench_python"] = int((r.ru_utime + r.ru_stime) * common.CLK_TCK)
+    return s
+
+
+def cpu_delta(a: dict, b: dict) -> dict:
+    return {k: (round(ticks_to_ms(b[k] - a[k]), 0) if a.get(k) is not None and b.get(k) is not None else None)
+            for k in a}
+
+
+def relay_bytes(ctx) -> dict:
+    try:
+        return ctx.relay.stats()
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def measured_move(ctx, label: str, args: list, n_writers: int, tag: str) -> dict:
+    """Writers for t_before, the command, writers for t_after; returns the record."""
+    mode = ctx.mode
+    rec = {"label": label, "writers": n_writers, "loadavg_before": loadavg()}
+    before = count_state(ctx.cloud, ctx.org)
+    rec["counts_before"] = before
+    wr = Writers(ctx.cloud, n_writers, tag)
+    t_start = time.monotonic()
+    wr.start()
+    try:
+        time.sleep(1.0 + mode.t_before)
+        st0, cpu0 = relay_bytes(ctx), proc_snapshot(ctx)
+        log(f"    {label}: {shlex.join(args)} ({n_writers} writers)")
+        res = run_move(ctx, args, ctx.cloud.dsn())
+        cpu1, st1 = proc_snapshot(ctx), relay_bytes(ctx)
+        time.sleep(mode.t_after)
+    finally:
+        t_stop = time.monotonic()
+        wr.finish()
+    rec["move"] = {k: v for k, v in res.items() if k not in ("t0", "t1")}
+    rec["report"] = parse_report(res)
+    rec["cpu_ms"] = cpu_delta(cpu0, cpu1)
+    rec["cpu_ms"]["lokadb"] = round((res["cpu_user_s"] + res["cpu_sys_s"]) * 1e3, 0)
+    rec["relay_stats_delta"] = {k: st1.get(k, 0) - st0.get(k, 0) for k in
+                                ("bytes_to_agents", "bytes_from_agents", "streams_opened") if k in st1}
+    rec["writers_tally"] = wr.tally(res["t0"], res["t1"], t_start, t_stop)
+    rec["loadavg_after"] = loadavg()
+    after = count_state(ctx.cloud, ctx.org)
+    rec["counts_after"] = after
+    rep = rec["report"]
+    w = rec["writers_tally"]
+    log(f"    rc={res['rc']} in {res['wall_s']:.1f} s; split pause {rep.get('split_pause_ms')} ms, "
+        f"switch pause {rep.get('switch_pause_ms')} ms, copy {rep.get('copy_mb')} MB at {rep.get('copy_mb_s')} MB/s; "
+        f"lokadb CPU {rec['cpu_ms']['lokadb']:.0f} ms; writers ok {w['ok']} errors {w['errors']}")
+    if res["rc"] != 0:
+        tail = "\n".join(e["line"] for e in res["lines"][-15:])
+        ctx.errors.append(f"{label}: {res['command']} exited {res['rc']}: {tail}")
+        log("    FAILED:\n" + tail)
+    return rec
+
+
+def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_back: bool) -> dict:
+    label = f"{size_mb} MB, {mode_name}, {n_writers} writers"
+    rec = {"size_mb_target": size_mb, "mode": mode_name, "writers": n_writers, "label": label,
+           "org_copy_mb": tpl["org_copy_mb"]}
+    root = ctx.tmp / f"run-{len(ctx.runs)}"
+    root.mkdir()
+    shutil.chown(root, PG_USER, PG_USER)
+    ctx.cloud = PgCluster(root, "cloud", ctx.commands)
+    ctx.org = PgCluster(root, "org", ctx.commands)
+    ctx.relay = ctx.agent = ctx.link = ctx.link_sub = None
+    t0 = time.time()
+    try:
+        ctx.cloud.clone_from(tpl["cloud_template"])
+        ctx.org.clone_from(tpl["org_template"])
+        rec["clone_s"] = round(time.time() - t0, 1)
+        logical = mode_name == "logical"
+        ctx.cloud.start({**CLOUD_PG, **(LOGICAL_CLOUD_PG if logical else {})})
+        ctx.org.start(ORG_PG)
+        if logical:
+            with ctx.org.conn() as c:
+                c.execute("ALTER ROLE app SUPERUSER")
+        rec["cloud_settings"] = ctx.cloud.settings
+        rec["org_settings"] = ctx.org.settings
+        ctx.relay = Relay(ctx.tmp, ctx.certs, {ORG: ctx.token_hash}, {}, ctx.commands,
+                          agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port, tag="relay-run")
+        ctx.link = start_link(ctx.relay.agents_port, RTT_MS / 2, ctx.tmp, ctx.commands)
+        ctx.agent = start_agent(f"127.0.0.1:{ctx.link.port}", ctx.token, ctx.org.addr(), ctx.certs["ca"], {},
+                                ctx.agent_log)
+        ctx.relay.wait_connected(1, timeout=60)
+        args = ["move-org", ORG, "--mode", mode_name]
+        if logical:
+            # The subscription (the org database dialing the cloud) crosses a link of the same
+            # 40 ms RTT, as it would from the organization's site.
+            ctx.link_sub = start_link(ctx.cloud.port, RTT_MS / 2, ctx.tmp, ctx.commands)
+            args += ["--cloud-from-org", ctx.cloud.dsn(port=ctx.link_sub.port)]
+        rec["setup_s"] = round(time.time() - t0, 1)
+        m = measured_move(ctx, label, args, n_writers, f"r{len(ctx.runs)}")
+        rec["move_org"] = m
+        checks = check_moved(m["counts_before"], m["counts_after"], m["writers_tally"]["ok"])
+        rec["checks"] = checks
+        bad = [f"{k}: got {v['got']}, want {v['want']}" for k, v in checks.items() if not v["ok"]]
+        if bad:
+            ctx.errors.append(f"{label}: checks failed: " + "; ".join(bad))
+            log("    CHECKS FAILED: " + "; ".join(bad))
+        else:
+            log(f"    checks: all {len(checks)} passed")
+        if m["move"]["rc"] == 0:
+            t = time.time()
+            rec["ceiling"] = ceilings(ctx, ctx.org)
+            rec["ceiling_s"] = round(time.time() - t, 1)
+            if move_back:
+                mb = measured_move(ctx, f"{label}: move-back", ["move-back", ORG], ctx.mode.move_back_writers,
+                                   f"b{len(ctx.runs)}")
+                rec["move_back"] = mb
+                cb = check_back(mb["counts_before"], mb["counts_after"], mb["writers_tally"]["ok"])
+                mb["checks"] = cb
+                bad = [f"{k}: got {v['got']}, want {v['want']}" for k, v in cb.items() if not v["ok"]]
+                if bad:
+                    ctx.errors.append(f"{label} move-back: checks failed: " + "; ".join(bad))
+                    log("    MOVE-BACK CHECKS FAILED: " + "; ".join(bad))
+                else:
+                    log(f"    move-back checks: all {len(cb)} passed")
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = f"{e!r}"
+        rec["traceback"] = traceback.format_exc()
+        ctx.errors.append(f"{label}: {e!r}")
+        log(f"    SCENARIO FAILED: {e!r}")
+        traceback.print_exc()
+        for c in (ctx.cloud, ctx.org):
+            rec[f"{c.name}_log_tail"] = c.log_tail()
+    finally:
+        if ctx.agent is not None:
+            stop_agents([ctx.agent])
+        for lk in (ctx.link_sub, ctx.link):
+            if lk is not None:
+                lk.stop()
+        if ctx.relay is not None:
+            rec["relay_stderr_tail"] = ctx.relay.stderr_path.read_text(errors="replace")[-1500:]
+            ctx.relay.stop()
+        errs = [line for c in (ctx.cloud, ctx.org) for line in c.log_tail(200000).splitlines()
+                if " ERROR: " in line or "FATAL:" in line or "PANIC:" in line]
+        rec["postgres_log_errors"] = errs[-40:]
+        rec["postgres_log_error_count"] = len(errs)
+        ctx.cloud.stop()
+        ctx.org.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        rec["wall_s"] = round(time.time() - t0, 1)
+    return rec
+
+
+# --------------------------------------------------------------------------------------
+# Summary
+
+
+def row_of(r: dict, which="move_org") -> dict:
+    m = r.get(which) or {}
+    rep = m.get("report") or {}
+    w = m.get("writers_tally") or {}
+    ceil = r.get("ceiling") or {}
+    copy_mb = rep.get("copy_mb")
+    copy_s = rep.get("copy_phase_s")
+    if r["mode"] == "logical" and which == "move_org":
+        copy_mb = r["org_copy_mb"]  # the subscription's copy: the rows' COPY text, measured at setup
+        copy_s = rep.get("subscription_copy_s")
+    mb_s = round(copy_mb / copy_s, 2) if copy_mb and copy_s else None
+    total = rep.get("done_s") or (m.get("move") or {}).get("wall_s")
+    read = (ceil.get("read") or {}).get("mb_s")
+    write = (ceil.get("write") or {}).get("mb_s")
+    cpu = (m.get("cpu_ms") or {}).get("lokadb")
+    errs = w.get("errors") or {}
+    checks = (r.get("checks") if which == "move_org" else m.get("checks")) or {}
+    return {
+        "label": r["label"] + (" — move-back" if which == "move_back" else ""),
+        "size_mb": r["size_mb_target"], "org_copy_mb": r["org_copy_mb"],
+        "mode": r["mode"] if which == "move_org" else "trigger (move-back)",
+        "writers": w.get("writers", r["writers"]),
+        "rc": (m.get("move") or {}).get("rc"),
+        "split_pause_ms": rep.get("split_pause_ms"), "switch_pause_ms": rep.get("switch_pause_ms"),
+        "total_s": total, "copy_mb": copy_mb, "copy_s": copy_s, "copy_mb_s": mb_s,
+        "overall_mb_s": round(copy_mb / total, 2) if copy_mb and total else None,
+        "ceiling_read_mb_s": read, "ceiling_write_mb_s": write,
+        "ceiling_write_direct_mb_s": (ceil.get("write_direct") or {}).get("mb_s"),
+        "ratio_read": round(mb_s / read, 2) if mb_s and read else None,
+        "ratio_write": round(mb_s / write, 2) if mb_s and write else None,
+        "catchup_records": rep.get("catchup_records"), "catchup_s": rep.get("catchup_s"),
+        "marker_ms": rep.get("marker_ms"), "split_s": rep.get("split_s"),
+        "switch_retries": rep.get("switch_retries"),
+        "lokadb_cpu_ms": cpu, "lokadb_cpu_ms_per_mb": round(cpu / copy_mb, 1) if cpu and copy_mb else None,
+        "lokadb_maxrss_kib": (m.get("move") or {}).get("maxrss_kib"),
+        "cpu_ms": m.get("cpu_ms"),
+        "before": ((w.get("rate") or {}).get("before") or {}).get("all"),
+        "during": ((w.get("rate") or {}).get("during") or {}).get("all"),
+        "after": ((w.get("rate") or {}).get("after") or {}).get("all"),
+        "during_org1": ((w.get("rate") or {}).get("during") or {}).get("org1"),
+        "during_org2": ((w.get("rate") or {}).get("during") or {}).get("org2"),
+        "longest_org2_ms": (w.get("longest_org2") or {}).get("ms"),
+        "longest_org1_ms": (w.get("longest_org1") or {}).get("ms"),
+        "ok": w.get("ok"), "errors": errs,
+        "verified": rep.get("verified"),
+        "checks_ok": all(c["ok"] for c in checks.values()) if checks else None,
+        "checks_failed": [k for k, c in checks.items() if not c["ok"]],
+    }
+
+
+def summarize(raw: dict) -> dict:
+    rows = []
+    for r in raw.get("runs", []):
+        if r.get("move_org"):
+            rows.append(row_of(r, "move_org"))
+        if r.get("move_back"):
+            rows.append(row_of(r, "move_back"))
+    return {"rows": rows}
+
+
+def err_cell(errs: dict) -> str:
+    if not errs:
+        return "0"
+    return ", ".join(f"{k} ×{v}" for k, v in sorted(errs.items()))
+
+
+def tables_md(raw: dict, s: dict) -> list[str]:
+    L = ["| size (org 2 COPY MB) | mode | writers | split pause | switch pause | total | copy MB | copy MB/s | "
+         "link read ceiling | ÷ read ceiling | link write ceiling | ÷ write ceiling | inserts/s before / during / after | "
+         "org-2 longest txn | writer errors | verified + checks |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
+    for r in s["rows"]:
+        ver = "yes" if r["verified"] and r["checks_ok"] else (
+            f"verified={fmt(r['verified'])}, checks={fmt(r['checks_ok'])}" + (
+                f" ({'; '.join(r['checks_failed'])})" if r["checks_failed"] else ""))
+        if r["rc"] not in (0, None):
+            ver = f"**FAILED (rc {r['rc']})**"
+        L.append(
+            f"| {r['size_mb']} ({fmt(r['org_copy_mb'])}) | {r['mode']} | {r['writers']} | "
+            f"{fmt(r['split_pause_ms'])} ms | **{fmt(r['switch_pause_ms'])} ms** | {fmt(r['total_s'])} s | "
+            f"{fmt(r['copy_mb'])} | {fmt(r['copy_mb_s'])} | {fmt(r['ceiling_read_mb_s'])} | {fmt(r['ratio_read'], 2)} | "
+            f"{fmt(r['ceiling_write_mb_s'])} | {fmt(r['ratio_write'], 2)} | "
+            f"{fmt(r['before'], 0)} / {fmt(r['during'], 0)} / {fmt(r['after'], 0)} | {fmt(r['longest_org2_ms'], 0)} ms | "
+            f"{err_cell(r['errors'])} | {ver} |")
+    L += ["", "Pauses as `lokadb` reports them (from taking the organization's lock to the commit). "
+          "Split = the first move's pause out of DEFAULT; switch = the pause at the switch (goal ≤ 300 ms). "
+          "copy MB/s: trigger mode and move-back = bytes `lokadb` reports copied ÷ the copy phase (end of "
+          "\"prepared\" to the last table copied, tables in parallel); logical mode = organization 2's rows' COPY "
+          "text (measured at setup) ÷ the subscription's initial copy time. Link ceilings: the same rows after the "
+          "move as plain COPYs through the relay and the 40 ms link, both tables at once — read = COPY TO STDOUT "
+          "from the org database (the org → cloud direction, as move-back), write = COPY FROM STDIN into a table "
+          "with the destination's columns and indexes (the cloud → org direction, as move-org). "
+          "Writers' inserts/s count committed transactions (a document + a version) of both organizations.", ""]
+    L += ["### Phases, CPU and writers per scenario", "",
+          "| scenario | split (copy in the cloud + catch-up + pause) | catch-up | marker | lokadb CPU | lokadb CPU ms/MB | lokadb peak RSS | "
+          "relay / agent / link CPU | cloud / org Postgres CPU | org-1 inserts/s during | org-2 inserts/s during | org-1 longest txn |",
+          "|---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|"]
+    for r in s["rows"]:
+        c = r["cpu_ms"] or {}
+        cu = (f"{fmt(r['catchup_records'], 0)} records in {fmt(r['catchup_s'])} s" if r["catchup_records"] is not None
+              else (f"{fmt(r['catchup_s'])} s" if r["catchup_s"] is not None else "—"))
+        L.append(
+            f"| {r['label']} | {fmt(r['split_s'])} s | {cu} | {fmt(r['marker_ms'], 0)} ms | "
+            f"{fmt(r['lokadb_cpu_ms'], 0)} ms | {fmt(r['lokadb_cpu_ms_per_mb'])} | "
+            f"{fmt((r['lokadb_maxrss_kib'] or 0) / 1024, 1)} MiB | {fmt(c.get('relay'), 0)} / {fmt(c.get('agent'), 0)} / "
+            f"{fmt(c.get('link_agent'), 0)}" + (f" (+ {fmt(c.get('link_subscription'), 0)} subscription link)" if c.get("link_subscription") is not None else "")
+            + f" ms | {fmt(c.get('cloud_pg'), 0)} / {fmt(c.get('org_pg'), 0)} ms | "
+            f"{fmt(r['during_org1'], 0)} | {fmt(r['during_org2'], 0)} | {fmt(r['longest_org1_ms'], 0)} ms |")
+    L.append("")
+    return L
+
+
+def summary_markdown(raw: dict, s: dict) -> str:
+    m = raw["meta"]
+    L = [f"# Move benchmark, {m['mode']} mode — run {m['run_id']}", "",
+         f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
+         f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
+         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{BIN_DIR}`. "
+         f"Command: `{m['command']}`.", "",
+         f"World: PostgreSQL 18 clusters (cloud and organization 2's), relay, organization 2's agent dialing the "
+         f"relay through the latency link ({RTT_MS / 2:g} ms each way = {RTT_MS:g} ms RTT); the move reaches the org "
+         f"database through the relay's Postgres listener. Logical mode: the subscription dials the cloud through a "
+         f"second link of the same RTT. Writers: psycopg threads straight at the cloud, {m['mode_settings']['t_before']} s "
+         f"before and {m['mode_settings']['t_after']} s after the command.", ""]
+    L.append("## Sizes\n")
+    L.append("| size | documents + versions per org | org 2 COPY text | cloud database | template build (load / enable) |")
+    L.append("|---|---:|---:|---:|---|")
+    for size, t in (raw.get("templates") or {}).items():
+        if not isinstance(t, dict) or "rows" not in t:
+            continue
+        T = t["timings_s"]
+        L.append(f"| {size} MB | {fmt(t['rows']['documents'].get(ORG))} + {fmt(t['rows']['document_versions'].get(ORG))} "
+                 f"| {fmt(t['org_copy_mb'])} MB | {fmt(t['cloud_db_size_mb'])} MB | {fmt(T.get('total'))} s "
+                 f"({fmt(T.get('load'))} / {fmt(T.get('enable'))} s) |")
+    L.append("")
+    if m.get("scaling_note"):
+        L += [m["scaling_note"], ""]
+    L.append("## Results\n")
+    L += tables_md(raw, s)
+    errs = [r for r in s["rows"] if r["errors"]]
+    if errs or raw["meta"]["errors"]:
+        L.append("## Errors\n")
+        for r in s["rows"]:
+            run = next((x for x in raw["runs"] if x["label"] == r["label"].replace(" — move-back", "")), {})
+            which = "move_back" if "move-back" in r["label"] else "move_org"
+            msgs = ((run.get(which) or {}).get("writers_tally") or {}).get("error_messages") or {}
+            for k, v in msgs.items():
+                L.append(f"- {r['label']}: writers {k} — {v}")
+        for e in raw["meta"]["errors"]:
+            L.append(f"- {e}")
+        L.append("")
+    L.append("Raw numbers, every command, the move's timestamped output and per-second writer counts: `raw.json`. "
+             "Method: `research/bench/README.md`, \"Move benchmark\".\n")
+    return "\n".join(L)
+
+
+def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
+    made = []
+    rows = s["rows"]
+    if not rows:
+        return made
+    names = [r["label"].replace(", ", "\n").replace(" — ", "\n") for r in rows]
+    x = list(range(len(rows)))
+    # 1. pauses vs the goal
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(rows) + 2), 4.8))
+    sp = [r["split_pause_ms"] or 0 for r in rows]
+    sw = [r["switch_pause_ms"] or 0 for r in rows]
+    ax.bar([i - 0.2 for i in x], sp, 0.4, label="split out of DEFAULT (first move)", color="#8b949e")
+    ax.bar([i + 0.2 for i in x], sw, 0.4, label="switch", color="#1f6feb")
+    for i in x:
+        if rows[i]["split_pause_ms"] is not None:
+            ax.text(i - 0.2, sp[i], f"{sp[i]}", ha="center", va="bottom", fontsize=7)
+        if rows[i]["switch_pause_ms"] is not None:
+            ax.text(i + 0.2, sw[i], f"{sw[i]}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(GOAL_PAUSE_MS, ls="--", color="#a33", lw=1, label=f"goal {GOAL_PAUSE_MS} ms")
+    ax.set_xticks(x, names, fontsize=7)
+    ax.set_ylabel("writes paused (ms)")
+    ax.set_title(f"Pauses of lokadb move-org / move-back at {RTT_MS:g} ms RTT ({raw['meta']['mode']} mode)", fontsize=10)
+    ax.margins(y=0.15)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(outdir / "moves-pause.png", dpi=110)
+    plt.close(fig)
+    made.append("moves-pause.png")
+    # 2. MB/s vs the link's ceilings
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(rows) + 2), 4.8))
+    series = [("copy_mb_s", "move: copy phase", "#1f6feb"), ("overall_mb_s", "move: MB ÷ total time", "#79c0ff"),
+              ("ceiling_write_mb_s", "plain COPY → org via relay + link", "#d29922"),
+              ("ceiling_read_mb_s", "plain COPY ← org via relay + link", "#8b949e")]
+    w = 0.2
+    for j, (k, lab, col) in enumerate(series):
+        vals = [r[k] for r in rows]
+        xs = [i + (j - 1.5) * w for i in x]
+        ax.bar(xs, [v or 0 for v in vals], w, label=lab, color=col)
+        for xx, v in zip(xs, vals):
+            if v is not None:
+                ax.text(xx, v, f"{v:.0f}", ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(x, names, fontsize=7)
+    ax.set_ylabel("MB/s")
+    ax.set_title(f"Move throughput vs the link's ceiling ({RTT_MS:g} ms RTT, {raw['meta']['mode']} mode)", fontsize=10)
+    ax.margins(y=0.15)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(outdir / "moves-throughput.png", dpi=110)
+    plt.close(fig)
+    made.append("moves-throughput.png")
+    # 3. writers per second around each move
+    recs = []
+    for r in raw.get("runs", []):
+        for which in ("move_org", "move_back"):
+            m = r.get(which)
+            if m and (m.get("writers_tally") or {}).get("per_second"):
+                recs.append((r["label"] + (" — move-back" if which == "move_back" else ""), m))
+    if recs:
+        n = len(recs)
+        cols = 2 if n > 1 else 1
+        nrows = math.ceil(n / cols)
+        fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 2.6 * nrows), squeeze=False)
+        for k, (lab, m) in enumerate(recs):
+            ax = axes[k // cols][k % cols]
+            ps = m["writers_tally"]["per_second"]
+            ax.step(ps["t"], ps["org1"], where="post", label="org 1", color="#8b949e")
+            ax.step(ps["t"], ps["org2"], where="post", label="org 2", color="#1f6feb")
+            if any(ps["errors"]):
+                ax.step(ps["t"], ps["errors"], where="post", label="errors", color="#a33")
+            rep = m["report"]
+            ax.axvline(0, color="k", lw=0.8, ls=":")
+            ax.axvline(m["move"]["wall_s"], color="k", lw=0.8, ls=":")
+            if rep.get("t_split_pause_end") is not None:
+                ax.axvline(rep["t_split_pause_end"], color="#d29922", lw=1, label="split pause")
+            if rep.get("t_switch") is not None:
+                ax.axvline(rep["t_switch"], color="#a33", lw=1, label="switch")
+            ax.set_title(lab, fontsize=8)
+            ax.set_xlabel("s from the command's start", fontsize=7)
+            ax.set_ylabel("commits/s", fontsize=7)
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=6)
+        for k in range(n, nrows * cols):
+            axes[k // cols][k % cols].axis("off")
+        fig.tight_layout()
+        fig.savefig(outdir / "moves-writers.png", dpi=100)
+        plt.close(fig)
+        made.append("moves-writers.png")
+    return made
+
+
+def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> None:
+    m = raw["meta"]
+    mode = m["mode"]
+    rel = f"results/{outdir.name}"
+    body = [f"## move-org, {mode} mode" + (" — ~20 MB, one scenario; indicative only" if mode == "quick" else ""), "",
+            f"Run `{outdir.name}` (folder `{rel}/`), commit `{m['git']['commit'][:12]}`"
+            f"{' (dirty tree)' if m['git']['dirty'] else ''}, {m['machine']['nproc']} cores, written by "
+            f"`research/bench/moves.py` (`{m['command']}`). Charts: " + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", ""]
+    body += ["### moves-pause.png — writes paused (ms); goal 300 ms", "",
+             "| scenario | split (first move, out of DEFAULT) | switch |", "|---|---:|---:|"]
+    for r in s["rows"]:
+        body.append(f"| {r['label']} | {fmt(r['split_pause_ms'])} | {fmt(r['switch_pause_ms'])} |")
+    body += ["", "### moves-throughput.png — MB/s", "",
+             "| scenario | copy phase | MB ÷ total time | plain COPY → org via relay + link | plain COPY ← org via relay + link | plain COPY → org, no relay | copy ÷ read ceiling | copy ÷ write ceiling |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in s["rows"]:
+        body.append(f"| {r['label']} | {fmt(r['copy_mb_s'])} | {fmt(r['overall_mb_s'])} | {fmt(r['ceiling_write_mb_s'])} | "
+                    f"{fmt(r['ceiling_read_mb_s'])} | {fmt(r['ceiling_write_direct_mb_s'])} | {fmt(r['ratio_read'], 2)} | {fmt(r['ratio_write'], 2)} |")
+    body += ["", "### moves-writers.png — writers' commits per second (both organizations)", "",
+             "| scenario | before | during | after | org 1 during | org 2 during | errors |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in s["rows"]:
+        body.append(f"| {r['label']} | {fmt(r['before'], 0)} | {fmt(r['during'], 0)} | {fmt(r['after'], 0)} | "
+                    f"{fmt(r['during_org1'], 0)} | {fmt(r['during_org2'], 0)} | {err_cell(r['errors'])} |")
+    section = "\n".join(body).rstrip("\n")
+    path = HERE / "charts-data.md"
+    begin, end = f"<!-- BEGIN move-org {mode} -->", f"<!-- END move-org {mode} -->"
+    block = f"{begin}\n{section}\n{end}\n"
+    text = path.read_text()
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        _, post = rest.split(end, 1)
+        text = pre + block + post.lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+
+
+# --------------------------------------------------------------------------------------
+
+
+class Ctx:
+    pass
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    s = summarize(raw)
+    raw["summary"] = s
+    md = summary_markdown(raw, s)
+    (outdir / "summary.md").write_text(md)
+    charts = []
+    try:
+        charts = draw_charts(outdir, raw, s)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+    if charts_data:
+        update_charts_data(raw, s, outdir, charts)
+    return md
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="~20 MB, 2 writers, trigger mode only (a few minutes)")
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-moves[-quick]); "
+                                             "a trial run: charts-data.md is left alone")
+    ap.add_argument("--sizes", help="comma-separated organization sizes in MB (default: quick 20, full 60,600)")
+    ap.add_argument("--modes", help="comma-separated: trigger,logical")
+    ap.add_argument("--writers", help="comma-separated writer counts (default: quick 2, full 2,8)")
+    ap.add_argument("--no-move-back", action="store_true", help="skip the move-back measurement")
+    ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json")
+    args = ap.parse_args()
+    if args.render:
+        raw = json.loads(args.render.read_text())
+        md = render(raw, args.render.parent, not args.no_charts_data)
+        args.render.write_text(json.dumps(raw, indent=1, default=str))
+        print(md)
+        return 0
+    if os.geteuid() != 0:
+        sys.exit("moves.py must run as root (it starts Postgres as the user lokadb-pg)")
+    for p in (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN):
+        if not Path(p).exists():
+            sys.exit(f"missing {p}: run scripts/setup.sh and the cargo build in the README first")
+    mode = Mode(args.quick)
+    if args.sizes:
+        mode.sizes_mb = [int(x) for x in args.sizes.split(",")]
+    if args.modes:
+        mode.modes = args.modes.split(",")
+    if args.writers:
+        mode.writers = [int(x) for x in args.writers.split(",")]
+    if args.no_move_back:
+        mode.move_back = False
+    started = dt.datetime.now(dt.timezone.utc)
+    run_id = started.strftime("%Y%m%dT%H%M%SZ") + "-moves" + ("-quick" if mode.quick else "")
+    outdir = args.out or (HERE / "results" / run_id)
+    outdir.mkdir(parents=True, exist_ok=True)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_sigterm)
+
+    ctx = Ctx()
+    ctx.mode = mode
+    ctx.commands = []
+    ctx.errors = []
+    ctx.runs = []
+    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+            "command": "/work/main/.venv/bin/python research/bench/moves.py " + shlex.join(sys.argv[1:]),
+            "mode_settings": dict(vars(mode)), "rtt_ms": RTT_MS, "body_bytes": BODY_BYTES,
+            "machine": common.machine_info(), "git": common.git_info(),
+            "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
+            "postgres_settings": {"cloud": CLOUD_PG, "cloud_logical_extra": LOGICAL_CLOUD_PG, "org": ORG_PG,
+                                  "fsync": "on (default)"},
+            "env": {"LOKADB_MUX_*": "unset (defaults: 4 MiB window, no auto-tuning)"},
+            "setup_commands": ctx.commands, "errors": ctx.errors}
+    raw = {"meta": meta, "templates": {}, "runs": ctx.runs}
+    t_start = time.time()
+    rc = 0
+    try:
+        ctx.tmp = Path(tempfile.mkdtemp(prefix="lokadb-moves-bench-"))
+        TEMP_DIRS.append(ctx.tmp)
+        os.chmod(ctx.tmp, 0o755)
+        ctx.certs = make_certs(ctx.tmp, ctx.commands)
+        ctx.token, ctx.token_hash = new_token(ORG)
+        ctx.relay_agents_port, ctx.relay_pg_port = free_port(), free_port()
+        ctx.agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
+        log(f"mode={mode.name} sizes={mode.sizes_mb} MB modes={mode.modes} writers={mode.writers} out={outdir}")
+        for size in mode.sizes_mb:
+            log(f"size {size} MB: building the world (cloud + organization clusters), kept as templates")
+            tpl = build_template(ctx, size)
+            raw["templates"][str(size)] = tpl
+            first = True
+            for mname in mode.modes:
+                for nw in mode.writers:
+                    log(f"  scenario {size} MB, {mname}, {nw} writers (load average {loadavg()})")
+                    rec = scenario(ctx, tpl, size, mname, nw, move_back=first and mode.move_back)
+                    first = False
+                    ctx.runs.append(rec)
+                    log(f"  scenario done in {rec['wall_s']} s")
+                    (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+            shutil.rmtree(Path(tpl["cloud_template"]).parent.parent, ignore_errors=True)
+        if any(r.get("error") or (r.get("move_org") or {}).get("move", {}).get("rc") for r in ctx.runs):
+            rc = 1
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        ctx.errors.append(f"fatal: {e!r}\n{traceback.format_exc()}")
+        log(f"FAILED: {e!r}")
+        traceback.print_exc()
+        rc = 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        try:
+            cleanup()
+        except Exception as e:  # noqa: BLE001
+            log(f"cleanup problem: {e}")
+        meta["wall_seconds"] = round(time.time() - t_start, 1)
+        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
+        md = render(raw, outdir, not args.no_charts_data and not args.out)
+        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+        print(md)
+        log(f"results in {outdir}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
