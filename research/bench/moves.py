@@ -545,10 +545,25 @@ def run_move(ctx, args: list, dsn: str, timeout=3600) -> dict:
         th.start()
     killer = threading.Timer(timeout, lambda: p.poll() is None and p.kill())
     killer.start()
+    # Peak RSS from /proc (VmHWM), sampled: wait4's ru_maxrss would include the forked Python
+    # image from before the exec.
+    hwm = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            v = tunnel.proc_status(p.pid).get("VmHWM")
+            if v:
+                hwm[0] = max(hwm[0], v)
+            done.wait(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     try:
         _, status, ru = os.wait4(p.pid, 0)
     finally:
         killer.cancel()
+        done.set()
     t1 = time.monotonic()
     p.returncode = os.waitstatus_to_exitcode(status)
     for th in pumps:
@@ -558,7 +573,7 @@ def run_move(ctx, args: list, dsn: str, timeout=3600) -> dict:
     lines.sort()
     return {"command": mask(shlex.join(cmd)), "rc": p.returncode, "wall_s": round(t1 - t0, 3),
             "t0": t0, "t1": t1, "cpu_user_s": round(ru.ru_utime, 3), "cpu_sys_s": round(ru.ru_stime, 3),
-            "maxrss_kib": ru.ru_maxrss,
+            "vmhwm_kib": hwm[0], "ru_maxrss_kib_incl_fork": ru.ru_maxrss,
             "lines": [{"t": round(t, 3), "stream": s, "line": l} for t, s, l in lines]}
 
 
@@ -606,6 +621,19 @@ def parse_report(res: dict) -> dict:
             out["done_s"] = float(m.group(2))
             out["final_pause_ms"] = int(m.group(3)) if m.group(3) else None
             out["final_line"] = line
+    # Phase durations from the lines' timestamps (s since the command started).
+    marks = [("split", out.get("t_split_done")), ("prepare", out.get("t_prepared")),
+             ("copy", out.get("t_copy_done") if "t_copy_done" in out else
+              (max(c["t"] for c in out["copied"]) if out["copied"] else None)),
+             ("catch-up", out.get("t_catchup_done")), ("switch", out.get("t_switch")),
+             ("verify", max((e["t"] for e in res["lines"] if e["line"].startswith("lokadb: verify ")), default=None)),
+             ("clean-up", res["wall_s"])]
+    phases, prev = {}, 0.0
+    for name, t in marks:
+        if t is not None:
+            phases[name] = round(t - prev, 2)
+            prev = t
+    out["phases_s"] = phases
     out["verified"] = bool(out["verify"]) and all("checksum equal" in v for v in out["verify"]) \
         and not any("DIFFERS" in v for v in out["verify"]) and "final_line" in out
     if out["copied"]:
@@ -820,7 +848,7 @@ def measured_move(ctx, label: str, args: list, n_writers: int, tag: str) -> dict
     try:
         time.sleep(1.0 + mode.t_before)
         st0, cpu0 = relay_bytes(ctx), proc_snapshot(ctx)
-        log(f"    {label}: {shlex.join(args)} ({n_writers} writers)")
+        log(f"    {label}: {mask(shlex.join(args))} ({n_writers} writers)")
         res = run_move(ctx, args, ctx.cloud.dsn())
         cpu1, st1 = proc_snapshot(ctx), relay_bytes(ctx)
         time.sleep(mode.t_after)
@@ -979,13 +1007,17 @@ def row_of(r: dict, which="move_org") -> dict:
         "marker_ms": rep.get("marker_ms"), "split_s": rep.get("split_s"),
         "switch_retries": rep.get("switch_retries"),
         "lokadb_cpu_ms": cpu, "lokadb_cpu_ms_per_mb": round(cpu / copy_mb, 1) if cpu and copy_mb else None,
-        "lokadb_maxrss_kib": (m.get("move") or {}).get("maxrss_kib"),
+        "lokadb_maxrss_kib": (m.get("move") or {}).get("vmhwm_kib"),
         "cpu_ms": m.get("cpu_ms"),
         "before": ((w.get("rate") or {}).get("before") or {}).get("all"),
         "during": ((w.get("rate") or {}).get("during") or {}).get("all"),
         "after": ((w.get("rate") or {}).get("after") or {}).get("all"),
         "during_org1": ((w.get("rate") or {}).get("during") or {}).get("org1"),
         "during_org2": ((w.get("rate") or {}).get("during") or {}).get("org2"),
+        "after_org1": ((w.get("rate") or {}).get("after") or {}).get("org1"),
+        "after_org2": ((w.get("rate") or {}).get("after") or {}).get("org2"),
+        "org2_p50_after_ms": (((w.get("latency_after") or {}).get("org2")) or {}).get("p50_ms"),
+        "phases": rep.get("phases_s") or {},
         "longest_org2_ms": (w.get("longest_org2") or {}).get("ms"),
         "longest_org1_ms": (w.get("longest_org1") or {}).get("ms"),
         "ok": w.get("ok"), "errors": errs,
@@ -998,6 +1030,10 @@ def row_of(r: dict, which="move_org") -> dict:
 def summarize(raw: dict) -> dict:
     rows = []
     for r in raw.get("runs", []):
+        for which in ("move_org", "move_back"):
+            m = r.get(which)
+            if m and (m.get("move") or {}).get("lines") is not None:
+                m["report"] = parse_report(m["move"])  # (again: a --render picks up parser changes)
         if r.get("move_org"):
             rows.append(row_of(r, "move_org"))
         if r.get("move_back"):
@@ -1039,20 +1075,22 @@ def tables_md(raw: dict, s: dict) -> list[str]:
           "with the destination's columns and indexes (the cloud → org direction, as move-org). "
           "Writers' inserts/s count committed transactions (a document + a version) of both organizations.", ""]
     L += ["### Phases, CPU and writers per scenario", "",
-          "| scenario | split (copy in the cloud + catch-up + pause) | catch-up | marker | lokadb CPU | lokadb CPU ms/MB | lokadb peak RSS | "
-          "relay / agent / link CPU | cloud / org Postgres CPU | org-1 inserts/s during | org-2 inserts/s during | org-1 longest txn |",
-          "|---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|"]
+          "| scenario | phases (s, from the command's output timestamps) | catch-up | marker | lokadb CPU | lokadb CPU ms/MB | lokadb peak RSS | "
+          "relay / agent / link CPU | cloud / org Postgres CPU | inserts/s during: org 1 / org 2 | after: org 1 / org 2 (org-2 p50) | org-1 longest txn |",
+          "|---|---|---|---:|---:|---:|---:|---|---|---:|---|---:|"]
     for r in s["rows"]:
         c = r["cpu_ms"] or {}
         cu = (f"{fmt(r['catchup_records'], 0)} records in {fmt(r['catchup_s'])} s" if r["catchup_records"] is not None
               else (f"{fmt(r['catchup_s'])} s" if r["catchup_s"] is not None else "—"))
+        ph = " · ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
         L.append(
-            f"| {r['label']} | {fmt(r['split_s'])} s | {cu} | {fmt(r['marker_ms'], 0)} ms | "
+            f"| {r['label']} | {ph} | {cu} | {fmt(r['marker_ms'], 0)} ms | "
             f"{fmt(r['lokadb_cpu_ms'], 0)} ms | {fmt(r['lokadb_cpu_ms_per_mb'])} | "
-            f"{fmt((r['lokadb_maxrss_kib'] or 0) / 1024, 1)} MiB | {fmt(c.get('relay'), 0)} / {fmt(c.get('agent'), 0)} / "
+            f"{fmt(r['lokadb_maxrss_kib'] / 1024 if r['lokadb_maxrss_kib'] else None, 1)} MiB | {fmt(c.get('relay'), 0)} / {fmt(c.get('agent'), 0)} / "
             f"{fmt(c.get('link_agent'), 0)}" + (f" (+ {fmt(c.get('link_subscription'), 0)} subscription link)" if c.get("link_subscription") is not None else "")
             + f" ms | {fmt(c.get('cloud_pg'), 0)} / {fmt(c.get('org_pg'), 0)} ms | "
-            f"{fmt(r['during_org1'], 0)} | {fmt(r['during_org2'], 0)} | {fmt(r['longest_org1_ms'], 0)} ms |")
+            f"{fmt(r['during_org1'], 0)} / {fmt(r['during_org2'], 0)} | {fmt(r['after_org1'], 0)} / {fmt(r['after_org2'], 0)} "
+            f"({fmt(r['org2_p50_after_ms'], 0)} ms) | {fmt(r['longest_org1_ms'], 0)} ms |")
     L.append("")
     return L
 

@@ -2,17 +2,16 @@
 //!
 //! Row triggers on the source record the *keys* of the rows the organization writes in
 //! `lokadb.changes` of the source database. A catch-up round takes up to
-//! [`ROUND_RECORDS`] records, copies the current state of those rows (and, for every
-//! key, a delete marker) into a staging table at the destination, and there, in one
-//! implicit transaction, deletes the keys and inserts the rows that exist. Replaying a
-//! round gives the same result, so a crash anywhere only repeats work; the records are
-//! deleted (by id, never by range: ids are not given in commit order) after the
-//! destination committed.
+//! [`ROUND_RECORDS`] records, reads the current state of those rows at the source (as
+//! JSON, one query per table), and sends the destination one batch for every table — one
+//! round trip: in a transaction, delete the keys, insert the rows that exist
+//! (`json_populate_recordset` into the table's row type). Replaying a round gives the
+//! same result, so a crash anywhere only repeats work; the records are deleted (by id,
+//! never by range: ids are not given in commit order) after the destination committed.
 
 use super::layout::{capture_function, MoveTable};
 use crate::admin::db::{ident, literal, AdminError};
 use crate::admin::DEFINER;
-use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
 /// Records per round (at most).
@@ -169,7 +168,6 @@ pub struct Round {
 /// (both hold the tables under the relation names `place` gives).
 pub struct CatchUp {
     limit: i64,
-    staged: Vec<bool>,
 }
 
 impl Default for CatchUp {
@@ -182,7 +180,6 @@ impl CatchUp {
     pub fn new() -> CatchUp {
         CatchUp {
             limit: ROUND_RECORDS,
-            staged: Vec::new(),
         }
     }
 
@@ -230,16 +227,14 @@ impl CatchUp {
                 ..Round::default()
             });
         }
-        if self.staged.len() != tables.len() {
-            self.staged = vec![false; tables.len()];
-        }
         let mut round = Round {
             records: rows.len() as u64,
             backlog,
             ..Round::default()
         };
         let mut all_ids: Vec<i64> = Vec::with_capacity(rows.len());
-        for (ti, t) in tables.iter().enumerate() {
+        let mut batch = String::from("BEGIN;\n");
+        for t in tables {
             let ids: Vec<i64> = rows
                 .iter()
                 .filter(|r| r.get::<_, &str>(1) == t.display())
@@ -250,20 +245,13 @@ impl CatchUp {
             }
             all_ids.extend(&ids);
             let (src, filtered) = source_rel(t);
-            let dst = dest_rel(t);
-            let stage = ident(&format!("lokadb_stage_{ti}"));
-            if !self.staged[ti] {
-                dest.batch_execute(&format!(
-                    "CREATE TEMP TABLE IF NOT EXISTS {stage} AS SELECT {}, true AS lokadb_present FROM {dst} WITH NO DATA;
-                     TRUNCATE {stage}",
-                    t.cols()
-                ))?;
-                self.staged[ti] = true;
-            }
-            let (r, b) = apply_table(t, source, &src, filtered, &ids, dest, &dst, &stage)?;
-            round.rows += r;
-            round.bytes += b;
+            let (keys, present, n) = read_table(t, source, &src, filtered, &ids)?;
+            round.rows += n;
+            round.bytes += (keys.len() + present.len()) as u64;
+            batch.push_str(&apply_sql(t, &dest_rel(t), &keys, &present));
         }
+        batch.push_str("COMMIT;");
+        dest.batch_execute(&batch)?;
         source.execute("DELETE FROM lokadb.changes WHERE id = ANY($1)", &[&all_ids])?;
         // Keep a round near ROUND_BYTES of rows whatever their width.
         if round.bytes > ROUND_BYTES && self.limit > 100 {
@@ -298,80 +286,65 @@ impl CatchUp {
     }
 }
 
-/// One table's part of a round: the rows of `ids`' keys as they are now, plus a delete
-/// marker per key, into `stage` at the destination; then delete and insert there.
-#[allow(clippy::too_many_arguments)]
-fn apply_table(
+/// One table's part of a round, read at the source: the distinct keys of `ids` and the
+/// rows with those keys as they are now, each a JSON array of objects; and the rows' count.
+fn read_table(
     t: &MoveTable,
     source: &mut postgres::Client,
     src: &str,
     filtered: bool,
     ids: &[i64],
-    dest: &mut postgres::Client,
-    dst: &str,
-    stage: &str,
-) -> Result<(u64, u64), AdminError> {
-    let id_list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-    let key_cast: Vec<String> = t
+) -> Result<(String, String, u64), AdminError> {
+    let casts: Vec<String> = t
         .key
         .iter()
         .zip(&t.key_types)
         .enumerate()
         .map(|(i, (_, ty))| format!("key[{}]::{ty}", i + 1))
         .collect();
-    let markers: Vec<String> = t
-        .columns
+    let key_object: Vec<String> = t
+        .key
         .iter()
-        .map(|c| match t.key.iter().position(|k| *k == c.name) {
-            Some(i) => key_cast[i].clone(),
-            None => format!("NULL::{}", c.sql_type),
-        })
+        .zip(&casts)
+        .map(|(k, c)| format!("{}, {c}", literal(k)))
         .collect();
     let filter = if filtered {
         format!("{} AND ", t.org_filter("s"))
     } else {
         String::new()
     };
-    let query = format!(
-        "COPY (WITH k AS (SELECT DISTINCT key FROM lokadb.changes WHERE id = ANY('{{{id_list}}}'::bigint[]) AND rel = {rel})
-               SELECT {cols}, true FROM {src} s WHERE {filter}{key} IN (SELECT {casts} FROM k)
-               UNION ALL
-               SELECT {markers}, false FROM k) TO STDOUT",
-        rel = literal(&t.display()),
-        cols = t.cols_of("s"),
-        key = t.key_of("s"),
-        casts = key_cast.join(", "),
-        markers = markers.join(", "),
-    );
-    let mut reader = source.copy_out(&query)?;
-    let mut writer = dest.copy_in(&format!("COPY {stage} FROM STDIN"))?;
-    let (mut bytes, mut lines) = (0u64, 0u64);
-    loop {
-        let buf = reader.fill_buf().map_err(io_err)?;
-        if buf.is_empty() {
-            break;
-        }
-        lines += memchr::memchr_iter(b'\n', buf).count() as u64;
-        bytes += buf.len() as u64;
-        writer.write_all(buf).map_err(io_err)?;
-        let n = buf.len();
-        reader.consume(n);
-    }
-    drop(reader);
-    writer.finish()?;
-    let key_d = t.key_of("d");
-    let key_s = t.key_of("s");
-    dest.batch_execute(&format!(
-        "DELETE FROM {dst} d USING {stage} s WHERE NOT s.lokadb_present AND {key_d} = {key_s};
-         INSERT INTO {dst} ({cols}) SELECT {cols} FROM {stage} WHERE lokadb_present;
-         TRUNCATE {stage}",
-        cols = t.cols(),
-    ))?;
-    Ok((lines.saturating_sub(ids.len() as u64), bytes))
+    let r = source.query_one(
+        &format!(
+            "WITH k AS (SELECT DISTINCT key FROM lokadb.changes WHERE id = ANY($1) AND rel = $2),
+                  r AS (SELECT {cols} FROM {src} s WHERE {filter}{key} IN (SELECT {casts} FROM k))
+             SELECT (SELECT coalesce(json_agg(json_build_object({key_object})), '[]')::text FROM k),
+                    (SELECT coalesce(json_agg(r.*), '[]')::text FROM r),
+                    (SELECT count(*) FROM r)",
+            cols = t.cols_of("s"),
+            key = t.key_of("s"),
+            casts = casts.join(", "),
+            key_object = key_object.join(", "),
+        ),
+        &[&ids, &t.display()],
+    )?;
+    let n: i64 = r.get(2);
+    Ok((r.get(0), r.get(1), n.unsigned_abs()))
 }
 
-fn io_err(e: std::io::Error) -> AdminError {
-    AdminError::failed(format!("copying changed rows: {e}"))
+/// The destination's statements for one table of a round: delete the keys, insert the
+/// rows (JSON turned back into the table's row type: every column through its input
+/// function, as COPY would).
+fn apply_sql(t: &MoveTable, dst: &str, keys: &str, rows: &str) -> String {
+    format!(
+        "DELETE FROM {dst} d USING json_populate_recordset(NULL::{dst}, {keys}) k WHERE {kd} = {kk};
+         INSERT INTO {dst} ({cols}) SELECT {rcols} FROM json_populate_recordset(NULL::{dst}, {rows}) r;\n",
+        keys = literal(keys),
+        rows = literal(rows),
+        kd = t.key_of("d"),
+        kk = t.key_of("k"),
+        cols = t.cols(),
+        rcols = t.cols_of("r"),
+    )
 }
 
 /// Progress of the catch-up for the log: a line at most every `every`.
