@@ -43,6 +43,7 @@ pub mod error;
 pub mod frontend;
 pub mod net;
 pub mod relay;
+pub mod route;
 pub mod rt;
 pub mod scram;
 pub mod server;

@@ -1,0 +1,635 @@
+//! Statement analysis: which LokaDB tables a statement touches and which organization it
+//! concerns, so the proxy can route it (issue 6). Pure: SQL text and the LokaDB tables in,
+//! an [`Analysis`] out.
+//!
+//! The rule is conservative: a statement is placed in an organization only when *every*
+//! reference to a LokaDB table in it is limited to that one organization, by a condition
+//! the statement cannot escape:
+//! - `org_column = literal` or `= $n` (casts allowed, `IN` with one value), in a WHERE, ON or
+//!   HAVING conjunct of the reference's own query level (never under OR or NOT);
+//! - an equality with another placed reference's organization column (`a.org = b.org`);
+//! - for INSERT … VALUES, the organization column's value in every row.
+//!
+//! Anything else (no condition, two organizations, `SET org_column = …`, INSERT … SELECT,
+//! a parse error) is not placed, and goes to the cloud, which is always correct.
+
+use sqlparser::ast::{
+    Expr, InTarget, JoinConstraint, JoinOperator, ObjectName, ObjectNamePart, Query, SetExpr,
+    Statement, TableFactor, TableObject, TableWithJoins, UnaryOperator, Value, Visit, Visitor,
+};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
+/// A LokaDB table as routing sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LokaTable {
+    pub schema: String,
+    pub name: String,
+    pub org_column: String,
+}
+
+/// The LokaDB tables, looked up by the names a statement may use.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    /// `name` and `schema.name`, lowercased as Postgres folds unquoted names → index.
+    by_name: HashMap<String, usize>,
+    tables: Vec<LokaTable>,
+    /// Lowercased bare names, for the fast path.
+    needles: Vec<memchr::memmem::Finder<'static>>,
+}
+
+impl Catalog {
+    /// A catalog of `tables` (unqualified names resolve as if `search_path` held their
+    /// schema: the cloud's LokaDB table names must not be ambiguous across schemas).
+    pub fn new(tables: Vec<LokaTable>) -> Catalog {
+        let mut by_name = HashMap::new();
+        let mut needles = Vec::new();
+        for (i, t) in tables.iter().enumerate() {
+            by_name.insert(t.name.clone(), i);
+            by_name.insert(format!("{}.{}", t.schema, t.name), i);
+            needles.push(
+                memchr::memmem::Finder::new(t.name.to_ascii_lowercase().as_bytes()).into_owned(),
+            );
+        }
+        Catalog {
+            by_name,
+            tables,
+            needles,
+        }
+    }
+
+    pub fn tables(&self) -> &[LokaTable] {
+        &self.tables
+    }
+
+    /// Whether `sql` may mention a LokaDB table (a substring test on the lowercased
+    /// text): when not, the statement needs no parse.
+    pub fn may_touch(&self, sql: &str) -> bool {
+        if self.needles.is_empty() {
+            return false;
+        }
+        let lower = sql.to_ascii_lowercase();
+        self.needles
+            .iter()
+            .any(|n| n.find(lower.as_bytes()).is_some())
+    }
+
+    fn lookup(&self, name: &ObjectName) -> Option<usize> {
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .map(|p| match p {
+                ObjectNamePart::Identifier(i) => fold(&i.value, i.quote_style.is_some()),
+                ObjectNamePart::Function(f) => f.name.value.clone(),
+            })
+            .collect();
+        self.by_name.get(&parts.join(".")).copied()
+    }
+}
+
+/// Postgres folds unquoted identifiers to lower case.
+fn fold(value: &str, quoted: bool) -> String {
+    if quoted {
+        value.to_owned()
+    } else {
+        value.to_lowercase()
+    }
+}
+
+/// The organization a statement concerns.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Org {
+    /// A constant, as its text (`42` for `42`, `'42'`, `'42'::bigint`).
+    Literal(String),
+    /// The value bound to parameter `$n` (1-based).
+    Param(u16),
+}
+
+/// What the analysis found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Analysis {
+    /// Touches no LokaDB table.
+    NoLokaTable,
+    /// Touches LokaDB tables (indexes into the catalog), all limited to one organization.
+    Org { org: Org, tables: Vec<usize> },
+    /// Touches LokaDB tables but cannot be placed in one organization; why.
+    Unplaced(&'static str),
+}
+
+/// Analyses `sql` (one or more statements).
+pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
+    if !catalog.may_touch(sql) {
+        return Analysis::NoLokaTable;
+    }
+    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
+        return Analysis::Unplaced("the statement did not parse");
+    };
+    let mut w = Walk {
+        catalog,
+        refs: Vec::new(),
+        by_factor: HashMap::new(),
+        links: Vec::new(),
+        unplaceable: None,
+    };
+    for s in &statements {
+        let _ = s.visit(&mut w);
+    }
+    w.finish()
+}
+
+/// One reference to a LokaDB table in the statement.
+#[derive(Debug)]
+struct Ref {
+    table: usize,
+    /// The name it goes by at its query level (alias, else table name).
+    alias: String,
+    org: Option<Org>,
+    /// Two different organizations were required of it.
+    conflict: bool,
+}
+
+struct Walk<'a> {
+    catalog: &'a Catalog,
+    refs: Vec<Ref>,
+    /// TableFactor address → reference, so each reference is counted once.
+    by_factor: HashMap<usize, usize>,
+    /// `a.org = b.org` between two references.
+    links: Vec<(usize, usize)>,
+    unplaceable: Option<&'static str>,
+}
+
+impl Walk<'_> {
+    fn finish(mut self) -> Analysis {
+        if self.refs.is_empty() {
+            return self
+                .unplaceable
+                .map_or(Analysis::NoLokaTable, Analysis::Unplaced);
+        }
+        if let Some(why) = self.unplaceable {
+            return Analysis::Unplaced(why);
+        }
+        // Organization equalities carry a placed reference's organization to another.
+        for _ in 0..self.links.len() {
+            for &(a, b) in &self.links.clone() {
+                match (self.refs[a].org.clone(), self.refs[b].org.clone()) {
+                    (Some(o), None) => self.refs[b].org = Some(o),
+                    (None, Some(o)) => self.refs[a].org = Some(o),
+                    (Some(x), Some(y)) if x != y => self.refs[a].conflict = true,
+                    _ => {}
+                }
+            }
+        }
+        let mut org: Option<Org> = None;
+        for r in &self.refs {
+            if r.conflict {
+                return Analysis::Unplaced("two organizations");
+            }
+            match (&org, &r.org) {
+                (_, None) => {
+                    return Analysis::Unplaced("a LokaDB table without an organization condition")
+                }
+                (None, Some(o)) => org = Some(o.clone()),
+                (Some(a), Some(b)) if a != b => return Analysis::Unplaced("two organizations"),
+                _ => {}
+            }
+        }
+        let mut tables: Vec<usize> = self.refs.iter().map(|r| r.table).collect();
+        tables.sort_unstable();
+        tables.dedup();
+        Analysis::Org {
+            org: org.expect("at least one reference"),
+            tables,
+        }
+    }
+
+    /// The reference of a table factor (registering it on first sight).
+    fn reference(&mut self, f: &TableFactor) -> Option<usize> {
+        let key = std::ptr::from_ref(f) as usize;
+        if let Some(&i) = self.by_factor.get(&key) {
+            return Some(i);
+        }
+        let TableFactor::Table { name, alias, .. } = f else {
+            return None;
+        };
+        let table = self.catalog.lookup(name)?;
+        let alias = match alias {
+            Some(a) => fold(&a.name.value, a.name.quote_style.is_some()),
+            None => self.catalog.tables[table].name.clone(),
+        };
+        self.refs.push(Ref {
+            table,
+            alias,
+            org: None,
+            conflict: false,
+        });
+        self.by_factor.insert(key, self.refs.len() - 1);
+        Some(self.refs.len() - 1)
+    }
+
+    /// Applies the conjuncts of `cond` to the references `scope` (one query level).
+    fn constrain(&mut self, scope: &[usize], cond: &Expr) {
+        for c in conjuncts(cond) {
+            match c {
+                Expr::BinaryOp { left, op, right } if op.to_string() == "=" => {
+                    let l = self.column_refs(scope, left);
+                    let r = self.column_refs(scope, right);
+                    match (l.is_empty(), r.is_empty()) {
+                        (false, true) => {
+                            if let Some(v) = constant(right) {
+                                self.place(&l, v);
+                            }
+                        }
+                        (true, false) => {
+                            if let Some(v) = constant(left) {
+                                self.place(&r, v);
+                            }
+                        }
+                        (false, false) => {
+                            for &a in &l {
+                                for &b in &r {
+                                    self.links.push((a, b));
+                                }
+                            }
+                        }
+                        (true, true) => {}
+                    }
+                }
+                Expr::In {
+                    expr,
+                    target: InTarget::List(list),
+                    negated: false,
+                    ..
+                } if list.len() == 1 => {
+                    let l = self.column_refs(scope, expr);
+                    if let Some(v) = constant(&list[0]) {
+                        self.place(&l, v);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn place(&mut self, refs: &[usize], org: Org) {
+        for &i in refs {
+            match &self.refs[i].org {
+                Some(o) if *o != org => self.refs[i].conflict = true,
+                _ => self.refs[i].org = Some(org.clone()),
+            }
+        }
+    }
+
+    /// The references in `scope` whose organization column `e` names.
+    fn column_refs(&self, scope: &[usize], e: &Expr) -> Vec<usize> {
+        let e = strip(e);
+        let (qualifier, column) = match e {
+            Expr::Identifier(i) => (None, fold(&i.value, i.quote_style.is_some())),
+            Expr::CompoundIdentifier(parts) if parts.len() >= 2 => {
+                let q = &parts[parts.len() - 2];
+                let c = &parts[parts.len() - 1];
+                (
+                    Some(fold(&q.value, q.quote_style.is_some())),
+                    fold(&c.value, c.quote_style.is_some()),
+                )
+            }
+            _ => return Vec::new(),
+        };
+        scope
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let r = &self.refs[i];
+                self.catalog.tables[r.table].org_column == column
+                    && qualifier.as_ref().is_none_or(|q| *q == r.alias)
+            })
+            .collect()
+    }
+
+    /// One SELECT level: its FROM references, constrained by its WHERE, ON and HAVING.
+    fn select_level(&mut self, from: &[TableWithJoins], conds: &[&Expr]) {
+        let mut scope = Vec::new();
+        let mut on: Vec<(Vec<usize>, &Expr)> = Vec::new();
+        for twj in from {
+            let mut level = Vec::new();
+            if let Some(i) = self.reference(&twj.relation) {
+                level.push(i);
+            }
+            for j in &twj.joins {
+                let right = self.reference(&j.relation);
+                let (constraint, inner) = join_constraint(&j.join_operator);
+                if let Some(i) = right {
+                    level.push(i);
+                }
+                if let Some(JoinConstraint::On(e)) = constraint {
+                    // An inner join's ON limits both sides; an outer join's only the
+                    // side whose rows it filters (LEFT: the right one).
+                    let applies: Vec<usize> = if inner {
+                        level.clone()
+                    } else {
+                        right.into_iter().collect()
+                    };
+                    on.push((applies, e));
+                }
+            }
+            scope.extend(level);
+        }
+        for (applies, e) in on {
+            self.constrain(&applies, e);
+        }
+        for c in conds {
+            self.constrain(&scope, c);
+        }
+    }
+
+    fn set_expr(&mut self, body: &SetExpr) {
+        match body {
+            SetExpr::Select(s) => {
+                let conds: Vec<&Expr> = s.selection.iter().chain(s.having.iter()).collect();
+                self.select_level(&s.from, &conds);
+            }
+            SetExpr::SetOperation { left, right, .. } => {
+                self.set_expr(left);
+                self.set_expr(right);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Visitor for Walk<'_> {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
+        self.set_expr(&q.body);
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_statement(&mut self, s: &Statement) -> ControlFlow<()> {
+        match s {
+            Statement::Insert(ins) => {
+                let TableObject::TableName(name) = &ins.table else {
+                    return ControlFlow::Continue(());
+                };
+                let Some(table) = self.catalog.lookup(name) else {
+                    return ControlFlow::Continue(());
+                };
+                let col = &self.catalog.tables[table].org_column;
+                let pos = ins.columns.iter().position(|c| {
+                    c.0.last().is_some_and(|p| match p {
+                        ObjectNamePart::Identifier(i) => {
+                            fold(&i.value, i.quote_style.is_some()) == *col
+                        }
+                        ObjectNamePart::Function(_) => false,
+                    })
+                });
+                let org = match (pos, ins.source.as_deref().map(|q| q.body.as_ref())) {
+                    (Some(pos), Some(SetExpr::Values(v))) => {
+                        let mut org: Option<Org> = None;
+                        let mut ok = !v.rows.is_empty();
+                        for row in &v.rows {
+                            match (row.get(pos).and_then(constant), &org) {
+                                (Some(o), None) => org = Some(o),
+                                (Some(o), Some(p)) if o == *p => {}
+                                _ => ok = false,
+                            }
+                        }
+                        org.filter(|_| ok)
+                    }
+                    _ => None,
+                };
+                let alias = self.catalog.tables[table].name.clone();
+                self.refs.push(Ref {
+                    table,
+                    alias,
+                    org,
+                    conflict: false,
+                });
+            }
+            Statement::Update(u) => {
+                let mut items: Vec<&TableWithJoins> = vec![&u.table];
+                if let Some(
+                    sqlparser::ast::UpdateTableFromKind::BeforeSet(v)
+                    | sqlparser::ast::UpdateTableFromKind::AfterSet(v),
+                ) = &u.from
+                {
+                    items.extend(v.iter());
+                }
+                // Changing the organization column moves a row between organizations.
+                for a in &u.assignments {
+                    let name = a.target.to_string().to_lowercase();
+                    let column = name.rsplit('.').next().unwrap_or(&name).trim_matches('"');
+                    if self.catalog.tables.iter().any(|t| column == t.org_column) {
+                        self.unplaceable = Some("an UPDATE of the organization column");
+                    }
+                }
+                let conds: Vec<&Expr> = u.selection.iter().collect();
+                self.dml_level(&items, &conds);
+            }
+            Statement::Delete(d) => {
+                let (sqlparser::ast::FromTable::WithFromKeyword(from)
+                | sqlparser::ast::FromTable::WithoutKeyword(from)) = &d.from;
+                let mut items: Vec<&TableWithJoins> = from.iter().collect();
+                if let Some(u) = &d.using {
+                    items.extend(u.iter());
+                }
+                let conds: Vec<&Expr> = d.selection.iter().collect();
+                self.dml_level(&items, &conds);
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_table_factor(&mut self, f: &TableFactor) -> ControlFlow<()> {
+        // Every reference counts, even one no query level constrained.
+        let _ = self.reference(f);
+        ControlFlow::Continue(())
+    }
+}
+
+impl Walk<'_> {
+    /// UPDATE and DELETE: the target and the FROM / USING items form one level.
+    fn dml_level(&mut self, items: &[&TableWithJoins], conds: &[&Expr]) {
+        let mut scope = Vec::new();
+        for twj in items {
+            if let Some(i) = self.reference(&twj.relation) {
+                scope.push(i);
+            }
+            for j in &twj.joins {
+                if let Some(i) = self.reference(&j.relation) {
+                    scope.push(i);
+                }
+            }
+        }
+        for twj in items {
+            for j in &twj.joins {
+                if let (Some(JoinConstraint::On(e)), true) = join_constraint(&j.join_operator) {
+                    self.constrain(&scope, e);
+                }
+            }
+        }
+        for c in conds {
+            self.constrain(&scope, c);
+        }
+    }
+}
+
+/// A join's constraint and whether it is an inner join.
+fn join_constraint(op: &JoinOperator) -> (Option<&JoinConstraint>, bool) {
+    match op {
+        JoinOperator::Join(c) | JoinOperator::Inner(c) => (Some(c), true),
+        JoinOperator::Left(c) | JoinOperator::LeftOuter(c) => (Some(c), false),
+        _ => (None, false),
+    }
+}
+
+/// The AND-ed parts of `e` (parentheses removed; nothing under OR or NOT).
+fn conjuncts(e: &Expr) -> Vec<&Expr> {
+    match e {
+        Expr::Nested(inner) => conjuncts(inner),
+        Expr::BinaryOp { left, op, right } if op.to_string() == "AND" => {
+            let mut v = conjuncts(left);
+            v.extend(conjuncts(right));
+            v
+        }
+        _ => vec![e],
+    }
+}
+
+/// `e` without parentheses and casts.
+fn strip(e: &Expr) -> &Expr {
+    match e {
+        Expr::Nested(inner) => strip(inner),
+        Expr::Cast { expr, .. } => strip(expr),
+        _ => e,
+    }
+}
+
+/// A constant or parameter value.
+fn constant(e: &Expr) -> Option<Org> {
+    match strip(e) {
+        Expr::Value(v) => match &v.value {
+            Value::Number(n, _) => Some(Org::Literal(n.clone())),
+            Value::SingleQuotedString(s) => Some(Org::Literal(s.clone())),
+            Value::Placeholder(p) => p
+                .strip_prefix('$')
+                .and_then(|n| n.parse().ok())
+                .filter(|n| *n > 0)
+                .map(Org::Param),
+            _ => None,
+        },
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => match strip(expr) {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => Some(Org::Literal(format!("-{n}"))),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog() -> Catalog {
+        let t = |name: &str| LokaTable {
+            schema: "public".to_owned(),
+            name: name.to_owned(),
+            org_column: "organization_id".to_owned(),
+        };
+        Catalog::new(vec![t("documents"), t("document_versions")])
+    }
+
+    fn lit(s: &str) -> Org {
+        Org::Literal(s.to_owned())
+    }
+
+    /// Statement → expected organization (None: not placed, or no LokaDB table when
+    /// `loka` is false).
+    const CASES: &[(&str, Option<&str>, bool)] = &[
+        ("SELECT 1", None, false),
+        ("SELECT * FROM projects WHERE organization_id = 1", None, false),
+        ("SELECT * FROM documents WHERE organization_id = 42", Some("42"), true),
+        ("select * from Documents where ORGANIZATION_ID = '42'", Some("42"), true),
+        ("SELECT * FROM public.documents WHERE organization_id = $1", Some("$1"), true),
+        ("SELECT * FROM documents d WHERE d.organization_id = $2::bigint AND d.id = $1", Some("$2"), true),
+        ("SELECT * FROM documents d WHERE (d.organization_id = CAST($1 AS int8))", Some("$1"), true),
+        ("SELECT * FROM documents WHERE organization_id IN (7)", Some("7"), true),
+        ("SELECT * FROM documents WHERE organization_id IN (7, 8)", None, true),
+        ("SELECT * FROM documents WHERE organization_id = 7 OR organization_id = 8", None, true),
+        ("SELECT * FROM documents WHERE NOT (organization_id = 7)", None, true),
+        ("SELECT * FROM documents WHERE id = 5", None, true),
+        ("SELECT * FROM documents WHERE organization_id = 7 AND organization_id = 8", None, true),
+        ("SELECT count(*) FROM documents", None, true),
+        // Joins: each LokaDB reference needs the condition, directly or through an equality.
+        ("SELECT * FROM documents d JOIN document_versions v ON v.document_id = d.id WHERE d.organization_id = 3", None, true),
+        ("SELECT * FROM documents d JOIN document_versions v ON v.document_id = d.id AND v.organization_id = d.organization_id WHERE d.organization_id = 3", Some("3"), true),
+        ("SELECT * FROM documents d, document_versions v WHERE v.organization_id = 3 AND d.organization_id = 3", Some("3"), true),
+        ("SELECT * FROM documents d JOIN projects p ON p.id = d.project_id WHERE d.organization_id = $1 ORDER BY d.id DESC LIMIT 20", Some("$1"), true),
+        ("SELECT * FROM projects p LEFT JOIN documents d ON d.project_id = p.id AND d.organization_id = 9", Some("9"), true),
+        // Subqueries and CTEs: each level constrains its own references.
+        ("SELECT * FROM projects WHERE id IN (SELECT project_id FROM documents WHERE organization_id = 4)", Some("4"), true),
+        ("SELECT * FROM (SELECT * FROM documents WHERE organization_id = 4) x", Some("4"), true),
+        ("WITH x AS (SELECT * FROM documents WHERE organization_id = 4) SELECT * FROM x", Some("4"), true),
+        ("SELECT * FROM documents WHERE organization_id = 4 AND id IN (SELECT document_id FROM document_versions)", None, true),
+        ("SELECT (SELECT count(*) FROM document_versions v WHERE v.organization_id = 5) FROM documents WHERE organization_id = 5", Some("5"), true),
+        ("SELECT * FROM documents WHERE organization_id = 1 UNION ALL SELECT * FROM documents WHERE organization_id = 2", None, true),
+        // INSERT, UPDATE, DELETE.
+        ("INSERT INTO documents (id, organization_id, title) VALUES (1, 6, 'x')", Some("6"), true),
+        ("INSERT INTO documents (organization_id, title) VALUES ($1, $2), ($1, $3)", Some("$1"), true),
+        ("INSERT INTO documents (organization_id, title) VALUES (1, 'a'), (2, 'b')", None, true),
+        ("INSERT INTO documents (title) VALUES ('a')", None, true),
+        ("INSERT INTO documents SELECT * FROM documents WHERE organization_id = 1", None, true),
+        ("UPDATE documents SET title = 'x' WHERE organization_id = 8 AND id = 1", Some("8"), true),
+        ("UPDATE documents SET organization_id = 9 WHERE organization_id = 8", None, true),
+        ("UPDATE documents d SET title = p.name FROM projects p WHERE p.id = d.project_id AND d.organization_id = $1", Some("$1"), true),
+        ("DELETE FROM documents WHERE organization_id = '8' AND id = $1", Some("8"), true),
+        ("DELETE FROM document_versions WHERE id = 3", None, true),
+        // Multi-statement: all placed in one organization.
+        ("BEGIN; UPDATE documents SET title = '' WHERE organization_id = 2; COMMIT", Some("2"), true),
+        ("SELECT * FROM documents WHERE organization_id = 2; SELECT * FROM documents WHERE organization_id = 3", None, true),
+        // Quoting: a quoted mixed-case name is another table.
+        ("SELECT * FROM \"Documents\" WHERE organization_id = 1", None, false),
+        ("SELECT * FROM \"documents\" WHERE \"organization_id\" = 1", Some("1"), true),
+        // A name that only contains a LokaDB table's name.
+        ("SELECT * FROM documents_archive WHERE organization_id = 1", None, false),
+        ("SELEC broken documents", None, true),
+    ];
+
+    #[test]
+    fn statements_route_as_the_table_says() {
+        let c = catalog();
+        for (sql, want, loka) in CASES {
+            let got = analyze(sql, &c);
+            match (want, loka) {
+                (Some(w), _) => {
+                    let org = match w.strip_prefix('$') {
+                        Some(n) => Org::Param(n.parse().unwrap()),
+                        None => lit(w),
+                    };
+                    assert!(
+                        matches!(&got, Analysis::Org { org: o, .. } if *o == org),
+                        "{sql}: {got:?}"
+                    );
+                }
+                (None, true) => assert!(matches!(got, Analysis::Unplaced(_)), "{sql}: {got:?}"),
+                (None, false) => assert_eq!(got, Analysis::NoLokaTable, "{sql}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_fast_path_skips_statements_without_a_loka_table_name() {
+        let c = catalog();
+        assert!(!c.may_touch("SELECT * FROM projects"));
+        assert!(c.may_touch("select * from DOCUMENTS"));
+        assert!(!Catalog::new(vec![]).may_touch("SELECT * FROM documents"));
+    }
+}
