@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 struct World {
     _certs: Certs,
+    _link: Option<lokadb_tests::link::LatencyLink>,
     org: Org,
     _relay: lokadb_tests::proxy::Proxy,
     agent: Option<lokadb_tests::agent::Agent>,
@@ -44,10 +45,17 @@ fn org_db(id: &str, superuser: bool) -> Org {
 /// Cloud with the test schema enabled, `extra` rows per organization, organization 2's
 /// database registered behind the relay.
 fn world(extra_rows: i64, logical: bool) -> World {
+    world_at(extra_rows, logical, None)
+}
+
+/// As [`world`], the agent reaching the relay through the latency link when `one_way`.
+fn world_at(extra_rows: i64, logical: bool, one_way: Option<Duration>) -> World {
     let certs = Certs::new().unwrap();
     let org = org_db("2", logical);
     let relay = start_relay(&certs, &[&org], json!({}), &[]).unwrap();
-    let agent = start_agent(&certs, &org, addrs(&relay).agents, &[]).unwrap();
+    let link = one_way.map(|d| crate::tunnel_world::link_to(&relay, d).unwrap());
+    let to = link.as_ref().map_or(addrs(&relay).agents, |l| l.addr());
+    let agent = start_agent(&certs, &org, to, &[]).unwrap();
     let mut b = Cluster::builder().setting("max_connections", "100");
     if logical {
         b = b
@@ -91,6 +99,7 @@ fn world(extra_rows: i64, logical: bool) -> World {
     ));
     World {
         _certs: certs,
+        _link: link,
         org,
         _relay: relay,
         agent: Some(agent),
@@ -304,7 +313,8 @@ fn counts(w: &World) -> (i64, i64, i64) {
 }
 
 fn move_under_writers(mode: &str, logical: bool) {
-    let w = world(20_000, logical);
+    // 20 ms round trips to the organization's database.
+    let w = world_at(20_000, logical, Some(Duration::from_millis(10)));
     let (docs2, versions2, docs1) = counts(&w);
     let stop = Arc::new(AtomicBool::new(false));
     let handles = writers(&w.dsn, 4, stop.clone());

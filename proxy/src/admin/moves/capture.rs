@@ -160,14 +160,19 @@ pub struct Round {
     pub records: u64,
     pub rows: u64,
     pub bytes: u64,
-    /// Records left when the round began (its own included).
+    /// Records left when the round began (its own included; 0 in final mode).
     pub backlog: u64,
+    /// Final mode: this round took every record left.
+    pub last: bool,
 }
 
 /// Applies catch-up rounds for the organization of `tables` from `source` to `dest`
 /// (both hold the tables under the relation names `place` gives).
 pub struct CatchUp {
     limit: i64,
+    /// Final mode (under the pause, nothing new can arrive): SQL sent to the destination
+    /// with the last round, the backlog not counted, records left for the clean-up.
+    tail: Option<String>,
 }
 
 impl Default for CatchUp {
@@ -180,6 +185,7 @@ impl CatchUp {
     pub fn new() -> CatchUp {
         CatchUp {
             limit: ROUND_RECORDS,
+            tail: None,
         }
     }
 
@@ -216,12 +222,21 @@ impl CatchUp {
             return Ok(Round::default());
         };
         let org = &first.org;
-        let backlog = Self::backlog(source, org)?;
+        let final_round = self.tail.is_some();
+        let backlog = if final_round {
+            0
+        } else {
+            Self::backlog(source, org)?
+        };
         let rows = source.query(
             "SELECT id, rel FROM lokadb.changes WHERE org = $1 ORDER BY id LIMIT $2",
             &[org, &self.limit],
         )?;
+        let last = (rows.len() as i64) < self.limit;
         if rows.is_empty() {
+            if let Some(tail) = self.tail.take() {
+                dest.batch_execute(&tail)?;
+            }
             return Ok(Round {
                 backlog,
                 ..Round::default()
@@ -251,7 +266,17 @@ impl CatchUp {
             batch.push_str(&apply_sql(t, &dest_rel(t), &keys, &present));
         }
         batch.push_str("COMMIT;");
+        if last {
+            if let Some(tail) = self.tail.take() {
+                batch.push_str(&tail);
+            }
+        }
         dest.batch_execute(&batch)?;
+        if final_round && last {
+            // Under the pause: the clean-up deletes these records; replaying is harmless.
+            round.last = true;
+            return Ok(round);
+        }
         source.execute("DELETE FROM lokadb.changes WHERE id = ANY($1)", &[&all_ids])?;
         // Keep a round near ROUND_BYTES of rows whatever their width.
         if round.bytes > ROUND_BYTES && self.limit > 100 {
@@ -260,6 +285,40 @@ impl CatchUp {
             self.limit = (self.limit * 2).min(ROUND_RECORDS);
         }
         Ok(round)
+    }
+
+    /// The final rounds, under the pause (no record can be added): until every record is
+    /// applied, then `tail` runs at the destination in the same batch as the last round
+    /// (one round trip for the whole final catch-up when it fits one round). Applied
+    /// records stay for the clean-up to delete.
+    ///
+    /// # Errors
+    ///
+    /// As [`CatchUp::round`].
+    pub fn finish_then(
+        &mut self,
+        tables: &[MoveTable],
+        source: &mut postgres::Client,
+        source_rel: &dyn Fn(&MoveTable) -> (String, bool),
+        dest: &mut postgres::Client,
+        dest_rel: &dyn Fn(&MoveTable) -> String,
+        tail: &str,
+    ) -> Result<u64, AdminError> {
+        self.tail = Some(tail.to_owned());
+        let mut total = 0;
+        let result = loop {
+            match self.round(tables, source, source_rel, dest, dest_rel) {
+                Ok(r) => {
+                    total += r.records;
+                    if r.records == 0 || r.last {
+                        break Ok(total);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.tail = None;
+        result
     }
 
     /// Rounds until the source holds no record; returns the records applied.
@@ -278,7 +337,8 @@ impl CatchUp {
         let mut total = 0;
         loop {
             let r = self.round(tables, source, source_rel, dest, dest_rel)?;
-            if r.records == 0 {
+            if r.records == 0 || r.last {
+                total += r.records;
                 return Ok(total);
             }
             total += r.records;

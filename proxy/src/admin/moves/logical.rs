@@ -278,7 +278,8 @@ fn staging_names(m: &Move, oc: &mut postgres::Client) -> Result<(), AdminError> 
     Ok(())
 }
 
-/// Under the switch's lock, once the marker arrived: the tables get their names.
+/// Under the switch's lock, once the marker arrived: the tables get their names; `then`
+/// runs in the same round trip.
 ///
 /// # Errors
 ///
@@ -286,6 +287,7 @@ fn staging_names(m: &Move, oc: &mut postgres::Client) -> Result<(), AdminError> 
 pub fn rename(
     tables: &[super::layout::MoveTable],
     oc: &mut postgres::Client,
+    then: &str,
 ) -> Result<(), AdminError> {
     let sql: Vec<String> = tables
         .iter()
@@ -297,7 +299,7 @@ pub fn rename(
             )
         })
         .collect();
-    oc.batch_execute(&sql.join(";\n"))?;
+    oc.batch_execute(&format!("BEGIN; {}; COMMIT; {then}", sql.join(";\n")))?;
     Ok(())
 }
 

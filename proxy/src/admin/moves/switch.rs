@@ -34,11 +34,6 @@ pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
         Direction::Out => (m.cloud_session()?, m.org_session()?),
         Direction::Back => (m.org_session()?, m.cloud_session()?),
     };
-    // The destination's snapshot for the verification, taken under the lock.
-    let mut snap = match direction {
-        Direction::Out => m.org_session()?,
-        Direction::Back => m.cloud_session()?,
-    };
     let mut marker = if logical {
         Some(m.cloud_session()?)
     } else {
@@ -66,24 +61,26 @@ pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
             continue;
         }
         let paused = Instant::now();
+        // The destination's snapshot for the verification, taken right after the last
+        // changes, in the same round trip.
+        let snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;";
         let applied = if let Some(mc) = marker.as_mut() {
             logical::marker(mc, &mut dst, &org)?;
             failpoint("switch-renamed-before");
-            logical::rename(&tables, &mut dst)?;
+            logical::rename(&tables, &mut dst, snapshot)?;
             failpoint("switch-renamed");
             0
         } else {
-            cu.drain(
+            cu.finish_then(
                 &tables,
                 &mut src,
                 &|t| source_rel(t, direction),
                 &mut dst,
                 &|t| dest_rel(t, direction),
+                snapshot,
             )?
         };
         let caught_up = paused.elapsed();
-        snap.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")?;
-        snap.query_one("SELECT 1", &[])?;
         for t in &tables {
             let (old, new) = match direction {
                 Direction::Out => (t.cloud_part(), t.foreign_part()),
@@ -131,7 +128,7 @@ pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
             applied,
             caught_up.as_secs_f64() * 1e3
         ));
-        return Ok(snap);
+        return Ok(dst);
     }
     unreachable!("the last attempt returns")
 }
