@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
     CHILDREN, PG_BIN, PG_USER, REPO, TEMP_DIRS, cleanup, cpu_ticks, free_port, log,
-    on_sigterm, percentile, rss_kib, run_checked, stop_process,
+    on_sigterm, percentile, run_checked, stop_process,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
 from tunnel import (  # noqa: E402
@@ -893,8 +893,9 @@ def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_
         ctx.org.clone_from(tpl["org_template"])
         rec["clone_s"] = round(time.time() - t0, 1)
         logical = mode_name == "logical"
-        ctx.cloud.start({**CLOUD_PG, **(LOGICAL_CLOUD_PG if logical else {})})
-        ctx.org.start(ORG_PG)
+        trace = {"log_min_duration_statement": "0", "log_line_prefix": "%m [%p] %a: "} if ctx.trace_admin else {}
+        ctx.cloud.start({**CLOUD_PG, **(LOGICAL_CLOUD_PG if logical else {}), **trace})
+        ctx.org.start({**ORG_PG, **trace})
         if logical:
             with ctx.org.conn() as c:
                 c.execute("ALTER ROLE app SUPERUSER")
@@ -960,6 +961,15 @@ def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_
             ctx.relay.stop()
         errs = [line for c in (ctx.cloud, ctx.org) for line in c.log_tail(200000).splitlines()
                 if " ERROR: " in line or "FATAL:" in line or "PANIC:" in line]
+        if ctx.trace_admin:
+            # Every statement of lokadb's own sessions (application_name 'lokadb admin'), with
+            # millisecond timestamps and durations: where a pause's time goes.
+            trace_dir = ctx.outdir / f"admin-statements-run{len(ctx.runs)}"
+            trace_dir.mkdir(exist_ok=True)
+            for c in (ctx.cloud, ctx.org):
+                keep = [line for line in c.log_tail(1 << 31).splitlines() if "lokadb admin" in line]
+                (trace_dir / f"{c.name}.log").write_text("\n".join(keep) + "\n")
+            rec["admin_statements_dir"] = str(trace_dir)
         rec["postgres_log_errors"] = errs[-40:]
         rec["postgres_log_error_count"] = len(errs)
         ctx.cloud.stop()
@@ -1009,6 +1019,10 @@ def row_of(r: dict, which="move_org") -> dict:
         "lokadb_cpu_ms": cpu, "lokadb_cpu_ms_per_mb": round(cpu / copy_mb, 1) if cpu and copy_mb else None,
         "lokadb_maxrss_kib": (m.get("move") or {}).get("vmhwm_kib"),
         "cpu_ms": m.get("cpu_ms"),
+        "relay_to_org_mb": round((m.get("relay_stats_delta") or {}).get("bytes_to_agents", 0) / 1e6, 1)
+        if (m.get("relay_stats_delta") or {}).get("bytes_to_agents") is not None else None,
+        "relay_from_org_mb": round((m.get("relay_stats_delta") or {}).get("bytes_from_agents", 0) / 1e6, 1)
+        if (m.get("relay_stats_delta") or {}).get("bytes_from_agents") is not None else None,
         "before": ((w.get("rate") or {}).get("before") or {}).get("all"),
         "during": ((w.get("rate") or {}).get("during") or {}).get("all"),
         "after": ((w.get("rate") or {}).get("after") or {}).get("all"),
@@ -1050,7 +1064,7 @@ def err_cell(errs: dict) -> str:
 def tables_md(raw: dict, s: dict) -> list[str]:
     L = ["| size (org 2 COPY MB) | mode | writers | split pause | switch pause | total | copy MB | copy MB/s | "
          "link read ceiling | ÷ read ceiling | link write ceiling | ÷ write ceiling | inserts/s before / during / after | "
-         "org-2 longest txn | writer errors | verified + checks |",
+         "org-2 longest wait | writer errors | verified + checks |",
          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for r in s["rows"]:
         ver = "yes" if r["verified"] and r["checks_ok"] else (
@@ -1073,11 +1087,13 @@ def tables_md(raw: dict, s: dict) -> list[str]:
           "move as plain COPYs through the relay and the 40 ms link, both tables at once — read = COPY TO STDOUT "
           "from the org database (the org → cloud direction, as move-back), write = COPY FROM STDIN into a table "
           "with the destination's columns and indexes (the cloud → org direction, as move-org). "
-          "Writers' inserts/s count committed transactions (a document + a version) of both organizations.", ""]
+          "Writers' inserts/s count committed transactions (a document + a version) of both organizations. "
+          "Org-2 longest wait: the longest transaction of organization 2, committed or rolled back (a 40001 at the "
+          "split waited through the split's pause).", ""]
     L += ["### Phases, CPU and writers per scenario", "",
           "| scenario | phases (s, from the command's output timestamps) | catch-up | marker | lokadb CPU | lokadb CPU ms/MB | lokadb peak RSS | "
-          "relay / agent / link CPU | cloud / org Postgres CPU | inserts/s during: org 1 / org 2 | after: org 1 / org 2 (org-2 p50) | org-1 longest txn |",
-          "|---|---|---|---:|---:|---:|---:|---|---|---:|---|---:|"]
+          "relay / agent / link CPU | cloud / org Postgres CPU | relay bytes to / from the org (MB) | inserts/s during: org 1 / org 2 | after: org 1 / org 2 (org-2 p50) | org-1 longest txn |",
+          "|---|---|---|---:|---:|---:|---:|---|---|---|---:|---|---:|"]
     for r in s["rows"]:
         c = r["cpu_ms"] or {}
         cu = (f"{fmt(r['catchup_records'], 0)} records in {fmt(r['catchup_s'])} s" if r["catchup_records"] is not None
@@ -1089,6 +1105,7 @@ def tables_md(raw: dict, s: dict) -> list[str]:
             f"{fmt(r['lokadb_maxrss_kib'] / 1024 if r['lokadb_maxrss_kib'] else None, 1)} MiB | {fmt(c.get('relay'), 0)} / {fmt(c.get('agent'), 0)} / "
             f"{fmt(c.get('link_agent'), 0)}" + (f" (+ {fmt(c.get('link_subscription'), 0)} subscription link)" if c.get("link_subscription") is not None else "")
             + f" ms | {fmt(c.get('cloud_pg'), 0)} / {fmt(c.get('org_pg'), 0)} ms | "
+            f"{fmt(r['relay_to_org_mb'])} / {fmt(r['relay_from_org_mb'])} | "
             f"{fmt(r['during_org1'], 0)} / {fmt(r['during_org2'], 0)} | {fmt(r['after_org1'], 0)} / {fmt(r['after_org2'], 0)} "
             f"({fmt(r['org2_p50_after_ms'], 0)} ms) | {fmt(r['longest_org1_ms'], 0)} ms |")
     L.append("")
@@ -1101,7 +1118,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
          f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
          f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{BIN_DIR}`. "
-         f"Command: `{m['command']}`.", "",
+         f"Command: `{m['command'].strip()}`.", "",
          f"World: PostgreSQL 18 clusters (cloud and organization 2's), relay, organization 2's agent dialing the "
          f"relay through the latency link ({RTT_MS / 2:g} ms each way = {RTT_MS:g} ms RTT); the move reaches the org "
          f"database through the relay's Postgres listener. Logical mode: the subscription dials the cloud through a "
@@ -1238,7 +1255,7 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
     body = [f"## move-org, {mode} mode" + (" — ~20 MB, one scenario; indicative only" if mode == "quick" else ""), "",
             f"Run `{outdir.name}` (folder `{rel}/`), commit `{m['git']['commit'][:12]}`"
             f"{' (dirty tree)' if m['git']['dirty'] else ''}, {m['machine']['nproc']} cores, written by "
-            f"`research/bench/moves.py` (`{m['command']}`). Charts: " + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", ""]
+            f"`research/bench/moves.py` (`{m['command'].strip()}`). Charts: " + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", ""]
     body += ["### moves-pause.png — writes paused (ms); goal 300 ms", "",
              "| scenario | split (first move, out of DEFAULT) | switch |", "|---|---:|---:|"]
     for r in s["rows"]:
@@ -1300,6 +1317,10 @@ def main() -> int:
     ap.add_argument("--writers", help="comma-separated writer counts (default: quick 2, full 2,8)")
     ap.add_argument("--no-move-back", action="store_true", help="skip the move-back measurement")
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
+    ap.add_argument("--trace-admin", action="store_true",
+                    help="diagnostic: both clusters log every statement with its duration; the lines of "
+                         "lokadb's own sessions are kept in admin-statements-run<N>/ of the result folder "
+                         "(the logging costs time: not for the measured runs)")
     ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json")
     args = ap.parse_args()
     if args.render:
@@ -1331,17 +1352,20 @@ def main() -> int:
 
     ctx = Ctx()
     ctx.mode = mode
+    ctx.outdir = outdir
+    ctx.trace_admin = args.trace_admin
     ctx.commands = []
     ctx.errors = []
     ctx.runs = []
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
-            "command": "/work/main/.venv/bin/python research/bench/moves.py " + shlex.join(sys.argv[1:]),
+            "command": ("/work/main/.venv/bin/python research/bench/moves.py " + shlex.join(sys.argv[1:])).strip(),
             "mode_settings": dict(vars(mode)), "rtt_ms": RTT_MS, "body_bytes": BODY_BYTES,
             "machine": common.machine_info(), "git": common.git_info(),
             "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
             "postgres_settings": {"cloud": CLOUD_PG, "cloud_logical_extra": LOGICAL_CLOUD_PG, "org": ORG_PG,
                                   "fsync": "on (default)"},
             "env": {"LOKADB_MUX_*": "unset (defaults: 4 MiB window, no auto-tuning)"},
+            "trace_admin": args.trace_admin,
             "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta, "templates": {}, "runs": ctx.runs}
     t_start = time.time()
