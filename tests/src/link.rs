@@ -2,8 +2,12 @@
 //!
 //! These machines' kernels have no netem, so distance is made here. Each accepted connection
 //! gets a connection to the target and two directions; each direction is a pipeline of two
-//! threads: a reader stamps every chunk with `read time + delay` and queues it, a writer sleeps
-//! until a chunk is due and writes it. Bytes keep their order and many chunks are in flight at
+//! threads: a reader stamps every chunk with `arrival time + delay` and queues it, a writer sleeps
+//! until a chunk is due and writes it. The arrival time is the kernel's receive timestamp
+//! (SO_TIMESTAMPNS), so the time the reader takes to wake up is part of the delay rather than
+//! added to it, and the writer wakes early by its own measured wake-up lateness: on an idle
+//! machine (deep CPU idle states) each wake-up costs a few hundred microseconds, which would
+//! otherwise add up to a millisecond per round trip. Bytes keep their order and many chunks are in flight at
 //! once (the link never waits for one chunk to arrive before reading the next), up to
 //! [`MAX_IN_FLIGHT`] bytes per direction, beyond which the reader stops reading (backpressure
 //! through TCP flow control). Plain threads and `thread::sleep` give sub-millisecond precision,
@@ -17,8 +21,9 @@
 //! [`LatencyLink::reset_all`] closes every current connection.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -289,7 +294,7 @@ struct InFlight {
 fn start_direction(
     id: u64,
     name: &str,
-    mut src: TcpStream,
+    src: TcpStream,
     mut dst: TcpStream,
     shared: Arc<Shared>,
     open_dirs: Arc<AtomicU64>,
@@ -307,17 +312,18 @@ fn start_direction(
         let writer_gone = writer_gone.clone();
         spawn_named(format!("link-{id}-{name}-r"), move || {
             let mut buf = vec![0u8; CHUNK];
+            enable_rx_timestamps(&src);
             loop {
                 shared.wait_while_cut();
                 if shared.stopping() || writer_gone.load(Ordering::Acquire) {
                     return;
                 }
-                let n = match src.read(&mut buf) {
-                    Ok(n) => n,
+                let (n, arrived) = match read_stamped(&src, &mut buf) {
+                    Ok(read) => read,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(_) => 0,
+                    Err(_) => (0, Instant::now()),
                 };
-                let due = Instant::now() + shared.delay();
+                let due = arrived + shared.delay();
                 if n == 0 {
                     let _ = tx.send(Item::Eof(due));
                     return;
@@ -345,6 +351,7 @@ fn start_direction(
 
     spawn_named(format!("link-{id}-{name}-w"), move || {
         tight_timer_slack();
+        let mut wake = WakeCompensation::default();
         let finish = |shared: &Shared| {
             writer_gone.store(true, Ordering::Release);
             in_flight.changed.notify_all();
@@ -365,7 +372,7 @@ fn start_direction(
             if shared.stopping() {
                 break;
             }
-            sleep_until(due);
+            wake.sleep_until(due);
             match item {
                 Item::Data(_, bytes) => {
                     let n = bytes.len();
@@ -388,16 +395,105 @@ fn start_direction(
     });
 }
 
-/// Sleeps until `due`. With the writer's timer slack at 1 µs the wakeup is on time; no
-/// yield-spinning, which on a busy machine would give the CPU away for a whole scheduler tick.
-fn sleep_until(due: Instant) {
-    loop {
-        let now = Instant::now();
-        if now >= due {
-            return;
+/// Most of its wake-up lateness the writer learns and subtracts from its next sleep.
+const MAX_WAKE_COMPENSATION: Duration = Duration::from_millis(1);
+/// Older receive timestamps mean bytes queued behind backpressure or a cut, not a slow wake-up.
+const MAX_ARRIVAL_AGE: Duration = Duration::from_millis(2);
+
+/// The writer's running estimate of how late its sleeps end (an average over about 8 sleeps).
+#[derive(Default)]
+struct WakeCompensation {
+    lateness: Duration,
+}
+
+impl WakeCompensation {
+    /// Sleeps until about `due`: until `due` less the learned lateness, which it then updates
+    /// with this sleep's. No spinning: on a busy 2-core machine that would take the CPU from
+    /// the processes whose latency is being measured.
+    fn sleep_until(&mut self, due: Instant) {
+        let target = due.checked_sub(self.lateness).unwrap_or(due);
+        let mut slept = false;
+        loop {
+            let now = Instant::now();
+            if now >= target {
+                if slept {
+                    let late = (now - target).min(MAX_WAKE_COMPENSATION);
+                    self.lateness = (self.lateness * 7 + late) / 8;
+                }
+                return;
+            }
+            thread::sleep(target - now);
+            slept = true;
         }
-        thread::sleep(due - now);
     }
+}
+
+/// Asks the kernel to timestamp what this socket receives (read back by [`read_stamped`]).
+fn enable_rx_timestamps(socket: &TcpStream) {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket descriptor and a c_int option value of the size passed.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// SO_TIMESTAMPNS (the "old" 64-bit-time variant on x86_64 and aarch64); its control message
+/// type SCM_TIMESTAMPNS has the same value.
+const SO_TIMESTAMPNS: libc::c_int = 35;
+
+/// Reads into `buf`, returning the byte count and when the kernel received the last of them
+/// (now, if the socket gave no timestamp or an implausible one).
+fn read_stamped(socket: &TcpStream, buf: &mut [u8]) -> io::Result<(usize, Instant)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: msg points at live buffers of the lengths it states.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, 0) };
+    let now = Instant::now();
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut arrived = now;
+    // SAFETY: the CMSG_* walk stays within msg_control as the kernel filled it.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == SO_TIMESTAMPNS {
+                let stamp: libc::timespec =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::timespec>());
+                if let Some(age) = realtime_age(&stamp).filter(|age| *age <= MAX_ARRIVAL_AGE) {
+                    arrived = now - age;
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok((n as usize, arrived))
+}
+
+/// How long ago a CLOCK_REALTIME instant was; `None` if it lies in the future (a clock step).
+fn realtime_age(stamp: &libc::timespec) -> Option<Duration> {
+    // SAFETY: timespec is plain data; clock_gettime fills it.
+    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+    let nanos = |t: &libc::timespec| t.tv_sec as i128 * 1_000_000_000 + t.tv_nsec as i128;
+    u64::try_from(nanos(&now) - nanos(stamp))
+        .ok()
+        .map(Duration::from_nanos)
 }
 
 /// Asks the kernel to wake this thread's sleeps on time (default slack: 50 µs).
