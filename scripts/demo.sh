@@ -409,11 +409,13 @@ echo "  lokadb verify acme:"
 say "lokadb move-back acme: and back into the cloud (its own partition now; no split next time)"
 "$LOKADB" move-back acme --cloud "$CLOUD_DSN" 2>&1 | grep -E 'switched|verify|done' | sed 's/^/    /'
 say "lokadb move-org acme --mode logical: out again, through a subscription this time"
-# The subscription in acme's database connects to the cloud with a password (a real
-# deployment uses a role with REPLICATION and SELECT only; docs/moving.md).
+# The subscription in acme's database connects to the cloud as a REPLICATION role, never a
+# superuser (its password is stored there); move-org grants it SELECT on what it copies.
 org_psql -d acme -q -c "GRANT pg_create_subscription TO app"
+SUB_PASSWORD="sub-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+su_psql -d app -q -c "CREATE ROLE lokadb_sub LOGIN REPLICATION PASSWORD '$SUB_PASSWORD'"
 "$LOKADB" move-org acme --mode logical --cloud "$CLOUD_DSN" \
-    --cloud-from-org "host=127.0.0.1 port=$PG_PORT dbname=app user=postgres password=$SUPER_PASSWORD" 2>&1 |
+    --cloud-from-org "host=127.0.0.1 port=$PG_PORT dbname=app user=lokadb_sub password=$SUB_PASSWORD" 2>&1 |
     grep -E 'subscription|switched|verify|done' | sed 's/^/    /'
 echo
 

@@ -101,7 +101,8 @@ enum Command {
         #[arg(long)]
         profile: Option<String>,
         /// Connection string of the cloud database as the organization's database reaches
-        /// it, for logical mode's subscription (default: --cloud).
+        /// it, for logical mode's subscription: a role with REPLICATION, not a superuser
+        /// (it is stored in the organization's database while the move runs).
         #[arg(long, env = "LOKADB_CLOUD_FROM_ORG", hide_env_values = true)]
         cloud_from_org: Option<String>,
     },
@@ -176,6 +177,7 @@ impl MoveArgs {
             profile,
             jobs: self.jobs,
             abort: self.abort,
+            resume: self.resume,
             org_dsn: self.org_dsn.clone(),
             cloud_from_org,
         }

@@ -912,7 +912,13 @@ def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_
             # The subscription (the org database dialing the cloud) crosses a link of the same
             # 40 ms RTT, as it would from the organization's site.
             ctx.link_sub = start_link(ctx.cloud.port, RTT_MS / 2, ctx.tmp, ctx.commands)
-            args += ["--cloud-from-org", ctx.cloud.dsn(port=ctx.link_sub.port)]
+            # A REPLICATION role, not a superuser: move-org refuses to store the latter in
+            # the organization's database.
+            with ctx.cloud.conn() as c:
+                c.execute("CREATE ROLE lokadb_sub LOGIN REPLICATION PASSWORD 'sub-secret'")
+            args += ["--cloud-from-org",
+                     f"host=127.0.0.1 port={ctx.link_sub.port} user=lokadb_sub password=sub-secret "
+                     "dbname=app sslmode=disable"]
         rec["setup_s"] = round(time.time() - t0, 1)
         m = measured_move(ctx, label, args, n_writers, f"r{len(ctx.runs)}")
         rec["move_org"] = m

@@ -62,6 +62,8 @@ pub struct Column {
     pub not_null: bool,
     /// `a` (ALWAYS), `d` (BY DEFAULT) or empty.
     pub identity: String,
+    /// A generated (computed) column.
+    pub generated: bool,
 }
 
 /// An index of the table, with the constraint it backs if any.
@@ -71,6 +73,9 @@ pub struct Index {
     pub name: String,
     /// `pg_get_indexdef`, read while the table still has its name.
     pub def: String,
+    /// The definition from `USING` on (method, keys, INCLUDE, WITH, WHERE), cut after the
+    /// prefix rebuilt with the same quoting: a name containing ` USING ` can't shift it.
+    pub using: String,
     pub unique: bool,
     pub primary: bool,
     pub valid: bool,
@@ -244,7 +249,7 @@ pub fn table(c: &mut impl GenericClient, oid: u32) -> Result<Table, AdminError> 
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) ||
                     CASE WHEN a.attcollation <> t.typcollation AND a.attcollation <> 0
                          THEN ' COLLATE ' || quote_ident(co.collname) ELSE '' END,
-                    a.attnotnull, a.attidentity::text
+                    a.attnotnull, a.attidentity::text, a.attgenerated <> ''
              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
              LEFT JOIN pg_collation co ON co.oid = a.attcollation
              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
@@ -256,6 +261,7 @@ pub fn table(c: &mut impl GenericClient, oid: u32) -> Result<Table, AdminError> 
             sql_type: r.get(1),
             not_null: r.get(2),
             identity: r.get(3),
+            generated: r.get(4),
         })
         .collect();
     Ok(Table {
@@ -287,8 +293,14 @@ pub fn indexes(c: &mut impl GenericClient, oid: u32) -> Result<Vec<Index>, Admin
                 array(SELECT a.attname::text
                       FROM unnest(i.indkey::int2[]) WITH ORDINALITY k(n, o)
                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n
-                      WHERE k.o <= i.indnkeyatts ORDER BY k.o)
+                      WHERE k.o <= i.indnkeyatts ORDER BY k.o),
+                substr(pg_get_indexdef(i.indexrelid),
+                       length(format('CREATE %sINDEX %I ON %s%I.%I ',
+                                     CASE WHEN i.indisunique THEN 'UNIQUE ' END, ic.relname,
+                                     CASE WHEN ic.relkind = 'I' THEN 'ONLY ' END,
+                                     tn.nspname, t.relname)) + 1)
          FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+         JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace tn ON tn.oid = t.relnamespace
          LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid AND con.conrelid = i.indrelid
               AND con.contype IN ('p', 'u', 'x')
          WHERE i.indrelid = $1 ORDER BY ic.relname",
@@ -310,6 +322,7 @@ pub fn indexes(c: &mut impl GenericClient, oid: u32) -> Result<Vec<Index>, Admin
         expressions: r.get(10),
         nulls_not_distinct: r.get(11),
         columns: r.get(12),
+        using: r.get(13),
     })
     .collect())
 }

@@ -21,7 +21,7 @@ pub const ROUND_BYTES: u64 = 8 << 20;
 
 /// The trigger names on the source.
 fn trigger_name(t: &MoveTable, op: &str) -> String {
-    crate::admin::keymap::fit(&format!("lokadb_capture_{}_{op}", t.org))
+    format!("lokadb_capture_{}_{op}", super::layout::org_key(&t.org))
 }
 
 /// What a capture is for.
@@ -61,8 +61,19 @@ pub fn install_sql(t: &MoveTable, source: &str, kind: Capture) -> Vec<String> {
     let org = &t.org_literal;
     let key_new = t.key_of("NEW");
     let key_old = t.key_of("OLD");
+    // A date or time key prints in the writer's DateStyle; the catch-up reads it back in
+    // ISO. Fixed for such keys only (the SET costs every write a settings save/restore).
+    let styles = if t
+        .key_types
+        .iter()
+        .any(|k| k.contains("date") || k.contains("time") || k.contains("interval"))
+    {
+        " SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres' SET TimeZone = 'UTC'"
+    } else {
+        ""
+    };
     let body = format!(
-        "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql {DEFINER} AS $lokadb$
+        "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql {DEFINER}{styles} AS $lokadb$
 BEGIN
     {skip_own}
     IF TG_OP <> 'INSERT' THEN

@@ -9,7 +9,7 @@
 
 use crate::admin::catalog::{self, qualify, Column};
 use crate::admin::db::{ident, literal, AdminError};
-use crate::admin::keymap::{fit, suffixed};
+use crate::admin::keymap::suffixed;
 use postgres::GenericClient;
 
 /// One LokaDB table, as a move of one organization sees it.
@@ -63,7 +63,7 @@ impl MoveTable {
     }
 
     pub fn own_name(&self) -> String {
-        suffixed(&self.name, &format!("__lokadb_{}", self.org))
+        suffixed(&self.name, &format!("__lokadb_{}", org_key(&self.org)))
     }
 
     /// Its cloud partition.
@@ -72,7 +72,7 @@ impl MoveTable {
     }
 
     pub fn cloud_part_name(&self) -> String {
-        suffixed(&self.name, &format!("__lokadb_{}_c", self.org))
+        suffixed(&self.name, &format!("__lokadb_{}_c", org_key(&self.org)))
     }
 
     /// Its foreign partition (the organization's database).
@@ -81,7 +81,7 @@ impl MoveTable {
     }
 
     pub fn foreign_part_name(&self) -> String {
-        suffixed(&self.name, &format!("__lokadb_{}_f", self.org))
+        suffixed(&self.name, &format!("__lokadb_{}_f", org_key(&self.org)))
     }
 
     /// The table in the organization's database (same schema and name as the parent).
@@ -230,21 +230,45 @@ impl MoveTable {
     }
 }
 
+/// FNV-1a 64: stable across builds and versions, so a rerun finds what a killed run made.
+fn hash64(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain([0]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The organization as object names carry it: the id itself when it is up to 20 ASCII
+/// letters and digits (readable names in the common case), otherwise `_` and a hash.
+/// No plain id starts with `_` nor holds one, so `t__lokadb_a_c` can't be both
+/// organization `a`'s cloud partition and organization `a_c`'s own table.
+pub fn org_key(org: &str) -> String {
+    if !org.is_empty() && org.len() <= 20 && org.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        org.to_owned()
+    } else {
+        format!("_{:016x}", hash64(&[org]))
+    }
+}
+
 /// A short, stable tag of an organization id, for names with a restricted alphabet
 /// (replication slots, publications).
 pub fn tag(org: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in org.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("lokadb_move_{h:016x}")
+    format!("lokadb_move_{:016x}", hash64(&[org]))
 }
 
-/// The capture function of a table for an organization (one per source database).
+/// The capture function of a table for an organization (one per source database); the
+/// hash keeps `(org, schema, table)` triples that read alike apart.
 pub fn capture_function(t: &MoveTable) -> String {
+    let h = hash64(&[&t.org, &t.schema, &t.name]) >> 32;
     qualify(
         "lokadb",
-        &fit(&format!("capture_{}_{}_{}", t.org, t.schema, t.name)),
+        &suffixed(
+            &format!("capture_{}_{}", org_key(&t.org), t.name),
+            &format!("_{h:08x}"),
+        ),
     )
 }
 
@@ -297,6 +321,33 @@ pub fn tables(c: &mut impl GenericClient, org: &str) -> Result<Vec<MoveTable>, A
                 "{schema}.{name} has no primary key nor unique key over NOT NULL columns: a move identifies changed rows by one; add one first"
             )));
         };
+        // The partition bounds and CHECKs compare the id cast to the column's type: an id
+        // that prints otherwise ('02' for a bigint 2) would name another organization's rows.
+        if let Some(g) = parent.columns.iter().find(|c| c.generated) {
+            return Err(AdminError::usage(format!(
+                "{schema}.{name}.{} is a generated column: moving tables with generated columns is not supported yet. Nothing was changed",
+                g.name
+            )));
+        }
+        if let Some(col) = parent.column(&org_column) {
+            let ty = col.sql_type.split(" COLLATE ").next().unwrap_or_default();
+            let canonical: Option<String> = c
+                .query_one(&format!("SELECT ($1::text)::{ty}::text"), &[&org])
+                .map_err(|e| {
+                    AdminError::usage(format!(
+                        "organization id {org:?} is not a value of {schema}.{name}.{org_column} ({}): {}",
+                        col.sql_type,
+                        crate::admin::db::describe(&e)
+                    ))
+                })?
+                .get(0);
+            if canonical.as_deref() != Some(org) {
+                return Err(AdminError::usage(format!(
+                    "organization id {org:?} reads as {canonical:?} in {schema}.{name}.{org_column} ({}); register the organization by that value",
+                    col.sql_type
+                )));
+            }
+        }
         let key = key_index.columns.clone();
         let key_types = key
             .iter()
@@ -309,16 +360,22 @@ pub fn tables(c: &mut impl GenericClient, org: &str) -> Result<Vec<MoveTable>, A
             .collect();
         let indexes = usable
             .iter()
-            .filter_map(|i| {
-                let using = i.def.find(" USING ").map(|p| i.def[p + 1..].to_owned())?;
-                Some(IndexDef {
-                    primary: i.primary,
-                    unique: i.unique,
-                    columns: i.columns.clone(),
-                    using,
-                })
+            .map(|i| {
+                if i.using.starts_with("USING ") {
+                    Ok(IndexDef {
+                        primary: i.primary,
+                        unique: i.unique,
+                        columns: i.columns.clone(),
+                        using: i.using.clone(),
+                    })
+                } else {
+                    Err(AdminError::failed(format!(
+                        "{schema}.{name}: can't read the definition of index {} ({}); please report it",
+                        i.name, i.def
+                    )))
+                }
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         let checks = c
             .query(
                 "SELECT conname::text, pg_get_constraintdef(oid) FROM pg_constraint
@@ -394,6 +451,7 @@ pub(crate) mod tests {
             sql_type: t.to_owned(),
             not_null: nn,
             identity: String::new(),
+            generated: false,
         };
         MoveTable {
             schema: "public".to_owned(),
@@ -433,6 +491,33 @@ pub(crate) mod tests {
             table("42", "documents").cloud_part_name(),
             "documents__lokadb_42_c"
         );
+    }
+
+    #[test]
+    fn organizations_that_read_alike_get_distinct_names() {
+        let a = table("a", "t");
+        let ac = table("a_c", "t");
+        let names = |t: &MoveTable| [t.own_name(), t.cloud_part_name(), t.foreign_part_name()];
+        for x in names(&a) {
+            for y in names(&ac) {
+                assert_ne!(x, y);
+            }
+        }
+        assert_eq!(a.cloud_part_name(), "t__lokadb_a_c");
+        assert!(
+            ac.own_name().starts_with("t__lokadb__"),
+            "{}",
+            ac.own_name()
+        );
+        let long = table(&"9".repeat(200), &"n".repeat(63));
+        for n in names(&long) {
+            assert!(n.len() <= 63, "{n}");
+        }
+        assert_ne!(
+            capture_function(&table("a_b", "t")),
+            capture_function(&table("a", "b_t"))
+        );
+        assert!(capture_function(&long).len() <= 63 + "\"lokadb\".\"\"".len());
     }
 
     #[test]

@@ -38,8 +38,8 @@ fn stall() -> Duration {
 pub fn preflight(
     cloud: &mut postgres::Client,
     org: &mut postgres::Client,
-    _dsn: &str,
-    _opts: &super::MoveOptions,
+    tables: &[super::layout::MoveTable],
+    opts: &super::MoveOptions,
 ) -> Result<(), AdminError> {
     let wal: String = cloud
         .query_one("SELECT current_setting('wal_level')", &[])?
@@ -71,6 +71,15 @@ pub fn preflight(
             "lokadb: note: the cloud's wal_writer_delay is {delay}: logical mode's pause at the switch is about that long; 10ms makes it short (docs/moving.md)"
         );
     }
+    subscriber_role(cloud, opts)?;
+    // The publication carries UPDATE and DELETE: without a replica identity the
+    // application's own updates of the organization's rows would fail.
+    if let Some(t) = tables.iter().find(|t| !t.indexes.iter().any(|i| i.primary)) {
+        return Err(AdminError::usage(format!(
+            "--mode logical publishes updates, which needs a primary key: {} identifies rows by a unique key only; add a primary key or use --mode trigger. Nothing was changed",
+            t.display()
+        )));
+    }
     let may: bool = org
         .query_one(
             "SELECT rolsuper OR (EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pg_create_subscription')
@@ -85,6 +94,50 @@ pub fn preflight(
         ));
     }
     Ok(())
+}
+
+/// The cloud role the subscription logs in as, from `--cloud-from-org`: it is stored in
+/// the organization's database (readable by its superusers), so it must be named, exist,
+/// have REPLICATION and not be a superuser.
+///
+/// # Errors
+///
+/// Usage: any of those is not so.
+fn subscriber_role(
+    cloud: &mut postgres::Client,
+    opts: &super::MoveOptions,
+) -> Result<String, AdminError> {
+    let Some(conninfo) = &opts.cloud_from_org else {
+        return Err(AdminError::usage(
+            "--mode logical needs --cloud-from-org (or LOKADB_CLOUD_FROM_ORG): how the organization's database reaches the cloud, as a role with REPLICATION that is not a superuser (the connection string is stored in the organization's database). Nothing was changed",
+        ));
+    };
+    let config: postgres::Config = conninfo.parse().map_err(|e| {
+        AdminError::usage(format!(
+            "--cloud-from-org is not a valid connection string: {e}. Nothing was changed"
+        ))
+    })?;
+    let Some(user) = config.get_user().map(str::to_owned) else {
+        return Err(AdminError::usage(
+            "--cloud-from-org must name its role (user=…): the subscription may not log in as the organization database's default user. Nothing was changed",
+        ));
+    };
+    let role = cloud.query_opt(
+        "SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = $1",
+        &[&user],
+    )?;
+    match role.map(|r| (r.get::<_, bool>(0), r.get::<_, bool>(1))) {
+        None => Err(AdminError::usage(format!(
+            "--cloud-from-org: the cloud has no role {user}. Nothing was changed"
+        ))),
+        Some((true, _)) => Err(AdminError::usage(format!(
+            "--cloud-from-org: {user} is a superuser of the cloud; its password would be stored in the organization's database. Use a role with REPLICATION only (CREATE ROLE … LOGIN REPLICATION). Nothing was changed"
+        ))),
+        Some((false, false)) => Err(AdminError::usage(format!(
+            "--cloud-from-org: {user} lacks REPLICATION (ALTER ROLE {user} REPLICATION). Nothing was changed"
+        ))),
+        Some((false, true)) => Ok(user),
+    }
 }
 
 /// Creates the publication (cloud) and the subscription (organization's database).
@@ -118,11 +171,18 @@ pub fn start(m: &mut Move) -> Result<(), AdminError> {
             items.join(", ")
         ))?;
     }
-    let conninfo = m
-        .opts
-        .cloud_from_org
-        .clone()
-        .unwrap_or_else(|| m.dsn.clone());
+    // The subscriber reads the partitions it copies, and the marker.
+    let role = ident(&subscriber_role(&mut m.cloud, &m.opts)?);
+    let parts: Vec<String> = m.tables.iter().map(|t| t.cloud_part()).collect();
+    let schemas: std::collections::BTreeSet<String> =
+        m.tables.iter().map(|t| ident(&t.schema)).collect();
+    m.cloud.batch_execute(&format!(
+        "GRANT USAGE ON SCHEMA lokadb, {} TO {role};
+         GRANT SELECT ON lokadb.move_marker, {} TO {role}",
+        schemas.into_iter().collect::<Vec<_>>().join(", "),
+        parts.join(", ")
+    ))?;
+    let conninfo = m.opts.cloud_from_org.clone().unwrap_or_default();
     let mut oc = m.org_session()?;
     oc.batch_execute("DELETE FROM lokadb.move_marker")?;
     let sub: bool = oc
@@ -140,7 +200,7 @@ pub fn start(m: &mut Move) -> Result<(), AdminError> {
         ))
         .map_err(|e| {
             AdminError::failed(format!(
-                "creating the subscription in organization {}'s database (it connects to the cloud with --cloud-from-org, default --cloud): {}",
+                "creating the subscription in organization {}'s database (it connects to the cloud with --cloud-from-org): {}",
                 m.org.id,
                 describe(&e)
             ))
@@ -161,18 +221,22 @@ pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
     let started = Instant::now();
     let (mut last_bytes, mut last_change) = (-1i64, Instant::now());
     let mut told = Instant::now();
+    // Done when every staging table is one of the subscription's and copied.
+    let staging: Vec<String> = m.tables.iter().map(|t| t.org_staging_table()).collect();
     loop {
         let r = oc.query_one(
-            "SELECT count(*) FILTER (WHERE sr.srsubstate NOT IN ('r', 's')), count(*),
+            "SELECT count(*) FILTER (WHERE sr.srsubstate IS DISTINCT FROM 'r' AND sr.srsubstate IS DISTINCT FROM 's'),
+                    count(*),
                     coalesce((SELECT sum(bytes_processed) FROM pg_stat_progress_copy), 0)::bigint,
                     coalesce((SELECT sum(tuples_processed) FROM pg_stat_progress_copy), 0)::bigint
-             FROM pg_subscription_rel sr JOIN pg_subscription s ON s.oid = sr.srsubid
-             WHERE s.subname = $1",
-            &[&name],
+             FROM unnest($2::text[]) n
+             LEFT JOIN (pg_subscription_rel sr JOIN pg_subscription s ON s.oid = sr.srsubid AND s.subname = $1)
+                    ON sr.srrelid = to_regclass(n)",
+            &[&name, &staging],
         )?;
         let (pending, total, bytes, rows): (i64, i64, i64, i64) =
             (r.get(0), r.get(1), r.get(2), r.get(3));
-        if total > 0 && pending == 0 {
+        if pending == 0 {
             m.say(format!(
                 "initial copy by the subscription done in {:.1} s ({total} tables)",
                 started.elapsed().as_secs_f64()
@@ -354,6 +418,14 @@ pub fn stop(m: &mut Move) -> Result<(), AdminError> {
             &[&name],
         )?
         .map(|r| r.get(0));
+    if subid.is_none() {
+        // A run killed between dropping the subscription and its slot.
+        m.cloud.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+             WHERE slot_name = $1 AND NOT active",
+            &[&name],
+        )?;
+    }
     if let Some(subid) = subid {
         let n = ident(&name);
         oc.batch_execute(&format!("ALTER SUBSCRIPTION {n} DISABLE"))?;

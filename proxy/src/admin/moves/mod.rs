@@ -66,11 +66,13 @@ pub struct MoveOptions {
     pub jobs: usize,
     /// Roll back a move that has not switched.
     pub abort: bool,
+    /// Only finish an interrupted move (refused when there is none).
+    pub resume: bool,
     /// Connection string of the organization's database as this command reaches it
     /// (default: through the relay, with the credentials of its postgres_fdw mapping).
     pub org_dsn: Option<String>,
     /// Connection string of the cloud database as the organization's database reaches
-    /// it (logical mode's subscription; default: the command's own `--cloud`).
+    /// it (logical mode's subscription; required there).
     pub cloud_from_org: Option<String>,
 }
 
@@ -154,6 +156,7 @@ pub fn session_settings(c: &mut postgres::Client) -> Result<(), AdminError> {
     c.batch_execute(
         "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';
          SET extra_float_digits = 1; SET bytea_output = 'hex'; SET statement_timeout = 0;
+         SET standard_conforming_strings = on;
          SET client_min_messages = warning; SET lokadb.applying = 'on'",
     )?;
     Ok(())
@@ -301,7 +304,7 @@ fn org_schema(c: &mut postgres::Client, org: &str) -> Result<(), AdminError> {
 }
 
 impl Move {
-    fn set_step(&mut self, step: &str) -> Result<(), AdminError> {
+    pub(crate) fn set_step(&mut self, step: &str) -> Result<(), AdminError> {
         self.cloud.execute(
             "UPDATE lokadb.moves SET step = $2, updated_at = now() WHERE org = $1",
             &[&self.org.id, &step],
@@ -400,14 +403,15 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
             (j, true)
         }
         None => {
-            if opts.abort {
+            if opts.abort || opts.resume {
                 return Err(AdminError::usage(format!(
-                    "no {} of organization {} is in progress; nothing to abort",
+                    "no {} of organization {} is in progress; nothing to {}",
                     direction.command(),
-                    org.id
+                    org.id,
+                    if opts.abort { "abort" } else { "resume" }
                 )));
             }
-            (start(&mut cloud, &org, opts, direction, dsn)?, false)
+            (start(&mut cloud, &org, opts, direction)?, false)
         }
     };
     let org_dsn = match &opts.org_dsn {
@@ -465,7 +469,6 @@ fn start(
     org: &Org,
     opts: &MoveOptions,
     direction: Direction,
-    dsn: &str,
 ) -> Result<Journal, AdminError> {
     let (want, next) = match direction {
         Direction::Out => ("cloud", "moving"),
@@ -514,8 +517,9 @@ fn start(
                     )));
                 }
             }
+            split::preflight(cloud, &tables)?;
             if opts.mode == Mode::Logical {
-                logical::preflight(cloud, &mut oc, dsn, opts)?;
+                logical::preflight(cloud, &mut oc, &tables, opts)?;
             }
         }
         Direction::Back => {
@@ -601,6 +605,8 @@ fn out(m: &mut Move) -> Result<(), AdminError> {
         switch::finish_with(m, Some(snap))?;
     } else if m.journal.step == "verify" {
         switch::finish(m)?;
+    } else if m.journal.step == "cleanup" {
+        switch::cleanup(m)?;
     }
     Ok(())
 }
@@ -624,6 +630,8 @@ fn back(m: &mut Move) -> Result<(), AdminError> {
         switch::finish_with(m, Some(snap))?;
     } else if m.journal.step == "verify" {
         switch::finish(m)?;
+    } else if m.journal.step == "cleanup" {
+        switch::cleanup(m)?;
     }
     Ok(())
 }
@@ -631,9 +639,14 @@ fn back(m: &mut Move) -> Result<(), AdminError> {
 /// The organization's tables in its database (created again: nothing was copied yet),
 /// the foreign tables in the cloud, and the change capture on the cloud partitions.
 fn prepare_out(m: &mut Move) -> Result<(), AdminError> {
+    let logical = m.journal.mode == Mode::Logical;
+    if logical {
+        // A run killed after creating the subscription: it would not copy into the tables
+        // recreated below; start it again from nothing.
+        logical::stop(m)?;
+    }
     let mut oc = m.org_session()?;
     let mut tx = oc.transaction()?;
-    let logical = m.journal.mode == Mode::Logical;
     for t in &m.tables {
         let table = if logical {
             t.org_staging_table()
@@ -880,7 +893,7 @@ fn copy_back(m: &mut Move) -> Result<(), AdminError> {
 
 /// `--abort`: rolls back a move that has not switched.
 fn abort(m: &mut Move) -> Result<(), AdminError> {
-    if m.journal.step == "verify" {
+    if matches!(m.journal.step.as_str(), "verify" | "cleanup") {
         let id = m.org.id.clone();
         return Err(AdminError::usage(format!(
             "the {} of {id} has already switched; it cannot be aborted. Run lokadb {} {id} to finish it{}",

@@ -21,6 +21,38 @@ pub const PAUSE_WAIT: &str = "10s";
 /// Attempts at the attach (each waits up to 2 s for the DEFAULT partition's lock).
 pub const ATTACH_ATTEMPTS: u32 = 5;
 
+/// Refuses, before anything changes, what the split can't do right.
+///
+/// # Errors
+///
+/// Usage: a DEFAULT partition with triggers enabled ALWAYS or REPLICA.
+pub fn preflight(c: &mut postgres::Client, tables: &[MoveTable]) -> Result<(), AdminError> {
+    for t in tables {
+        if layout::place(c, t)? != Place::Default {
+            continue;
+        }
+        // The DELETE from DEFAULT runs as a replica so no ordinary trigger sees the rows
+        // leave; triggers enabled ALWAYS or REPLICA would, and act on a move as a delete.
+        let found: Option<String> = c
+            .query_opt(
+                "SELECT tgname::text FROM pg_trigger
+                 WHERE tgrelid = to_regclass($1) AND NOT tgisinternal AND tgenabled IN ('A', 'R')
+                 LIMIT 1",
+                &[&t.default()],
+            )?
+            .map(|r| r.get(0));
+        if let Some(tg) = found {
+            return Err(AdminError::usage(format!(
+                "trigger {tg} on {} is enabled ALWAYS or REPLICA: it would take the organization's rows leaving DEFAULT for deletions. Make it an ordinary trigger for the move (ALTER TABLE {} ENABLE TRIGGER {}) and set it back afterwards. Nothing was changed",
+                t.default(),
+                t.default(),
+                crate::admin::db::ident(&tg)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Runs the split of every table whose organization rows are still in DEFAULT.
 ///
 /// # Errors
@@ -214,6 +246,14 @@ fn attach(m: &mut Move, todo: &[MoveTable]) -> Result<(), Retry> {
     // From here writers waiting at the pause are told to retry: they hold DEFAULT.
     tx.execute("SELECT pg_advisory_lock(lokadb.evict_key($1))", &[&org])
         .map_err(fail)?;
+    // New writes wait for the attach at the parent: one that got past the parent's lock
+    // would route by the old partitions and fail on DEFAULT's new constraint (23514).
+    let parents: Vec<String> = todo.iter().map(MoveTable::parent).collect();
+    tx.batch_execute(&format!(
+        "LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE",
+        parents.join(", ")
+    ))
+    .map_err(fail)?;
     for t in todo {
         let mut sql = vec![format!(
             "ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})",

@@ -248,26 +248,36 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
                 .join(", ")
         )));
     }
-    cleanup(m, &tables)?;
-    m.cloud
-        .execute("DELETE FROM lokadb.moves WHERE org = $1", &[&org])?;
-    Ok(())
+    // The old copy goes next: a rerun from here must not verify against it again.
+    m.set_step("cleanup")?;
+    failpoint("cleanup");
+    cleanup(m)
 }
 
-fn cleanup(m: &mut Move, tables: &[MoveTable]) -> Result<(), AdminError> {
+/// Removes the old copy and what the move installed (each step idempotent: a rerun
+/// after a crash here repeats it), then ends the move.
+///
+/// # Errors
+///
+/// A step failed; a rerun repeats the clean-up.
+pub fn cleanup(m: &mut Move) -> Result<(), AdminError> {
+    let tables = m.tables.clone();
     match m.direction {
         Direction::Out => {
             if m.journal.mode == Mode::Logical {
                 logical::stop(m)?;
             }
             let mut oc = m.org_session()?;
-            for t in tables {
+            for t in &tables {
                 let table = t.org_table();
                 let mut tx = oc.transaction()?;
                 for s in super::capture::remove_sql(t, &table) {
                     tx.batch_execute(&s)?;
                 }
                 tx.commit()?;
+                // Its row count lets postgres_fdw sample it remotely (analyze_sampling)
+                // rather than read it whole through the tunnel.
+                oc.batch_execute(&format!("ANALYZE {table}"))?;
                 m.cloud
                     .batch_execute(&format!("DROP TABLE IF EXISTS {}", t.cloud_part()))?;
                 // Autovacuum does not analyze foreign tables: without statistics the
@@ -282,7 +292,7 @@ fn cleanup(m: &mut Move, tables: &[MoveTable]) -> Result<(), AdminError> {
         }
         Direction::Back => {
             let mut oc = m.org_session()?;
-            for t in tables {
+            for t in &tables {
                 let table = t.org_table();
                 let mut tx = oc.transaction()?;
                 for s in super::capture::remove_sql(t, &table) {
@@ -308,5 +318,8 @@ fn cleanup(m: &mut Move, tables: &[MoveTable]) -> Result<(), AdminError> {
             ));
         }
     }
+    let org = m.org.id.clone();
+    m.cloud
+        .execute("DELETE FROM lokadb.moves WHERE org = $1", &[&org])?;
     Ok(())
 }
