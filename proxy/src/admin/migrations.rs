@@ -27,6 +27,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "moving organizations: journal, change capture, marker, eviction at the split",
         include_str!("sql/0004_moves.sql"),
     ),
+    (
+        5,
+        "moves: a clean-up step in the journal; refs_fill for a partition at any depth",
+        include_str!("sql/0005_moves_cleanup.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

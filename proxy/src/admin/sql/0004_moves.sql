@@ -13,7 +13,7 @@ CREATE TABLE lokadb.moves (
     -- split: giving the organization a partition of its own (first move only);
     -- prepare, copy, catchup: before the switch (an abort rolls back);
     -- verify: switched; verification and clean-up left (a rerun finishes them).
-    step       text NOT NULL CHECK (step IN ('split', 'prepare', 'copy', 'catchup', 'verify', 'cleanup')),
+    step       text NOT NULL CHECK (step IN ('split', 'prepare', 'copy', 'catchup', 'verify')),
     -- Tables (schema.table) whose copy is complete.
     copied     text[] NOT NULL DEFAULT '{}',
     -- The last progress line, for lokadb status.
@@ -87,37 +87,5 @@ BEGIN
             END IF;
         END;
     END LOOP;
-END
-$$;
-
--- refs_fill, for a partition at any depth: a move fills the references of its cloud
--- partition, which sits under the organization's own table, not directly under the parent.
-CREATE OR REPLACE FUNCTION lokadb.refs_fill(part regclass, org text) RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    g record;
-    total bigint := 0;
-    n bigint;
-    keys text;
-    cols text;
-    present text;
-BEGIN
-    FOR g IN
-        SELECT gd.*, t.org_column FROM lokadb.guards gd
-        JOIN lokadb.tables t ON t.schema_name = gd.child_schema AND t.table_name = gd.child_table
-        WHERE format('%I.%I', gd.child_schema, gd.child_table)::regclass = pg_partition_root(part)
-    LOOP
-        SELECT string_agg(format('k%s', o), ', ' ORDER BY o),
-               string_agg(format('%I', c), ', ' ORDER BY o),
-               string_agg(format('%I IS NOT NULL', c), ' AND ' ORDER BY o)
-          INTO keys, cols, present
-          FROM unnest(g.columns) WITH ORDINALITY u(c, o);
-        EXECUTE format('DELETE FROM lokadb.%I WHERE org = %L', g.refs, org);
-        EXECUTE format('INSERT INTO lokadb.%I (%s, org) SELECT %s, %I FROM %s WHERE %I = %L AND %s',
-                       g.refs, keys, cols, g.org_column, part, g.org_column, org, present);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        total := total + n;
-    END LOOP;
-    RETURN total;
 END
 $$;
