@@ -175,7 +175,6 @@ fn switch(
             match attach(m, todo) {
                 Ok(()) => return Ok(()),
                 Err(Retry::Lock) if attempt < ATTACH_ATTEMPTS => {
-                    m.cloud.execute("SELECT pg_advisory_unlock(lokadb.evict_key($1))", &[&org])?;
                     eprintln!(
                         "lokadb: split of {org}: the DEFAULT partition's lock was not granted in 2 s (attempt {attempt} of {ATTACH_ATTEMPTS}), retrying"
                     );
@@ -191,10 +190,9 @@ fn switch(
         }
         unreachable!("the last attempt returns")
     })();
-    // Ends the pause (and any eviction left by a failed attempt); the move's own lock stays.
+    // Ends the pause; the move's own lock stays.
     let unpause = m.cloud.batch_execute(&format!(
         "SELECT pg_advisory_unlock(lokadb.pause_key({o}));
-         SELECT pg_advisory_unlock(lokadb.evict_key({o}));
          DELETE FROM lokadb.pause WHERE org = {o} AND holder_pid = pg_backend_pid()",
         o = crate::admin::db::literal(&org)
     ));
@@ -243,9 +241,14 @@ fn attach(m: &mut Move, todo: &[MoveTable]) -> Result<(), Retry> {
         )
         .map_err(fail)?;
     }
-    // From here writers waiting at the pause are told to retry: they hold DEFAULT.
-    tx.execute("SELECT pg_advisory_lock(lokadb.evict_key($1))", &[&org])
-        .map_err(fail)?;
+    // From here writers waiting at the pause are told to retry: they hold DEFAULT. Until
+    // the commit only: a writer that reaches the pause after it holds nothing the attach
+    // needs, and waits for the unpause rather than being failed a second time.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(lokadb.evict_key($1))",
+        &[&org],
+    )
+    .map_err(fail)?;
     // New writes wait for the attach at the parent: one that got past the parent's lock
     // would route by the old partitions and fail on DEFAULT's new constraint (23514).
     let parents: Vec<String> = todo.iter().map(MoveTable::parent).collect();
