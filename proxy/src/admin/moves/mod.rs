@@ -431,36 +431,45 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
         report: Vec::new(),
         pause: None,
     };
-    if opts.abort {
-        abort(&mut m)?;
-        return Ok(format!(
-            "{} of {} rolled back",
-            direction.command(),
-            m.org.id
-        ));
-    }
-    if resumed {
-        let (step, mode) = (m.journal.step.clone(), m.journal.mode);
-        m.say(format!(
-            "resuming the {} of {} ({} mode) at step {step}",
+    let result = (|| {
+        if opts.abort {
+            abort(&mut m)?;
+            return Ok(format!(
+                "{} of {} rolled back",
+                direction.command(),
+                m.org.id
+            ));
+        }
+        if resumed {
+            let (step, mode) = (m.journal.step.clone(), m.journal.mode);
+            m.say(format!(
+                "resuming the {} of {} ({} mode) at step {step}",
+                direction.command(),
+                m.org.id,
+                mode.as_str()
+            ));
+        }
+        match direction {
+            Direction::Out => out(&mut m)?,
+            Direction::Back => back(&mut m)?,
+        }
+        let secs = started.elapsed().as_secs_f64();
+        Ok(format!(
+            "{} of {} done in {secs:.1} s{}; verified",
             direction.command(),
             m.org.id,
-            mode.as_str()
-        ));
-    }
-    match direction {
-        Direction::Out => out(&mut m)?,
-        Direction::Back => back(&mut m)?,
-    }
-    let secs = started.elapsed().as_secs_f64();
-    Ok(format!(
-        "{} of {} done in {secs:.1} s{}; verified",
-        direction.command(),
-        m.org.id,
-        m.pause
-            .map(|p| format!(", writes paused {:.0} ms at the switch", p * 1e3))
-            .unwrap_or_default()
-    ))
+            m.pause
+                .map(|p| format!(", writes paused {:.0} ms at the switch", p * 1e3))
+                .unwrap_or_default()
+        ))
+    })();
+    // Let go of the move's lock now, not when the server notices this process has gone: a
+    // command run right after this one must not find the move "already running".
+    let _ = m.cloud.execute(
+        "SELECT pg_advisory_unlock(hashtextextended('lokadb.move:' || $1, 0))",
+        &[&m.org.id],
+    );
+    result
 }
 
 /// Checks a new move and writes its journal row (and the organization's state).
