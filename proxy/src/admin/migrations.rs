@@ -29,7 +29,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
     (
         5,
-        "moves: a clean-up step in the journal; refs_fill for a partition at any depth",
+        "moves: a clean-up step in the journal; refs_fill under a given table and at any depth",
         include_str!("sql/0005_moves_cleanup.sql"),
     ),
 ];

@@ -241,19 +241,30 @@ fn attach(m: &mut Move, todo: &[MoveTable]) -> Result<(), Retry> {
         )
         .map_err(fail)?;
     }
+    // The references of its rows, recorded before the attach: other organizations' writers
+    // wait for the attach (DEFAULT's lock), not for this. Nobody sees them before the commit,
+    // and the organization's rows do not change meanwhile (paused, changes drained).
+    for t in todo {
+        tx.batch_execute(&format!(
+            "SELECT lokadb.refs_fill_under({}::regclass, {}::regclass, {})",
+            crate::admin::db::literal(&t.parent()),
+            crate::admin::db::literal(&t.cloud_part()),
+            t.org_literal
+        ))
+        .map_err(fail)?;
+    }
     // From here writers waiting at the pause are told to retry: they hold DEFAULT. Until
     // the commit only: a writer that reaches the pause after it holds nothing the attach
     // needs, and waits for the unpause rather than being failed a second time.
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(lokadb.evict_key($1))",
-        &[&org],
-    )
-    .map_err(fail)?;
     // New writes wait for the attach at the parent: one that got past the parent's lock
     // would route by the old partitions and fail on DEFAULT's new constraint (23514).
+    // Both in one message, so that no evicted writer gets round to this organization
+    // again between the two.
     let parents: Vec<String> = todo.iter().map(MoveTable::parent).collect();
     tx.batch_execute(&format!(
-        "LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE",
+        "SELECT pg_advisory_xact_lock(lokadb.evict_key({}));
+         LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE",
+        crate::admin::db::literal(&org),
         parents.join(", ")
     ))
     .map_err(fail)?;
@@ -265,11 +276,6 @@ fn attach(m: &mut Move, todo: &[MoveTable]) -> Result<(), Retry> {
             t.org_literal
         )];
         sql.extend(capture::remove_sql(t, &t.default()));
-        sql.push(format!(
-            "SELECT lokadb.refs_fill({}::regclass, {})",
-            crate::admin::db::literal(&t.cloud_part()),
-            t.org_literal
-        ));
         for s in &sql {
             tx.batch_execute(s).map_err(fail)?;
         }

@@ -7,9 +7,11 @@ ALTER TABLE lokadb.moves DROP CONSTRAINT moves_step_check;
 ALTER TABLE lokadb.moves ADD CONSTRAINT moves_step_check
     CHECK (step IN ('split', 'prepare', 'copy', 'catchup', 'verify', 'cleanup'));
 
--- refs_fill, for a partition at any depth: a move fills the references of its cloud
--- partition, which sits under the organization's own table, not directly under the parent.
-CREATE OR REPLACE FUNCTION lokadb.refs_fill(part regclass, org text) RETURNS bigint
+-- refs_fill under a given LokaDB table: the split records the references of the
+-- organization's rows in its copy before that copy is attached (so other organizations'
+-- writers do not wait for it); refs_fill(part, org) is the same for an attached partition
+-- at any depth.
+CREATE FUNCTION lokadb.refs_fill_under(root regclass, part regclass, org text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     g record;
@@ -22,7 +24,7 @@ BEGIN
     FOR g IN
         SELECT gd.*, t.org_column FROM lokadb.guards gd
         JOIN lokadb.tables t ON t.schema_name = gd.child_schema AND t.table_name = gd.child_table
-        WHERE format('%I.%I', gd.child_schema, gd.child_table)::regclass = pg_partition_root(part)
+        WHERE format('%I.%I', gd.child_schema, gd.child_table)::regclass = root
     LOOP
         SELECT string_agg(format('k%s', o), ', ' ORDER BY o),
                string_agg(format('%I', c), ', ' ORDER BY o),
@@ -37,4 +39,9 @@ BEGIN
     END LOOP;
     RETURN total;
 END
+$$;
+
+CREATE OR REPLACE FUNCTION lokadb.refs_fill(part regclass, org text) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT lokadb.refs_fill_under(pg_partition_root(part), part, org)
 $$;
