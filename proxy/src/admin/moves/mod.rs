@@ -373,7 +373,30 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
     session_settings(&mut cloud)?;
     let org = read_org(&mut cloud, &opts.org)?;
     move_lock(&mut cloud, &org.id)?;
-    let journal = read_journal(&mut cloud, &org.id)?;
+    let id = org.id.clone();
+    let mut slot = Some(cloud);
+    let result = run_locked(&mut slot, dsn, org, opts, direction);
+    // Let go of the move's lock now, not when the server notices this process has gone: a
+    // command run right after this one must not find the move "already running".
+    if let Some(c) = slot.as_mut() {
+        let _ = c.execute(
+            "SELECT pg_advisory_unlock(hashtextextended('lokadb.move:' || $1, 0))",
+            &[&id],
+        );
+    }
+    result
+}
+
+/// The move, under its lock; hands the cloud session back in `slot` for the unlock.
+fn run_locked(
+    slot: &mut Option<postgres::Client>,
+    dsn: &str,
+    org: Org,
+    opts: &MoveOptions,
+    direction: Direction,
+) -> Result<String, AdminError> {
+    let cloud = slot.as_mut().expect("the cloud session is in the slot");
+    let journal = read_journal(cloud, &org.id)?;
     let started = Instant::now();
     let (journal, resumed) = match journal {
         Some(j) => {
@@ -411,18 +434,18 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
                     if opts.abort { "abort" } else { "resume" }
                 )));
             }
-            (start(&mut cloud, &org, opts, direction)?, false)
+            (start(cloud, &org, opts, direction)?, false)
         }
     };
     let org_dsn = match &opts.org_dsn {
         Some(d) => d.clone(),
-        None => org_dsn(&mut cloud, &org)?,
+        None => org_dsn(cloud, &org)?,
     };
-    let tables = layout::tables(&mut cloud, &org.id)?;
+    let tables = layout::tables(cloud, &org.id)?;
     let mut m = Move {
         dsn: dsn.to_owned(),
         org_dsn,
-        cloud,
+        cloud: slot.take().expect("the cloud session is in the slot"),
         org,
         tables,
         opts: opts.clone(),
@@ -463,12 +486,7 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
                 .unwrap_or_default()
         ))
     })();
-    // Let go of the move's lock now, not when the server notices this process has gone: a
-    // command run right after this one must not find the move "already running".
-    let _ = m.cloud.execute(
-        "SELECT pg_advisory_unlock(hashtextextended('lokadb.move:' || $1, 0))",
-        &[&m.org.id],
-    );
+    *slot = Some(m.cloud);
     result
 }
 
