@@ -109,6 +109,65 @@ mod tests {
     }
 
     #[test]
+    fn bytes_written_just_before_a_drop_arrive_and_only_on_their_socket() {
+        let got = block_on(async {
+            let (listener, addr) = listener();
+            let server = spawn(async move {
+                for i in 0..50u32 {
+                    let mut s = listener.accept().await.unwrap();
+                    s.write_all(format!("reply {i}").as_bytes()).await.unwrap();
+                    // Dropped with the send only queued: it must reach this socket before
+                    // its number is closed (and reused by the next accept).
+                }
+            });
+            let mut got = Vec::new();
+            for _ in 0..50 {
+                let mut c = TcpStream::connect(addr).await.unwrap();
+                let mut back = String::new();
+                c.read_to_string(&mut back).await.unwrap();
+                got.push(back);
+            }
+            server.await;
+            got
+        });
+        let want: Vec<String> = (0..50).map(|i| format!("reply {i}")).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_write_to_a_closed_peer_reports_the_error() {
+        let kind = block_on(async {
+            let (listener, addr) = listener();
+            let client = std::thread::spawn(move || {
+                let s = std::net::TcpStream::connect(addr).unwrap();
+                // SO_LINGER 0: the close resets the connection.
+                socket2::SockRef::from(&s)
+                    .set_linger(Some(Duration::ZERO))
+                    .unwrap();
+            });
+            let mut s = listener.accept().await.unwrap();
+            client.join().unwrap();
+            sleep(Duration::from_millis(20)).await;
+            let mut err = None;
+            for _ in 0..100 {
+                if let Err(e) = s.write_all(b"into the void").await {
+                    err = Some(e.kind());
+                    break;
+                }
+                sleep(Duration::from_millis(1)).await;
+            }
+            err
+        });
+        assert!(
+            matches!(
+                kind,
+                Some(std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe)
+            ),
+            "{kind:?}"
+        );
+    }
+
+    #[test]
     fn a_dropped_readiness_wait_is_cancelled() {
         block_on(async {
             let (listener, _addr) = listener();

@@ -1,11 +1,20 @@
-//! TCP on the reactor: non-blocking sockets, `recv`/`send` tried first, a readiness
-//! poll only when the kernel says "would block".
+//! TCP on the reactor: non-blocking sockets; `recv` tried first, a readiness poll only
+//! when the kernel says "would block"; sends handed to the ring (write-behind).
+//!
+//! # Why sends go through the ring
+//!
+//! A `send(2)` that wakes the peer (a Postgres backend, a client) often hands it the CPU
+//! right there: the proxy is preempted on its way out of the syscall, once per message.
+//! Queued on the ring, every send of a loop turn reaches the kernel in the turn's one
+//! `io_uring_enter`, so a turn pays for one syscall and at most one preemption however many
+//! sessions it served (`research/proxy-cost.md`). The bytes are copied into a buffer the
+//! reactor owns until the kernel is done with them, so a caller may reuse its own at once.
 
-use super::reactor::Ready;
+use super::reactor::{self, Ready};
 use futures_lite::{AsyncRead, AsyncWrite};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::future::Future;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
@@ -46,11 +55,22 @@ impl TcpListener {
     }
 }
 
+/// The most bytes one write copies and queues; a larger write is taken in parts.
+const MAX_SEND: usize = 256 * 1024;
+
 /// A connected TCP stream.
 pub struct TcpStream {
     inner: std::net::TcpStream,
     read_ready: Option<Ready>,
+    /// Writability wait before re-sending what the kernel refused with EAGAIN.
     write_ready: Option<Ready>,
+    /// The send queued on the ring and not yet collected: at most one, so bytes leave in
+    /// the order they were written.
+    sending: Option<usize>,
+    /// What a refused send still has to send, waiting for `write_ready`.
+    unsent: Option<Vec<u8>>,
+    /// The buffer of the last completed send, kept for the next.
+    spare: Vec<u8>,
 }
 
 impl TcpStream {
@@ -60,7 +80,56 @@ impl TcpStream {
             inner,
             read_ready: None,
             write_ready: None,
+            sending: None,
+            unsent: None,
+            spare: Vec::new(),
         })
+    }
+
+    /// Drives the queued send until the kernel has taken all of it: re-sends what a short
+    /// or refused send left, and reports its error.
+    fn poll_sent(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let fd = self.inner.as_raw_fd();
+        loop {
+            if let Some(ready) = self.write_ready.as_mut() {
+                match Pin::new(ready).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(r) => {
+                        self.write_ready = None;
+                        r?;
+                    }
+                }
+            }
+            if let Some(buf) = self.unsent.take() {
+                self.sending = Some(reactor::with(|r| r.send(fd, buf)));
+            }
+            let Some(token) = self.sending else {
+                return Poll::Ready(Ok(()));
+            };
+            let (res, mut buf) = match reactor::with(|r| r.poll_send(token, cx)) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(done) => done,
+            };
+            self.sending = None;
+            if res == -libc::EAGAIN || res == -libc::EINTR {
+                // A non-blocking socket's send is not retried by the kernel.
+                self.write_ready = Some(Ready::new(fd, libc::POLLOUT));
+                self.unsent = Some(buf);
+                continue;
+            }
+            if res < 0 {
+                return Poll::Ready(Err(io::Error::from_raw_os_error(-res)));
+            }
+            let sent = res as usize;
+            if sent < buf.len() {
+                buf.drain(..sent);
+                self.unsent = Some(buf);
+                continue;
+            }
+            buf.clear();
+            self.spare = buf;
+            return Poll::Ready(Ok(()));
+        }
     }
 
     /// Connects to `addr`.
@@ -175,27 +244,59 @@ impl AsyncWrite for TcpStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if this.sending.is_some() || this.unsent.is_some() {
+            match this.poll_sent(cx) {
+                Poll::Ready(Ok(())) => {}
+                other => return other.map_ok(|()| 0),
+            }
+        }
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let n = buf.len().min(MAX_SEND);
+        let mut owned = std::mem::take(&mut this.spare);
+        owned.extend_from_slice(&buf[..n]);
         let fd = this.inner.as_raw_fd();
-        let inner = &mut this.inner;
-        // std's TcpStream sends with MSG_NOSIGNAL: a closed peer is an error, not SIGPIPE.
-        poll_io(
-            fd,
-            libc::POLLOUT,
-            &mut this.write_ready,
-            cx,
-            buf.len(),
-            || inner.write(buf),
-        )
+        this.sending = Some(reactor::with(|r| r.send(fd, owned)));
+        Poll::Ready(Ok(n))
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
+    /// Reports a queued send's error if it already failed; does not wait for the kernel to
+    /// take the bytes (they go with the loop's next `io_uring_enter` in any case).
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.sending {
+            Some(token) if reactor::with(|r| r.send_done(token)) => match this.poll_sent(cx) {
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                _ => Poll::Ready(Ok(())),
+            },
+            _ => Poll::Ready(Ok(())),
+        }
     }
 
-    fn poll_close(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(match self.inner.shutdown(Shutdown::Write) {
+    /// Waits until everything written has been sent, then shuts the write side down.
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Err(e) = std::task::ready!(this.poll_sent(cx)) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(match this.inner.shutdown(Shutdown::Write) {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
             other => other,
         })
+    }
+}
+
+impl Drop for TcpStream {
+    fn drop(&mut self) {
+        let Some(token) = self.sending else { return };
+        // The queued send names the socket by number: it must reach the kernel before the
+        // number is closed and maybe reused by another connection. Once submitted the
+        // kernel holds the socket itself; a send still waiting for a peer that does not
+        // read is cancelled, as the unsent bytes of a closed socket would be lost anyway.
+        let _ = reactor::try_with(|r| {
+            r.submit_queued();
+            r.abandon(token);
+        });
     }
 }

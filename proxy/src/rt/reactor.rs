@@ -15,20 +15,28 @@ const CANCEL_TOKEN: u64 = u64::MAX;
 /// Submission queue entries per ring: readiness polls are small and short-lived.
 const RING_ENTRIES: u32 = 1024;
 
-/// The state of one submitted poll.
+/// The state of one submitted operation.
 enum Op {
     /// Submitted; the waker of the task waiting for it.
     Waiting(Option<Waker>),
-    /// Completed with this result (poll mask or -errno).
+    /// Completed with this result (poll mask, bytes sent, or -errno).
     Done(i32),
     /// Its future was dropped; the slot is freed when the completion arrives.
     Abandoned,
 }
 
+/// A submitted operation and the memory the kernel may still be reading. The buffer of a
+/// send lives here, not in its caller, so it outlives a caller that goes away before the
+/// kernel is done with it.
+struct Slot {
+    op: Op,
+    buf: Option<Vec<u8>>,
+}
+
 /// One thread's reactor.
 pub struct Reactor {
     ring: RefCell<IoUring>,
-    ops: RefCell<slab::Slab<Op>>,
+    ops: RefCell<slab::Slab<Slot>>,
     timers: RefCell<BTreeMap<(Instant, u64), Waker>>,
     timer_seq: Cell<u64>,
     /// SQEs pushed since the last submit.
@@ -44,6 +52,11 @@ pub fn with<R>(f: impl FnOnce(&Reactor) -> R) -> R {
     REACTOR.with(f)
 }
 
+/// Runs `f` with this thread's reactor, unless the thread is exiting and it is gone.
+pub fn try_with<R>(f: impl FnOnce(&Reactor) -> R) -> Option<R> {
+    REACTOR.try_with(f).ok()
+}
+
 impl Reactor {
     fn new() -> io::Result<Reactor> {
         Ok(Reactor {
@@ -55,9 +68,15 @@ impl Reactor {
         })
     }
 
-    fn push(&self, entry: io_uring::squeue::Entry) {
+    /// Queues an entry for the next `io_uring_enter`.
+    ///
+    /// # Safety
+    ///
+    /// Memory the entry refers to must stay valid until its completion arrives (the
+    /// buffers of sends are kept in their [`Slot`]).
+    unsafe fn push(&self, entry: io_uring::squeue::Entry) {
         let mut ring = self.ring.borrow_mut();
-        // SAFETY: the entry refers to no memory of ours (poll and cancel ops only).
+        // SAFETY: per the function's contract.
         while unsafe { ring.submission().push(&entry) }.is_err() {
             // Queue full: hand what is queued to the kernel and retry.
             let _ = ring.submit();
@@ -67,13 +86,97 @@ impl Reactor {
     }
 
     fn poll_add(&self, fd: RawFd, events: u32, waker: Waker) -> usize {
-        let token = self.ops.borrow_mut().insert(Op::Waiting(Some(waker)));
-        self.push(
-            opcode::PollAdd::new(types::Fd(fd), events)
-                .build()
-                .user_data(token as u64),
-        );
+        let token = self.ops.borrow_mut().insert(Slot {
+            op: Op::Waiting(Some(waker)),
+            buf: None,
+        });
+        // SAFETY: a poll refers to no memory.
+        unsafe {
+            self.push(
+                opcode::PollAdd::new(types::Fd(fd), events)
+                    .build()
+                    .user_data(token as u64),
+            );
+        }
         token
+    }
+
+    /// Queues a send of all of `buf` on the socket `fd`; it goes to the kernel with the
+    /// loop's next `io_uring_enter`, together with every other send and wait of the turn.
+    /// Returns the token to collect it with [`Reactor::poll_send`].
+    pub fn send(&self, fd: RawFd, buf: Vec<u8>) -> usize {
+        let mut ops = self.ops.borrow_mut();
+        let entry = ops.vacant_entry();
+        let token = entry.key();
+        let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
+        entry.insert(Slot {
+            op: Op::Waiting(None),
+            buf: Some(buf),
+        });
+        drop(ops);
+        // MSG_WAITALL: the kernel retries a short send itself once the socket drains.
+        let entry = opcode::Send::new(types::Fd(fd), ptr, len)
+            .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
+            .build()
+            .user_data(token as u64);
+        // SAFETY: the buffer is owned by the slot until the completion arrives; a
+        // Vec's heap memory does not move when the Vec does.
+        unsafe { self.push(entry) };
+        token
+    }
+
+    /// Hands what is queued to the kernel now, without waiting for anything.
+    pub fn submit_queued(&self) {
+        if self.unsubmitted.get() > 0 {
+            let _ = self.ring.borrow().submit();
+            self.unsubmitted.set(0);
+        }
+    }
+
+    /// Collects a send queued with [`Reactor::send`]: its result and its buffer back
+    /// (to reuse), or `Pending` with `cx`'s waker registered.
+    pub fn poll_send(&self, token: usize, cx: &mut Context<'_>) -> Poll<(i32, Vec<u8>)> {
+        let mut ops = self.ops.borrow_mut();
+        let slot = &mut ops[token];
+        match &mut slot.op {
+            Op::Done(res) => {
+                let res = *res;
+                let buf = ops.remove(token).buf.unwrap_or_default();
+                Poll::Ready((res, buf))
+            }
+            Op::Waiting(w) => {
+                if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *w = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Op::Abandoned => unreachable!("a live stream's send is never abandoned"),
+        }
+    }
+
+    /// Whether the send `token` has completed (without collecting it).
+    pub fn send_done(&self, token: usize) -> bool {
+        matches!(self.ops.borrow()[token].op, Op::Done(_))
+    }
+
+    /// Gives up on an operation whose owner is going away: freed now if it completed,
+    /// else cancelled and freed when its completion arrives (its buffer with it).
+    pub fn abandon(&self, token: usize) {
+        let mut ops = self.ops.borrow_mut();
+        if matches!(ops.get(token).map(|s| &s.op), Some(Op::Done(_))) {
+            ops.remove(token);
+        } else {
+            ops[token].op = Op::Abandoned;
+            drop(ops);
+            // SAFETY: a cancel refers to no memory.
+            unsafe {
+                self.push(
+                    opcode::AsyncCancel::new(token as u64)
+                        .build()
+                        .user_data(CANCEL_TOKEN),
+                );
+            }
+        }
     }
 
     /// Waits for I/O or the next timer, then wakes what completed. With `block` false
@@ -132,12 +235,12 @@ impl Reactor {
                     continue;
                 }
                 let token = token as usize;
-                match ops.get_mut(token) {
-                    Some(Op::Waiting(w)) => {
-                        if let Some(w) = w.take() {
+                match ops.get_mut(token).map(|s| &mut s.op) {
+                    Some(op @ Op::Waiting(_)) => {
+                        if let Op::Waiting(Some(w)) = std::mem::replace(op, Op::Done(cqe.result()))
+                        {
                             woken.push(w);
                         }
-                        ops[token] = Op::Done(cqe.result());
                     }
                     Some(Op::Abandoned) => {
                         ops.remove(token);
@@ -162,6 +265,18 @@ impl Reactor {
         };
         for w in due {
             w.wake();
+        }
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        // The ring goes next; the kernel may still read a send's buffer while it tears
+        // the ring down, so buffers of sends that did not complete are leaked, not freed.
+        for slot in self.ops.get_mut().drain() {
+            if !matches!(slot.op, Op::Done(_)) {
+                std::mem::forget(slot.buf);
+            }
         }
     }
 }
@@ -196,7 +311,7 @@ impl Future for Ready {
             }
             Some(token) => {
                 let mut ops = r.ops.borrow_mut();
-                match &mut ops[token] {
+                match &mut ops[token].op {
                     Op::Done(res) => {
                         let res = *res;
                         ops.remove(token);
@@ -225,20 +340,7 @@ impl Drop for Ready {
     fn drop(&mut self) {
         let Some(token) = self.token else { return };
         // The reactor may be gone if the thread is exiting.
-        let _ = REACTOR.try_with(|r| {
-            let mut ops = r.ops.borrow_mut();
-            if matches!(ops.get(token), Some(Op::Done(_))) {
-                ops.remove(token);
-            } else {
-                ops[token] = Op::Abandoned;
-                drop(ops);
-                r.push(
-                    opcode::AsyncCancel::new(token as u64)
-                        .build()
-                        .user_data(CANCEL_TOKEN),
-                );
-            }
-        });
+        let _ = try_with(|r| r.abandon(token));
     }
 }
 
