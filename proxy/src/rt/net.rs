@@ -10,7 +10,8 @@
 //! sessions it served (`research/proxy-cost.md`). The bytes are copied into a buffer the
 //! reactor owns until the kernel is done with them, so a caller may reuse its own at once.
 
-use super::reactor::{self, Ready};
+use super::bufring;
+use super::reactor::{self, Ready, Received};
 use futures_lite::{AsyncRead, AsyncWrite};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::future::Future;
@@ -61,7 +62,14 @@ const MAX_SEND: usize = 256 * 1024;
 /// A connected TCP stream.
 pub struct TcpStream {
     inner: std::net::TcpStream,
+    /// Readiness wait of a read that could not use the ring.
     read_ready: Option<Ready>,
+    /// The receive queued on the ring.
+    receiving: Option<usize>,
+    /// A received buffer not yet copied out whole: (buffer id, next byte, length).
+    received: Option<(u16, usize, usize)>,
+    /// The last read drained the socket: the next one waits for data first.
+    drained: bool,
     /// Writability wait before re-sending what the kernel refused with EAGAIN.
     write_ready: Option<Ready>,
     /// The send queued on the ring and not yet collected: at most one, so bytes leave in
@@ -79,6 +87,9 @@ impl TcpStream {
         Ok(TcpStream {
             inner,
             read_ready: None,
+            receiving: None,
+            received: None,
+            drained: false,
             write_ready: None,
             sending: None,
             unsent: None,
@@ -183,57 +194,88 @@ impl AsRawFd for TcpStream {
     }
 }
 
-/// Does `op` when the socket may be ready. A pending readiness wait in `slot` is polled
-/// first, so a task woken for another reason does not spend a syscall on a socket known to
-/// be empty; after "would block", or after a short transfer (the socket was drained or its
-/// buffer filled), the next attempt waits for readiness first. The readiness poll is
-/// submitted with the loop's one `io_uring_enter` and completes at once if the socket is
-/// already ready.
-fn poll_io(
-    fd: RawFd,
-    events: i16,
-    slot: &mut Option<Ready>,
-    cx: &mut Context<'_>,
-    len: usize,
-    mut op: impl FnMut() -> io::Result<usize>,
-) -> Poll<io::Result<usize>> {
-    loop {
-        if let Some(ready) = slot.as_mut() {
-            match Pin::new(ready).poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(r) => {
-                    *slot = None;
-                    r?;
-                }
+impl TcpStream {
+    /// Copies out what a ring receive brought and the caller has not taken yet.
+    fn take_received(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let (bid, from, len) = self.received?;
+        let n = reactor::with(|r| {
+            let n = r.copy_received(bid, from, len, buf);
+            if from + n == len {
+                r.give_back(bid);
             }
-        }
-        match op() {
-            Ok(n) => {
-                if n > 0 && n < len {
-                    *slot = Some(Ready::new(fd, events));
-                }
-                return Poll::Ready(Ok(n));
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => *slot = Some(Ready::new(fd, events)),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Poll::Ready(Err(e)),
-        }
+            n
+        });
+        self.received = (from + n < len).then_some((bid, from + n, len));
+        Some(n)
     }
 }
 
 impl AsyncRead for TcpStream {
+    /// Reads with `recv(2)` while data is likely there; once the socket was drained (a
+    /// short read, or "would block") the next read is a receive on the ring, which
+    /// completes in the loop's `io_uring_enter` when data arrives. Without free ring
+    /// buffers (or a ring) it waits for readiness and reads with `recv(2)` again.
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
         let fd = this.inner.as_raw_fd();
-        let inner = &mut this.inner;
-        let len = buf.len();
-        poll_io(fd, libc::POLLIN, &mut this.read_ready, cx, len, || {
-            inner.read(buf)
-        })
+        loop {
+            if let Some(n) = this.take_received(buf) {
+                return Poll::Ready(Ok(n));
+            }
+            if let Some(token) = this.receiving {
+                let received = match reactor::with(|r| r.poll_recv(token, cx)) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(received) => received,
+                };
+                this.receiving = None;
+                match received {
+                    Received::Data { bid, len } => {
+                        this.drained = len < bufring::SIZE;
+                        this.received = Some((bid, 0, len));
+                        continue;
+                    }
+                    Received::Eof => return Poll::Ready(Ok(0)),
+                    Received::Failed(e) if e == -libc::ENOBUFS || e == -libc::EINTR => {
+                        this.read_ready = Some(Ready::new(fd, libc::POLLIN));
+                    }
+                    Received::Failed(e) => {
+                        return Poll::Ready(Err(io::Error::from_raw_os_error(-e)))
+                    }
+                }
+            }
+            if let Some(ready) = this.read_ready.as_mut() {
+                match Pin::new(ready).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(r) => {
+                        this.read_ready = None;
+                        r?;
+                    }
+                }
+            } else if this.drained {
+                this.drained = false;
+                match reactor::with(|r| r.recv(fd)) {
+                    Some(token) => this.receiving = Some(token),
+                    None => this.read_ready = Some(Ready::new(fd, libc::POLLIN)),
+                }
+                continue;
+            }
+            match this.inner.read(buf) {
+                Ok(n) => {
+                    this.drained = n > 0 && n < buf.len();
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => this.drained = true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 }
 
@@ -289,14 +331,22 @@ impl AsyncWrite for TcpStream {
 
 impl Drop for TcpStream {
     fn drop(&mut self) {
-        let Some(token) = self.sending else { return };
-        // The queued send names the socket by number: it must reach the kernel before the
-        // number is closed and maybe reused by another connection. Once submitted the
-        // kernel holds the socket itself; a send still waiting for a peer that does not
-        // read is cancelled, as the unsent bytes of a closed socket would be lost anyway.
+        if self.sending.is_none() && self.receiving.is_none() && self.received.is_none() {
+            return;
+        }
+        // A queued send or receive names the socket by number: it must reach the kernel
+        // before the number is closed and maybe reused by another connection (which would
+        // get this one's bytes, or lose its own to this receive). Once submitted the kernel
+        // holds the socket itself. Then what still waits is cancelled: a receive, and a
+        // send to a peer that does not read (a closed socket's unsent bytes are lost too).
         let _ = reactor::try_with(|r| {
             r.submit_queued();
-            r.abandon(token);
+            for token in [self.sending, self.receiving].into_iter().flatten() {
+                r.abandon(token);
+            }
+            if let Some((bid, _, _)) = self.received {
+                r.give_back(bid);
+            }
         });
     }
 }

@@ -1,6 +1,7 @@
 //! The io_uring of one thread: readiness polls, the wait, and timers.
 
-use io_uring::{opcode, types, IoUring};
+use super::bufring::{self, BufRing};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -19,8 +20,8 @@ const RING_ENTRIES: u32 = 1024;
 enum Op {
     /// Submitted; the waker of the task waiting for it.
     Waiting(Option<Waker>),
-    /// Completed with this result (poll mask, bytes sent, or -errno).
-    Done(i32),
+    /// Completed with this result (poll mask, bytes, or -errno) and completion flags.
+    Done(i32, u32),
     /// Its future was dropped; the slot is freed when the completion arrives.
     Abandoned,
 }
@@ -41,6 +42,21 @@ pub struct Reactor {
     timer_seq: Cell<u64>,
     /// SQEs pushed since the last submit.
     unsubmitted: Cell<usize>,
+    /// Receive buffers; `None` where the kernel cannot register them (receives then use
+    /// a readiness poll and `recv(2)`).
+    bufs: Option<BufRing>,
+}
+
+/// What a receive queued with [`Reactor::recv`] brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// `len` bytes in buffer `bid`: copy them out with [`Reactor::copy_received`], then
+    /// [`Reactor::give_back`] the buffer.
+    Data { bid: u16, len: usize },
+    /// The peer closed its side.
+    Eof,
+    /// -errno (ENOBUFS: every buffer was in use).
+    Failed(i32),
 }
 
 thread_local! {
@@ -59,13 +75,112 @@ pub fn try_with<R>(f: impl FnOnce(&Reactor) -> R) -> Option<R> {
 
 impl Reactor {
     fn new() -> io::Result<Reactor> {
+        let ring = IoUring::new(RING_ENTRIES)?;
+        let bufs = match BufRing::new() {
+            Ok(bufs) => {
+                let (addr, count) = bufs.registration();
+                // SAFETY: the ring's memory stays mapped for the reactor's life (and
+                // after: it is leaked, not unmapped, when the reactor goes).
+                match unsafe {
+                    ring.submitter()
+                        .register_buf_ring_with_flags(addr, count, bufring::GROUP, 0)
+                } {
+                    Ok(()) => Some(bufs),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no provided-buffer ring: receives use poll + recv");
+                        // SAFETY: never registered.
+                        unsafe { bufs.unmap() };
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no receive buffers: receives use poll + recv");
+                None
+            }
+        };
         Ok(Reactor {
-            ring: RefCell::new(IoUring::new(RING_ENTRIES)?),
+            ring: RefCell::new(ring),
             ops: RefCell::new(slab::Slab::with_capacity(256)),
             timers: RefCell::new(BTreeMap::new()),
             timer_seq: Cell::new(0),
             unsubmitted: Cell::new(0),
+            bufs,
         })
+    }
+
+    /// Queues a receive on the socket `fd` into a buffer the kernel picks when data
+    /// arrives; `None` when this thread has no receive buffers.
+    pub fn recv(&self, fd: RawFd) -> Option<usize> {
+        self.bufs.as_ref()?;
+        let token = self.ops.borrow_mut().insert(Slot {
+            op: Op::Waiting(None),
+            buf: None,
+        });
+        let entry = opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), bufring::SIZE as u32)
+            .buf_group(bufring::GROUP)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(token as u64);
+        // SAFETY: the kernel writes only into a buffer of the registered ring.
+        unsafe { self.push(entry) };
+        Some(token)
+    }
+
+    /// Collects a receive queued with [`Reactor::recv`], or registers `cx`'s waker.
+    pub fn poll_recv(&self, token: usize, cx: &mut Context<'_>) -> Poll<Received> {
+        let mut ops = self.ops.borrow_mut();
+        match &mut ops[token].op {
+            Op::Done(res, flags) => {
+                let (res, flags) = (*res, *flags);
+                ops.remove(token);
+                let bid = cqueue::buffer_select(flags);
+                Poll::Ready(match (res, bid) {
+                    (n, Some(bid)) if n > 0 => Received::Data {
+                        bid,
+                        len: n as usize,
+                    },
+                    (n, bid) => {
+                        if let Some(bid) = bid {
+                            self.give_back(bid);
+                        }
+                        if n == 0 {
+                            Received::Eof
+                        } else {
+                            Received::Failed(n.min(-libc::EIO))
+                        }
+                    }
+                })
+            }
+            Op::Waiting(w) => {
+                if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *w = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Op::Abandoned => unreachable!("a live stream's receive is never abandoned"),
+        }
+    }
+
+    /// Copies bytes `from..` of received buffer `bid` (of `len` bytes) into `out`; returns
+    /// how many.
+    pub fn copy_received(&self, bid: u16, from: usize, len: usize, out: &mut [u8]) -> usize {
+        let bufs = self
+            .bufs
+            .as_ref()
+            .expect("a received buffer without a ring");
+        // SAFETY: `bid` came from a completion and is given back only after its last copy.
+        let bytes = unsafe { bufs.bytes(bid, len) };
+        let n = out.len().min(len - from);
+        out[..n].copy_from_slice(&bytes[from..from + n]);
+        n
+    }
+
+    /// Returns a received buffer to the kernel.
+    pub fn give_back(&self, bid: u16) {
+        if let Some(bufs) = &self.bufs {
+            bufs.give_back(bid);
+        }
     }
 
     /// Queues an entry for the next `io_uring_enter`.
@@ -139,7 +254,7 @@ impl Reactor {
         let mut ops = self.ops.borrow_mut();
         let slot = &mut ops[token];
         match &mut slot.op {
-            Op::Done(res) => {
+            Op::Done(res, _) => {
                 let res = *res;
                 let buf = ops.remove(token).buf.unwrap_or_default();
                 Poll::Ready((res, buf))
@@ -156,15 +271,22 @@ impl Reactor {
 
     /// Whether the send `token` has completed (without collecting it).
     pub fn send_done(&self, token: usize) -> bool {
-        matches!(self.ops.borrow()[token].op, Op::Done(_))
+        matches!(self.ops.borrow()[token].op, Op::Done(..))
     }
 
     /// Gives up on an operation whose owner is going away: freed now if it completed,
     /// else cancelled and freed when its completion arrives (its buffer with it).
     pub fn abandon(&self, token: usize) {
         let mut ops = self.ops.borrow_mut();
-        if matches!(ops.get(token).map(|s| &s.op), Some(Op::Done(_))) {
+        let done = match ops.get(token).map(|s| &s.op) {
+            Some(Op::Done(_, flags)) => Some(cqueue::buffer_select(*flags)),
+            _ => None,
+        };
+        if let Some(bid) = done {
             ops.remove(token);
+            if let Some(bid) = bid {
+                self.give_back(bid);
+            }
         } else {
             ops[token].op = Op::Abandoned;
             drop(ops);
@@ -237,13 +359,17 @@ impl Reactor {
                 let token = token as usize;
                 match ops.get_mut(token).map(|s| &mut s.op) {
                     Some(op @ Op::Waiting(_)) => {
-                        if let Op::Waiting(Some(w)) = std::mem::replace(op, Op::Done(cqe.result()))
+                        if let Op::Waiting(Some(w)) =
+                            std::mem::replace(op, Op::Done(cqe.result(), cqe.flags()))
                         {
                             woken.push(w);
                         }
                     }
                     Some(Op::Abandoned) => {
                         ops.remove(token);
+                        if let Some(bid) = cqueue::buffer_select(cqe.flags()) {
+                            self.give_back(bid);
+                        }
                     }
                     _ => {}
                 }
@@ -272,9 +398,10 @@ impl Reactor {
 impl Drop for Reactor {
     fn drop(&mut self) {
         // The ring goes next; the kernel may still read a send's buffer while it tears
-        // the ring down, so buffers of sends that did not complete are leaked, not freed.
+        // the ring down, so buffers of sends that did not complete are leaked, not freed
+        // (as are the receive buffers: `BufRing` never unmaps on its own).
         for slot in self.ops.get_mut().drain() {
-            if !matches!(slot.op, Op::Done(_)) {
+            if !matches!(slot.op, Op::Done(..)) {
                 std::mem::forget(slot.buf);
             }
         }
@@ -312,7 +439,7 @@ impl Future for Ready {
             Some(token) => {
                 let mut ops = r.ops.borrow_mut();
                 match &mut ops[token].op {
-                    Op::Done(res) => {
+                    Op::Done(res, _) => {
                         let res = *res;
                         ops.remove(token);
                         drop(ops);
