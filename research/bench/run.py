@@ -39,7 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 PG_BIN = REPO / ".pg" / "bin"
-LOKADB_BIN = REPO / "target" / "release" / "lokadb"
+LOKADB_BIN = Path(os.environ.get("LOKADB_BENCH_TARGET", REPO / "target" / "release")) / "lokadb"
 PGBOUNCER_BIN = Path("/usr/sbin/pgbouncer")
 PG_USER = "lokadb-pg"
 
