@@ -223,6 +223,7 @@ RELAY_PG_PORT="$(free_port)"
 cat >"$DEMO/lokadb.json" <<JSON
 {
   "listen": "127.0.0.1:0",
+  "route_log": true,
   "databases": {
     "app": {
       "cloud": "host=127.0.0.1 port=$PG_PORT dbname=app",
@@ -365,6 +366,14 @@ echo "  notes is now partitioned; id stays unique across organizations through a
 su_psql -d app -At -c "SELECT '    partitions: ' || string_agg(c.relname, ', ') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'notes'::regclass"
 app_sql "INSERT INTO notes (id, organization_id, body) VALUES (2, 'globex', 'same id, other org')" 2>&1 |
     sed 's/^/    /' || true
+say "statement analysis: the proxy learned of notes from the cloud's NOTIFY and places each statement"
+for _ in $(seq 50); do grep -q 'metadata loaded.*tables=1 ' "$DEMO/proxy.log" && break; sleep 0.1; done
+app_sql "SELECT count(*) FROM notes n WHERE n.organization_id = 'acme' AND n.id > 0" >/dev/null
+app_sql "SELECT count(*) FROM notes WHERE body LIKE 'note 1%'" >/dev/null
+sleep 0.2
+grep 'lokadb::route' "$DEMO/proxy.log" | grep -E "n.organization_id = 'acme' AND n.id > 0|body LIKE 'note 1%'" |
+    sed -E 's/.* (kind=.*)/    \1/' | tail -n 2
+echo "    (route_log shows the analysis; routing by it comes next — today every statement goes to the cloud)"
 say "lokadb pause acme: acme's writes wait (here at most 2 s), reads and other organizations go on"
 "$LOKADB" pause acme --timeout 2s --cloud "$CLOUD_DSN" | sed 's/^/    /'
 echo "    read acme: $(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'acme'") rows; write globex: $(app_sql "UPDATE notes SET body = body WHERE id = 1" && echo ok)"

@@ -5,6 +5,7 @@
 use crate::backend::auth_query::{AuthQuery, UsersFile};
 use crate::backend::pool::Pool;
 use crate::cancel::{CancelRegistry, Peer};
+use crate::route::meta::CoreMeta;
 use crate::scram::Secret;
 use lokadb_shared::config::{Config, ConnString, DatabaseConfig};
 use std::cell::{Cell, RefCell};
@@ -131,6 +132,9 @@ pub struct Core {
     pub shutdown: Notify,
     /// Sessions running on this core.
     pub sessions: Cell<usize>,
+    /// Each database's routing metadata, as the watcher last sent it (absent until the
+    /// first load, and for databases without an `auth_user`).
+    pub meta: RefCell<HashMap<String, Rc<CoreMeta>>>,
 }
 
 impl Core {
@@ -180,6 +184,7 @@ impl Core {
             peers,
             shutdown: Notify::default(),
             sessions: Cell::new(0),
+            meta: RefCell::new(HashMap::new()),
         }
     }
 }

@@ -4,6 +4,8 @@
 
 use crate::cancel::{CancelMsg, Peer};
 use crate::core::{Core, Shared};
+use crate::route::meta::CoreMeta;
+use crate::route::watch::{self, MetaUpdate};
 use crate::rt::net::TcpListener;
 use crate::rt::reactor::EventFd;
 use crate::rt::sleep;
@@ -67,6 +69,46 @@ pub fn run(
         inboxes.push((rx, wake));
     }
     let peers = Arc::new(peers);
+    // Each core's inbox for metadata generations, and one watcher per database that has
+    // a role to read them with.
+    let mut meta_inboxes = Vec::with_capacity(cores);
+    let mut meta_peers = Vec::with_capacity(cores);
+    for _ in 0..cores {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let wake = Arc::new(EventFd::new()?);
+        meta_peers.push(watch::CoreInbox {
+            tx,
+            wake: wake.clone(),
+        });
+        meta_inboxes.push((rx, wake));
+    }
+    for (name, addr, dbname) in resolved.iter() {
+        let db = &shared.config.databases[name];
+        let Some(user) = &db.auth_user else {
+            tracing::info!(database = %name, "no auth_user: no routing metadata for this database");
+            continue;
+        };
+        let password = db
+            .auth_password
+            .clone()
+            .or_else(|| shared.env_auth_password.clone())
+            .unwrap_or_default();
+        let mut pg = postgres::Config::new();
+        pg.host(&addr.ip().to_string())
+            .port(addr.port())
+            .dbname(dbname)
+            .user(user)
+            .password(password)
+            .application_name("lokadb meta")
+            .connect_timeout(Duration::from_secs(10));
+        watch::spawn(
+            name.clone(),
+            pg,
+            meta_peers.clone(),
+            shared.shutdown.clone(),
+        )?;
+    }
+    drop(meta_peers);
     let online = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -76,7 +118,13 @@ pub fn run(
     on_listening(sockets.addr, relay.as_ref().map(|r| (r.agents, r.postgres)));
 
     let mut threads = Vec::with_capacity(cores);
-    for (id, (fd, inbox)) in sockets.fds.into_iter().zip(inboxes).enumerate() {
+    for (id, ((fd, inbox), meta_inbox)) in sockets
+        .fds
+        .into_iter()
+        .zip(inboxes)
+        .zip(meta_inboxes)
+        .enumerate()
+    {
         let (shared, resolved, peers) = (shared.clone(), resolved.clone(), peers.clone());
         let thread = std::thread::Builder::new()
             .name(format!("lokadb-core-{id}"))
@@ -84,7 +132,7 @@ pub fn run(
                 if pin {
                     pin_to_cpu(id);
                 }
-                crate::rt::block_on(run_core(id, fd, shared, resolved, peers, inbox))
+                crate::rt::block_on(run_core(id, fd, shared, resolved, peers, inbox, meta_inbox))
             })?;
         threads.push(thread);
     }
@@ -145,6 +193,7 @@ async fn run_core(
     resolved: Arc<Vec<(String, SocketAddr, String)>>,
     peers: Arc<Vec<Peer>>,
     inbox: (crossbeam_channel::Receiver<CancelMsg>, Arc<EventFd>),
+    meta_inbox: (crossbeam_channel::Receiver<MetaUpdate>, Arc<EventFd>),
 ) {
     // SAFETY: `fd` is a listening socket created for this core and owned by no one else.
     let listener = match unsafe { TcpListener::from_raw_fd(fd) } {
@@ -153,6 +202,7 @@ async fn run_core(
     };
     let core = Rc::new(Core::new(id, shared, &resolved, peers));
     crate::rt::spawn(forwarded_cancels(core.clone(), inbox)).detach();
+    crate::rt::spawn(meta_updates(core.clone(), meta_inbox)).detach();
     crate::rt::spawn(watch(core.clone())).detach();
 
     loop {
@@ -189,6 +239,22 @@ async fn forwarded_cancels(
             if let Some(t) = target {
                 crate::rt::spawn(crate::cancel::send(t)).detach();
             }
+        }
+    }
+}
+
+/// New metadata generations from the watchers: swapped in whole, with an empty cache of
+/// analyses; sessions see it from their next statement.
+async fn meta_updates(
+    core: Rc<Core>,
+    (rx, wake): (crossbeam_channel::Receiver<MetaUpdate>, Arc<EventFd>),
+) {
+    loop {
+        wake.wait().await;
+        while let Ok(update) = rx.try_recv() {
+            core.meta
+                .borrow_mut()
+                .insert(update.database, Rc::new(CoreMeta::new(update.meta)));
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::auth::{authenticate, Authenticated};
 use super::pump::{Pipe, PipeError};
 use super::startup::{negotiate, Negotiated};
-use super::statement::{ClientFrames, Exchange, ServerFrames};
+use super::statement::{ClientFrames, Exchange, ServerFrames, Statements};
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::{self, PoolKey};
 use crate::cancel::CancelTarget;
@@ -212,6 +212,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         status: backend.status,
         ..Exchange::default()
     };
+    let mut statements = Statements::default();
     let mut up = Pipe::new(max);
     let mut down = Pipe::new(u32::MAX);
     down.preload(&std::mem::take(&mut backend.rbuf));
@@ -236,9 +237,17 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 return Poll::Ready(End::Shutdown);
             }
             let mut progress = false;
+            // Looked up per step so a live session routes by the newest generation.
+            let meta = if route_log {
+                core.meta.borrow().get(&*db.name).cloned()
+            } else {
+                None
+            };
             let mut inspect = ClientFrames {
                 exchange: &mut exchange,
                 route_log,
+                meta: meta.as_deref(),
+                statements: &mut statements,
             };
             match up.poll_step(
                 cx,

@@ -1,14 +1,19 @@
 //! The one point every client statement passes before it is forwarded.
 //!
 //! Today every statement goes to the cloud; statement routing plugs in here, where
-//! the frame is whole (Query, Parse) and nothing has been sent yet. The tracker that
+//! the frame is whole (Query, Parse, Bind) and nothing has been sent yet. With `route_log`
+//! the analysis already runs here and is logged. The tracker that
 //! knows whether the backend is between requests also lives here, because it sees
 //! every frame of both directions.
 
 use super::pump::{Action, Inspect};
+use crate::route::analysis::{Analysis, Org};
+use crate::route::meta::CoreMeta;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::tags::*;
+use lokadb_shared::wire::FrameError;
 use lokadb_shared::wire::Header;
+use std::collections::HashMap;
 
 /// Where a statement is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,12 +69,27 @@ impl Exchange {
     }
 }
 
+/// What the session knows of its statements for routing: the analysis of each prepared
+/// statement by name (`""` for the unnamed one), so a Bind can be placed by its values.
+#[derive(Default)]
+pub struct Statements {
+    prepared: HashMap<String, Analysis>,
+}
+
+/// The most prepared statements a session's routing remembers; past it the oldest
+/// analyses are dropped (a Bind of a forgotten statement is logged as unknown).
+const MAX_PREPARED: usize = 1000;
+
 /// Inspects client → cloud frames.
 pub struct ClientFrames<'a> {
     /// Shared exchange state.
     pub exchange: &'a mut Exchange,
     /// Log each statement's route (`route_log`).
     pub route_log: bool,
+    /// The database's routing metadata, when the watcher has loaded it.
+    pub meta: Option<&'a CoreMeta>,
+    /// The session's prepared statements' analyses.
+    pub statements: &'a mut Statements,
 }
 
 impl Inspect for ClientFrames<'_> {
@@ -77,7 +97,7 @@ impl Inspect for ClientFrames<'_> {
     fn wants_body(&self, tag: u8) -> bool {
         match tag {
             FE_TERMINATE => true,
-            FE_QUERY | FE_PARSE => self.route_log,
+            FE_QUERY | FE_PARSE | FE_BIND | FE_CLOSE => self.route_log,
             _ => false,
         }
     }
@@ -99,27 +119,141 @@ impl Inspect for ClientFrames<'_> {
             _ => ex.unsynced = true,
         }
         if let Some(frame) = frame {
-            if header.tag == FE_QUERY || header.tag == FE_PARSE {
-                log_route(header.tag, &frame[5..], Route::Cloud);
-            }
+            // A malformed message is the cloud's to refuse; the log just skips it.
+            let _ = self.log_route(header.tag, &frame[5..]);
         }
         Action::Forward
     }
 }
 
-fn log_route(tag: u8, body: &[u8], route: Route) {
-    let mut f = Fields::new(body, "statement");
-    let (kind, text) = if tag == FE_PARSE {
-        let name = f.cstr().unwrap_or("?");
-        (
-            if name.is_empty() { "parse" } else { "prepare" },
-            f.cstr().unwrap_or("?"),
-        )
-    } else {
-        ("query", f.cstr().unwrap_or("?"))
-    };
-    let text: String = text.chars().take(200).collect();
-    tracing::info!(target: "lokadb::route", route = route.as_str(), kind, statement = %text);
+impl ClientFrames<'_> {
+    /// `route_log`: one line per Query and Parse, and per Bind that places its statement
+    /// by a parameter, with the route and what the analysis found.
+    fn log_route(&mut self, tag: u8, body: &[u8]) -> Result<(), FrameError> {
+        let mut f = Fields::new(body, "statement");
+        let meta = self.meta;
+        let analyse = |sql: &str| match meta {
+            Some(m) => m.analyze(sql),
+            None => Analysis::Unplaced("no routing metadata (no auth_user, or not loaded yet)"),
+        };
+        let (kind, text, analysis) = match tag {
+            FE_QUERY => {
+                let text = f.cstr()?;
+                ("query", text, analyse(text))
+            }
+            FE_PARSE => {
+                let name = f.cstr()?;
+                let text = f.cstr()?;
+                let analysis = analyse(text);
+                if self.statements.prepared.len() >= MAX_PREPARED {
+                    self.statements.prepared.clear();
+                }
+                self.statements
+                    .prepared
+                    .insert(name.to_owned(), analysis.clone());
+                (
+                    if name.is_empty() { "parse" } else { "prepare" },
+                    text,
+                    analysis,
+                )
+            }
+            FE_BIND => {
+                let _portal = f.cstr()?;
+                let name = f.cstr()?;
+                let Some(Analysis::Org {
+                    org: Org::Param(n),
+                    tables,
+                }) = self.statements.prepared.get(name)
+                else {
+                    return Ok(());
+                };
+                let value = bind_param(&mut f, *n)?;
+                let org = Analysis::Org {
+                    org: Org::Literal(value),
+                    tables: tables.clone(),
+                };
+                ("bind", name, org)
+            }
+            FE_CLOSE => {
+                if f.u8()? == b'S' {
+                    self.statements.prepared.remove(f.cstr()?);
+                }
+                return Ok(());
+            }
+            _ => return Ok(()),
+        };
+        let (org, why) = match &analysis {
+            Analysis::NoLokaTable => ("-".to_owned(), ""),
+            Analysis::Org {
+                org: Org::Literal(v),
+                ..
+            } => (v.clone(), ""),
+            Analysis::Org {
+                org: Org::Param(n), ..
+            } => (format!("${n}"), ""),
+            Analysis::Unplaced(why) => ("?".to_owned(), *why),
+        };
+        let tables = match (&analysis, self.meta) {
+            (Analysis::Org { tables, .. }, Some(m)) => tables
+                .iter()
+                .filter_map(|&i| m.meta.catalog.tables().get(i))
+                .map(|t| format!("{}.{}", t.schema, t.name))
+                .collect::<Vec<_>>()
+                .join(","),
+            _ => String::new(),
+        };
+        let text: String = text.chars().take(200).collect();
+        tracing::info!(
+            target: "lokadb::route",
+            route = Route::Cloud.as_str(),
+            kind,
+            org = %org,
+            tables = %tables,
+            why,
+            statement = %text
+        );
+        Ok(())
+    }
+}
+
+/// The value bound to parameter `$n` (1-based) of a Bind body whose portal and statement
+/// names were read: text as is; binary as an integer when 2, 4 or 8 bytes (the usual
+/// organization column types), else as text if it is UTF-8.
+fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameError> {
+    let formats: Vec<i16> = (0..f.i16()?.max(0))
+        .map(|_| f.i16())
+        .collect::<Result<_, _>>()?;
+    let count = f.i16()?.max(0) as u16;
+    let index = usize::from(n.saturating_sub(1));
+    if n == 0 || n > count {
+        return Ok("?".to_owned());
+    }
+    for i in 0..count {
+        let len = f.i32()?;
+        let bytes = if len < 0 {
+            None
+        } else {
+            Some(f.take(len as usize)?)
+        };
+        if usize::from(i) != index {
+            continue;
+        }
+        let Some(bytes) = bytes else {
+            return Ok("NULL".to_owned());
+        };
+        let binary = match formats.len() {
+            0 => false,
+            1 => formats[0] == 1,
+            _ => formats.get(index) == Some(&1),
+        };
+        return Ok(match (binary, bytes.len()) {
+            (true, 2) => i16::from_be_bytes([bytes[0], bytes[1]]).to_string(),
+            (true, 4) => i32::from_be_bytes(bytes.try_into().expect("4 bytes")).to_string(),
+            (true, 8) => i64::from_be_bytes(bytes.try_into().expect("8 bytes")).to_string(),
+            _ => String::from_utf8_lossy(bytes).into_owned(),
+        });
+    }
+    Ok("?".to_owned())
 }
 
 /// Inspects cloud → client frames: only ReadyForQuery matters.
@@ -157,9 +291,12 @@ mod tests {
     #[test]
     fn extended_protocol_is_settled_only_after_sync_and_ready() {
         let mut ex = Exchange::default();
+        let mut statements = Statements::default();
         let mut c = ClientFrames {
             exchange: &mut ex,
             route_log: false,
+            meta: None,
+            statements: &mut statements,
         };
         for tag in [FE_PARSE, FE_BIND, FE_EXECUTE] {
             c.on_frame(hdr(tag), None);
@@ -182,9 +319,12 @@ mod tests {
     #[test]
     fn copy_in_stays_pending_until_ready() {
         let mut ex = Exchange::default();
+        let mut statements = Statements::default();
         let mut c = ClientFrames {
             exchange: &mut ex,
             route_log: false,
+            meta: None,
+            statements: &mut statements,
         };
         c.on_frame(hdr(FE_QUERY), None);
         c.on_frame(hdr(FE_COPY_DATA), None);
@@ -202,12 +342,56 @@ mod tests {
         assert!(ex.is_idle());
     }
 
+    /// A Bind body after its portal and statement names.
+    fn bind_tail(formats: &[i16], params: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend((formats.len() as i16).to_be_bytes());
+        for f in formats {
+            b.extend(f.to_be_bytes());
+        }
+        b.extend((params.len() as i16).to_be_bytes());
+        for p in params {
+            match p {
+                Some(v) => {
+                    b.extend((v.len() as i32).to_be_bytes());
+                    b.extend(*v);
+                }
+                None => b.extend((-1i32).to_be_bytes()),
+            }
+        }
+        b
+    }
+
+    #[test]
+    fn bound_organizations_are_read_in_text_and_binary() {
+        let read = |body: Vec<u8>, n| bind_param(&mut Fields::new(&body, "bind"), n);
+        let text = bind_tail(&[], &[Some(b"x"), Some(b"acme")]);
+        assert_eq!(read(text.clone(), 2).unwrap(), "acme");
+        assert_eq!(read(text.clone(), 3).unwrap(), "?", "no third parameter");
+        assert_eq!(read(text, 0).unwrap(), "?");
+        let eight = 42i64.to_be_bytes();
+        let binary = bind_tail(&[1], &[Some(&eight[..])]);
+        assert_eq!(read(binary, 1).unwrap(), "42");
+        let four = 7i32.to_be_bytes();
+        let mixed = bind_tail(&[0, 1], &[Some(b"12"), Some(&four[..])]);
+        assert_eq!(read(mixed.clone(), 1).unwrap(), "12");
+        assert_eq!(read(mixed, 2).unwrap(), "7");
+        assert_eq!(read(bind_tail(&[], &[None]), 1).unwrap(), "NULL");
+        // A length past the end is an error, not a panic.
+        let mut truncated = bind_tail(&[], &[Some(b"acme")]);
+        truncated.truncate(truncated.len() - 2);
+        assert!(read(truncated, 1).is_err());
+    }
+
     #[test]
     fn terminate_stops_and_is_not_forwarded() {
         let mut ex = Exchange::default();
+        let mut statements = Statements::default();
         let mut c = ClientFrames {
             exchange: &mut ex,
             route_log: false,
+            meta: None,
+            statements: &mut statements,
         };
         assert!(c.wants_body(FE_TERMINATE));
         assert_eq!(

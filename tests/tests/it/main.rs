@@ -44,3 +44,5 @@ mod admin_enable;
 mod admin_foreign;
 // move-org, move-back, verify, status: under writers, killed at each step, refusals.
 mod moves;
+// Routing's groundwork: the metadata watcher and the per-statement analysis (route_log).
+mod routing;

@@ -1,0 +1,162 @@
+//! The metadata routing needs (`meta_cache`): the LokaDB tables and the organizations that
+//! are not plain cloud ones, as of one generation of the cloud's `lokadb.meta`.
+//!
+//! A [`Meta`] is immutable: the watcher thread (`route::watch`) loads a new one when the
+//! generation changes and hands it to every core, which swaps it in with an empty cache of
+//! analyses ([`CoreMeta`]). Per statement a core reads only its own copy.
+
+use super::analysis::{analyze, Analysis, Catalog, LokaTable};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// An organization with a row in `lokadb.org`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrgMeta {
+    /// `cloud`, `moving`, `moved` or `returning`.
+    pub state: String,
+    /// `fdw` or `fdw+direct`.
+    pub profile: String,
+}
+
+/// One generation of the cloud's LokaDB metadata.
+#[derive(Debug, Default)]
+pub struct Meta {
+    /// `lokadb.meta.generation`; 0 for a cloud without the LokaDB schema.
+    pub generation: i64,
+    /// The LokaDB tables.
+    pub catalog: Catalog,
+    /// Organizations by id.
+    pub orgs: HashMap<String, OrgMeta>,
+}
+
+/// Reads the whole metadata in one snapshot, so the generation and the rows agree.
+pub const LOAD_SQL: &str = "\
+    SELECT 'g', generation::text, NULL, NULL FROM lokadb.meta \
+    UNION ALL \
+    SELECT 't', schema_name::text, table_name::text, org_column::text FROM lokadb.tables \
+    UNION ALL \
+    SELECT 'o', id, state, profile FROM lokadb.org";
+
+impl Meta {
+    /// Loads the metadata from the cloud; an empty one (generation 0) when the cloud has
+    /// no LokaDB schema yet (`lokadb init` not run).
+    ///
+    /// # Errors
+    ///
+    /// The query failed.
+    pub fn load(client: &mut impl postgres::GenericClient) -> Result<Meta, postgres::Error> {
+        let initialized: bool = client
+            .query_one("SELECT to_regclass('lokadb.meta') IS NOT NULL", &[])?
+            .get(0);
+        if !initialized {
+            return Ok(Meta::default());
+        }
+        let mut generation = 0;
+        let mut tables = Vec::new();
+        let mut orgs = HashMap::new();
+        for row in client.query(LOAD_SQL, &[])? {
+            let kind: &str = row.get(0);
+            let a: Option<String> = row.get(1);
+            let b: Option<String> = row.get(2);
+            let c: Option<String> = row.get(3);
+            match (kind, a, b, c) {
+                ("g", Some(g), _, _) => generation = g.parse().unwrap_or(0),
+                ("t", Some(schema), Some(name), Some(org_column)) => tables.push(LokaTable {
+                    schema,
+                    name,
+                    org_column,
+                }),
+                ("o", Some(id), Some(state), Some(profile)) => {
+                    orgs.insert(id, OrgMeta { state, profile });
+                }
+                _ => {}
+            }
+        }
+        tables.sort_by(|x, y| (&x.schema, &x.name).cmp(&(&y.schema, &y.name)));
+        Ok(Meta {
+            generation,
+            catalog: Catalog::new(tables),
+            orgs,
+        })
+    }
+}
+
+/// The most analyses a core keeps per database; past it the cache starts over (an
+/// application with more distinct statement texts than this inlines values into them,
+/// and caching those gains little).
+const MAX_CACHED: usize = 10_000;
+
+/// A core's copy of one database's metadata and its analyses by statement text.
+pub struct CoreMeta {
+    pub meta: Arc<Meta>,
+    analyses: RefCell<HashMap<Box<str>, Analysis>>,
+}
+
+impl CoreMeta {
+    pub fn new(meta: Arc<Meta>) -> CoreMeta {
+        CoreMeta {
+            meta,
+            analyses: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// The analysis of `sql`: from the cache, else analysed (and cached when it needed a
+    /// parse; the fast path is cheaper than a lookup).
+    pub fn analyze(&self, sql: &str) -> Analysis {
+        if !self.meta.catalog.may_touch(sql) {
+            return Analysis::NoLokaTable;
+        }
+        if let Some(a) = self.analyses.borrow().get(sql) {
+            return a.clone();
+        }
+        let a = analyze(sql, &self.meta.catalog);
+        let mut cache = self.analyses.borrow_mut();
+        if cache.len() >= MAX_CACHED {
+            cache.clear();
+        }
+        cache.insert(sql.into(), a.clone());
+        a
+    }
+
+    /// How many analyses are cached (tests, metrics).
+    pub fn cached(&self) -> usize {
+        self.analyses.borrow().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::analysis::Org;
+
+    fn meta() -> CoreMeta {
+        CoreMeta::new(Arc::new(Meta {
+            generation: 3,
+            catalog: Catalog::new(vec![LokaTable {
+                schema: "public".into(),
+                name: "documents".into(),
+                org_column: "organization_id".into(),
+            }]),
+            orgs: HashMap::new(),
+        }))
+    }
+
+    #[test]
+    fn a_repeated_statement_is_analysed_once_and_others_not_cached() {
+        let m = meta();
+        let sql = "SELECT * FROM documents WHERE organization_id = $1 AND id = $2";
+        for _ in 0..3 {
+            assert!(matches!(
+                m.analyze(sql),
+                Analysis::Org {
+                    org: Org::Param(1),
+                    ..
+                }
+            ));
+        }
+        assert_eq!(m.cached(), 1);
+        assert_eq!(m.analyze("SELECT 1"), Analysis::NoLokaTable);
+        assert_eq!(m.cached(), 1, "the fast path caches nothing");
+    }
+}

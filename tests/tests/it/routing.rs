@@ -1,0 +1,238 @@
+//! Routing's groundwork through the proxy: the metadata watcher (a live session learns a
+//! LokaDB table enabled after it connected), and the analysis of each statement as
+//! `route_log` reports it — simple and extended protocol, a bound organization.
+
+use crate::admin_cli::{lokadb, ok};
+use crate::admin_enable::SCHEMA;
+use crate::world::World;
+use serde_json::json;
+use std::time::Duration;
+
+/// The `lokadb::route` lines of the proxy's output that mention `needle`.
+fn route_lines(w: &World, needle: &str) -> Vec<String> {
+    w.proxy
+        .output()
+        .lines()
+        .filter(|l| l.contains("lokadb::route") && l.contains(needle))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[track_caller]
+fn one_line(w: &World, needle: &str) -> String {
+    let lines = route_lines(w, needle);
+    assert_eq!(lines.len(), 1, "{needle}: {lines:#?}\n{}", w.proxy.output());
+    lines[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_log_places_statements_with_metadata_learned_live() {
+    let w = World::start(json!({ "route_log": true }), &[]).unwrap();
+    // The watcher comes up before the cloud has the LokaDB schema: generation 0.
+    assert!(
+        w.proxy
+            .wait_for_output("generation=0 tables=0", Duration::from_secs(10)),
+        "{}",
+        w.proxy.output()
+    );
+    // A session opened before any LokaDB table exists.
+    let client = w.client().await.unwrap();
+    client
+        .simple_query("SELECT 'before' FROM pg_class LIMIT 0")
+        .await
+        .unwrap();
+    assert!(one_line(&w, "SELECT 'before'").contains("org=-"));
+
+    enable_documents(&w);
+    assert!(
+        w.proxy
+            .wait_for_output("tables=1 organizations=0", Duration::from_secs(10)),
+        "the NOTIFY of the enable reaches the watcher:\n{}",
+        w.proxy.output()
+    );
+
+    // The live session now routes by the new generation.
+    let rows = client
+        .simple_query("SELECT title FROM documents d WHERE d.organization_id = 2 AND d.id = 2")
+        .await
+        .unwrap();
+    assert!(!rows.is_empty());
+    let line = one_line(&w, "d.organization_id = 2 AND d.id = 2");
+    assert!(line.contains("kind=\"query\""), "{line}");
+    assert!(line.contains("org=2 "), "{line}");
+    assert!(line.contains("tables=public.documents"), "{line}");
+
+    // Extended protocol: the Parse is placed by $1, the Bind by its value (binary int8).
+    let row = client
+        .query_one(
+            "SELECT count(*) FROM documents WHERE organization_id = $1 AND project_id = 20",
+            &[&2i64],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 100);
+    let parse = one_line(&w, "AND project_id = 20");
+    assert!(parse.contains("org=$1"), "{parse}");
+    let binds: Vec<String> = route_lines(&w, "kind=\"bind\"");
+    assert_eq!(binds.len(), 1, "{binds:#?}");
+    assert!(binds[0].contains("org=2 "), "{}", binds[0]);
+
+    // Not placed: no organization condition, or an OR; and a statement on cloud tables only.
+    client
+        .simple_query("SELECT count(*) FROM documents WHERE organization_id = 1 OR id = 3")
+        .await
+        .unwrap();
+    assert!(one_line(&w, "organization_id = 1 OR id = 3").contains("org=?"));
+    client
+        .simple_query("SELECT count(*) FROM projects")
+        .await
+        .unwrap();
+    assert!(one_line(&w, "FROM projects").contains("org=-"));
+
+    // A new session sees the same generation at once.
+    let other = w.client().await.unwrap();
+    other
+        .simple_query("SELECT 1 FROM documents WHERE organization_id = '1' LIMIT 1")
+        .await
+        .unwrap();
+    assert!(one_line(&w, "organization_id = '1' LIMIT 1").contains("org=1 "));
+}
+
+/// The cloud with the LokaDB schema, the test schema and `documents` enabled, owned so the
+/// application role can use it.
+fn enable_documents(w: &World) {
+    let dsn = w.cloud.superuser_dsn("app");
+    ok(&lokadb(&dsn, &["init"]));
+    w.cloud.psql("app", SCHEMA).unwrap();
+    w.cloud
+        .psql(
+            "app",
+            "GRANT ALL ON ALL TABLES IN SCHEMA public TO app; \
+             GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO app",
+        )
+        .unwrap();
+    ok(&lokadb(&dsn, &["enable", "documents"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_reconnects_and_catches_up_on_what_it_missed() {
+    let w = World::start(json!({ "route_log": true }), &[]).unwrap();
+    enable_documents(&w);
+    assert!(
+        w.proxy
+            .wait_for_output("tables=1 organizations=0", Duration::from_secs(10)),
+        "{}",
+        w.proxy.output()
+    );
+    // The watcher's connection dies; a change is made while it is away.
+    let killed = w
+        .cloud
+        .psql(
+            "app",
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = 'lokadb meta'",
+        )
+        .unwrap();
+    assert_eq!(killed.trim(), "1");
+    ok(&lokadb(
+        &w.cloud.superuser_dsn("app"),
+        &["enable", "document_versions"],
+    ));
+    assert!(
+        w.proxy
+            .wait_for_output("tables=2 organizations=0", Duration::from_secs(10)),
+        "the reconnected watcher reads the change it was not told of:\n{}",
+        w.proxy.output()
+    );
+    assert!(w.proxy.output().contains("metadata watcher: cannot read"));
+    let client = w.client().await.unwrap();
+    client
+        .simple_query("SELECT count(*) FROM document_versions WHERE organization_id = 1")
+        .await
+        .unwrap();
+    assert!(
+        one_line(&w, "FROM document_versions WHERE").contains("tables=public.document_versions")
+    );
+}
+
+/// The auth role of docs/configuration.md ("The auth role"): not a superuser; verifiers
+/// through a SECURITY DEFINER function, and the routing metadata through the grants the
+/// docs list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_auth_role_needs_the_documented_grants_to_read_the_metadata() {
+    let cloud = lokadb_tests::pg::Cluster::builder()
+        .setting("max_connections", "100")
+        .start()
+        .unwrap();
+    cloud
+        .create_role("app", crate::world::APP_PASSWORD)
+        .unwrap();
+    cloud.create_database("app", "app").unwrap();
+    cloud
+        .psql(
+            "app",
+            "CREATE ROLE meta_auth LOGIN PASSWORD 'meta-secret';
+             CREATE SCHEMA lokadb_auth AUTHORIZATION postgres;
+             CREATE FUNCTION lokadb_auth.user_verifier(role_name text) RETURNS text
+             LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $$
+                 SELECT rolpassword FROM pg_catalog.pg_authid
+                 WHERE rolname = role_name AND rolcanlogin AND NOT rolsuper
+             $$;
+             REVOKE ALL ON FUNCTION lokadb_auth.user_verifier(text) FROM PUBLIC;
+             GRANT USAGE ON SCHEMA lokadb_auth TO meta_auth;
+             GRANT EXECUTE ON FUNCTION lokadb_auth.user_verifier(text) TO meta_auth;",
+        )
+        .unwrap();
+    let dsn = cloud.superuser_dsn("app");
+    ok(&lokadb(&dsn, &["init"]));
+    cloud.psql("app", SCHEMA).unwrap();
+    cloud
+        .psql("app", "GRANT ALL ON ALL TABLES IN SCHEMA public TO app")
+        .unwrap();
+    ok(&lokadb(&dsn, &["enable", "documents"]));
+    let config = json!({
+        "listen": "127.0.0.1:0",
+        "route_log": true,
+        "databases": { "app": {
+            "cloud": format!("host=127.0.0.1 port={} dbname=app", cloud.port()),
+            "auth_user": "meta_auth",
+            "auth_password": "meta-secret",
+            "auth_query": "SELECT lokadb_auth.user_verifier($1)",
+        }}
+    });
+    let proxy = lokadb_tests::proxy::Proxy::start(&config).unwrap();
+    assert!(
+        proxy.wait_for_output(
+            "permission denied for schema lokadb",
+            Duration::from_secs(10)
+        ),
+        "{}",
+        proxy.output()
+    );
+    // Clients are served all the same; statements just cannot be placed.
+    let w = World { cloud, proxy };
+    let client = w.client().await.unwrap();
+    client
+        .simple_query("SELECT count(*) FROM documents WHERE organization_id = 2")
+        .await
+        .unwrap();
+    assert!(one_line(&w, "FROM documents WHERE organization_id = 2").contains("org=?"));
+    w.cloud
+        .psql(
+            "app",
+            "GRANT USAGE ON SCHEMA lokadb TO meta_auth;
+             GRANT SELECT ON lokadb.meta, lokadb.tables, lokadb.org TO meta_auth;",
+        )
+        .unwrap();
+    assert!(
+        w.proxy
+            .wait_for_output("tables=1 organizations=0", Duration::from_secs(30)),
+        "the watcher's retry reads the metadata once granted:\n{}",
+        w.proxy.output()
+    );
+    client
+        .simple_query("SELECT count(*) FROM documents WHERE organization_id = 1")
+        .await
+        .unwrap();
+    assert!(one_line(&w, "FROM documents WHERE organization_id = 1").contains("org=1 "));
+}
