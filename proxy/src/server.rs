@@ -243,8 +243,8 @@ async fn forwarded_cancels(
     }
 }
 
-/// New metadata generations from the watchers: swapped in whole, with an empty cache of
-/// analyses; sessions see it from their next statement.
+/// New metadata generations from the watchers: swapped in whole (the analyses kept when
+/// the LokaDB tables did not change); sessions see it from their next statement.
 async fn meta_updates(
     core: Rc<Core>,
     (rx, wake): (crossbeam_channel::Receiver<MetaUpdate>, Arc<EventFd>),
@@ -252,9 +252,12 @@ async fn meta_updates(
     loop {
         wake.wait().await;
         while let Ok(update) = rx.try_recv() {
-            core.meta
-                .borrow_mut()
-                .insert(update.database, Rc::new(CoreMeta::new(update.meta)));
+            let mut metas = core.meta.borrow_mut();
+            let next = match metas.get(&update.database) {
+                Some(old) => old.next(update.meta),
+                None => CoreMeta::new(update.meta),
+            };
+            metas.insert(update.database, Rc::new(next));
         }
     }
 }

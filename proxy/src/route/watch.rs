@@ -130,6 +130,7 @@ fn load_and_publish(
     cores: &[CoreInbox],
     published: &mut Option<i64>,
 ) -> Result<(), postgres::Error> {
+    let started = std::time::Instant::now();
     let mut tx = client
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -145,6 +146,7 @@ fn load_and_publish(
         generation = meta.generation,
         tables = meta.catalog.tables().len(),
         organizations = meta.orgs.len(),
+        load_ms = started.elapsed().as_secs_f64() * 1e3,
         "metadata loaded"
     );
     *published = Some(meta.generation);
