@@ -5,6 +5,7 @@
 use crate::backend::auth_query::{AuthQuery, UsersFile};
 use crate::backend::pool::Pool;
 use crate::cancel::{CancelRegistry, Peer};
+use crate::record::Recorder;
 use crate::route::meta::CoreMeta;
 use crate::scram::Secret;
 use lokadb_shared::config::{Config, ConnString, DatabaseConfig};
@@ -135,6 +136,8 @@ pub struct Core {
     /// Each database's routing metadata, as the watcher last sent it (absent until the
     /// first load, and for databases without an `auth_user`).
     pub meta: RefCell<HashMap<String, Rc<CoreMeta>>>,
+    /// This core's traffic recording (`--record`).
+    pub record: Option<Recorder>,
 }
 
 impl Core {
@@ -185,6 +188,7 @@ impl Core {
             shutdown: Notify::default(),
             sessions: Cell::new(0),
             meta: RefCell::new(HashMap::new()),
+            record: None,
         }
     }
 }

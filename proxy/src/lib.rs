@@ -42,6 +42,7 @@ pub mod core;
 pub mod error;
 pub mod frontend;
 pub mod net;
+pub mod record;
 pub mod relay;
 pub mod route;
 pub mod rt;

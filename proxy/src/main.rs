@@ -24,6 +24,10 @@ enum Command {
         /// Number of executors, one per core (default: all cores).
         #[arg(long, env = "LOKADB_CORES")]
         cores: Option<usize>,
+        /// Record every session's traffic after login into FILE.<core> (mode 0600; see
+        /// docs/operations.md). Overrides the config's "record".
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
     },
     /// Run the relay alone (it also runs inside `lokadb proxy` when configured).
     Relay {
@@ -359,11 +363,18 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Proxy { config, cores } => {
-            let config = match load(&config) {
+        Command::Proxy {
+            config,
+            cores,
+            record,
+        } => {
+            let mut config = match load(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            if record.is_some() {
+                config.record = record;
+            }
             let cores = match cores {
                 Some(0) => {
                     eprintln!("lokadb: LOKADB_CORES must be at least 1");

@@ -109,6 +109,19 @@ pub fn run(
         )?;
     }
     drop(meta_peers);
+    // Recording files are opened here so a path that cannot be written stops the start.
+    let mut recorders = Vec::with_capacity(cores);
+    for id in 0..cores {
+        recorders.push(match &shared.config.record {
+            Some(prefix) => Some(crate::record::Recorder::open(prefix, id).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the traffic recording {}: {e}",
+                    crate::record::core_path(prefix, id).display()
+                )
+            })?),
+            None => None,
+        });
+    }
     let online = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -118,11 +131,12 @@ pub fn run(
     on_listening(sockets.addr, relay.as_ref().map(|r| (r.agents, r.postgres)));
 
     let mut threads = Vec::with_capacity(cores);
-    for (id, ((fd, inbox), meta_inbox)) in sockets
+    for (id, (((fd, inbox), meta_inbox), recorder)) in sockets
         .fds
         .into_iter()
         .zip(inboxes)
         .zip(meta_inboxes)
+        .zip(recorders)
         .enumerate()
     {
         let (shared, resolved, peers) = (shared.clone(), resolved.clone(), peers.clone());
@@ -132,7 +146,14 @@ pub fn run(
                 if pin {
                     pin_to_cpu(id);
                 }
-                crate::rt::block_on(run_core(id, fd, shared, resolved, peers, inbox, meta_inbox))
+                let own = CoreStart {
+                    id,
+                    fd,
+                    cancels: inbox,
+                    meta: meta_inbox,
+                    recorder,
+                };
+                crate::rt::block_on(run_core(own, shared, resolved, peers))
             })?;
         threads.push(thread);
     }
@@ -186,23 +207,42 @@ fn pin_to_cpu(cpu: usize) {
     }
 }
 
-async fn run_core(
+/// What one core starts with that is its own.
+struct CoreStart {
     id: usize,
+    /// Its listening socket.
     fd: RawFd,
+    /// Cancel requests forwarded from other cores.
+    cancels: (crossbeam_channel::Receiver<CancelMsg>, Arc<EventFd>),
+    /// Metadata generations from the watchers.
+    meta: (crossbeam_channel::Receiver<MetaUpdate>, Arc<EventFd>),
+    /// Its traffic recording file (`--record`).
+    recorder: Option<crate::record::Recorder>,
+}
+
+async fn run_core(
+    own: CoreStart,
     shared: Arc<Shared>,
     resolved: Arc<Vec<(String, SocketAddr, String)>>,
     peers: Arc<Vec<Peer>>,
-    inbox: (crossbeam_channel::Receiver<CancelMsg>, Arc<EventFd>),
-    meta_inbox: (crossbeam_channel::Receiver<MetaUpdate>, Arc<EventFd>),
 ) {
+    let CoreStart {
+        id,
+        fd,
+        cancels,
+        meta,
+        recorder,
+    } = own;
     // SAFETY: `fd` is a listening socket created for this core and owned by no one else.
     let listener = match unsafe { TcpListener::from_raw_fd(fd) } {
         Ok(l) => l,
         Err(e) => return tracing::error!(core = id, error = %e, "cannot use the listening socket"),
     };
-    let core = Rc::new(Core::new(id, shared, &resolved, peers));
-    crate::rt::spawn(forwarded_cancels(core.clone(), inbox)).detach();
-    crate::rt::spawn(meta_updates(core.clone(), meta_inbox)).detach();
+    let mut core = Core::new(id, shared, &resolved, peers);
+    core.record = recorder;
+    let core = Rc::new(core);
+    crate::rt::spawn(forwarded_cancels(core.clone(), cancels)).detach();
+    crate::rt::spawn(meta_updates(core.clone(), meta)).detach();
     crate::rt::spawn(watch(core.clone())).detach();
 
     loop {
@@ -273,6 +313,10 @@ async fn watch(core: Rc<Core>) {
             return;
         }
         ticks += 1;
+        if let Some(rec) = &core.record {
+            // A recording is at most a tick behind, whatever the sessions do.
+            rec.flush();
+        }
         if ticks.is_multiple_of(REAP_EVERY) {
             let now = Instant::now();
             let databases = &core.databases;

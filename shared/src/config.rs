@@ -36,6 +36,9 @@ pub struct Config {
     /// Log one line per statement with its route.
     #[serde(default)]
     pub route_log: bool,
+    /// Record sessions' traffic for replay into `<record>.<core>` (`lokadb proxy --record`).
+    #[serde(default)]
+    pub record: Option<PathBuf>,
     /// A JSON file mapping role names to passwords or SCRAM verifiers, for setups
     /// without an `auth_user`.
     #[serde(default)]
@@ -403,6 +406,7 @@ mod tests {
         assert_eq!(c.max_message_bytes, 256 << 20);
         assert_eq!(c.auth_timeout, Duration::from_secs(30));
         assert!(!c.route_log);
+        assert!(c.record.is_none());
         let db = &c.databases["app"];
         assert!(db.upstream_pool);
         assert_eq!(db.auth_query, DEFAULT_AUTH_QUERY);

@@ -31,6 +31,9 @@ pub trait Inspect {
     /// Called for every frame once its header is read; `frame` is the whole frame
     /// (header included) when [`Inspect::wants_body`] said so, else `None`.
     fn on_frame(&mut self, header: Header, frame: Option<&[u8]>) -> Action;
+    /// Sees the bytes of each read as they came (traffic recording).
+    #[inline]
+    fn on_read(&mut self, _bytes: &[u8]) {}
 }
 
 /// One direction of a session.
@@ -130,6 +133,7 @@ impl Pipe {
                     progress = true;
                 }
                 Poll::Ready(Ok(n)) => {
+                    inspect.on_read(&self.buf[self.end..self.end + n]);
                     self.end += n;
                     progress = true;
                 }

@@ -213,6 +213,10 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         ..Exchange::default()
     };
     let mut statements = Statements::default();
+    let record = core.record.as_ref().map(|r| (r, cancel_pid));
+    if let Some((rec, session)) = record {
+        rec.start(session, &key.database, &key.user);
+    }
     let mut up = Pipe::new(max);
     let mut down = Pipe::new(u32::MAX);
     down.preload(&std::mem::take(&mut backend.rbuf));
@@ -248,6 +252,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 route_log,
                 meta: meta.as_deref(),
                 statements: &mut statements,
+                record,
             };
             match up.poll_step(
                 cx,
@@ -268,6 +273,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             }
             let mut inspect = ServerFrames {
                 exchange: &mut exchange,
+                record,
             };
             match down.poll_step(
                 cx,
@@ -297,6 +303,10 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
 
     core.shutdown.release(slot);
     core.cancels.borrow_mut().unregister(cancel_pid);
+    if let Some((rec, session)) = record {
+        rec.record(crate::record::Kind::End, session, &[]);
+        rec.flush();
+    }
 
     // What the client is told, if it can still be told something without cutting a
     // message in half.

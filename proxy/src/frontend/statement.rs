@@ -7,6 +7,7 @@
 //! every frame of both directions.
 
 use super::pump::{Action, Inspect};
+use crate::record::{Kind, Recorder};
 use crate::route::analysis::{Analysis, Org};
 use crate::route::meta::CoreMeta;
 use lokadb_shared::wire::fields::Fields;
@@ -90,6 +91,8 @@ pub struct ClientFrames<'a> {
     pub meta: Option<&'a CoreMeta>,
     /// The session's prepared statements' analyses.
     pub statements: &'a mut Statements,
+    /// The core's traffic recording and this session's id in it.
+    pub record: Option<(&'a Recorder, u32)>,
 }
 
 impl Inspect for ClientFrames<'_> {
@@ -99,6 +102,13 @@ impl Inspect for ClientFrames<'_> {
             FE_TERMINATE => true,
             FE_QUERY | FE_PARSE | FE_BIND | FE_CLOSE => self.route_log,
             _ => false,
+        }
+    }
+
+    #[inline]
+    fn on_read(&mut self, bytes: &[u8]) {
+        if let Some((rec, session)) = self.record {
+            rec.record(Kind::Frontend, session, bytes);
         }
     }
 
@@ -260,12 +270,21 @@ fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameError> {
 pub struct ServerFrames<'a> {
     /// Shared exchange state.
     pub exchange: &'a mut Exchange,
+    /// The core's traffic recording and this session's id in it.
+    pub record: Option<(&'a Recorder, u32)>,
 }
 
 impl Inspect for ServerFrames<'_> {
     #[inline]
     fn wants_body(&self, tag: u8) -> bool {
         tag == BE_READY_FOR_QUERY
+    }
+
+    #[inline]
+    fn on_read(&mut self, bytes: &[u8]) {
+        if let Some((rec, session)) = self.record {
+            rec.record(Kind::Backend, session, bytes);
+        }
     }
 
     #[inline]
@@ -297,6 +316,7 @@ mod tests {
             route_log: false,
             meta: None,
             statements: &mut statements,
+            record: None,
         };
         for tag in [FE_PARSE, FE_BIND, FE_EXECUTE] {
             c.on_frame(hdr(tag), None);
@@ -304,7 +324,10 @@ mod tests {
         assert!(!c.exchange.is_settled(), "Parse/Bind/Execute without Sync");
         c.on_frame(hdr(FE_SYNC), None);
         assert_eq!(ex.pending, 1);
-        let mut s = ServerFrames { exchange: &mut ex };
+        let mut s = ServerFrames {
+            exchange: &mut ex,
+            record: None,
+        };
         s.on_frame(
             Header {
                 tag: BE_READY_FOR_QUERY,
@@ -325,13 +348,17 @@ mod tests {
             route_log: false,
             meta: None,
             statements: &mut statements,
+            record: None,
         };
         c.on_frame(hdr(FE_QUERY), None);
         c.on_frame(hdr(FE_COPY_DATA), None);
         c.on_frame(hdr(FE_COPY_DONE), None);
         assert_eq!(ex.pending, 1);
         assert!(!ex.unsynced);
-        let mut s = ServerFrames { exchange: &mut ex };
+        let mut s = ServerFrames {
+            exchange: &mut ex,
+            record: None,
+        };
         s.on_frame(
             Header {
                 tag: BE_READY_FOR_QUERY,
@@ -392,6 +419,7 @@ mod tests {
             route_log: false,
             meta: None,
             statements: &mut statements,
+            record: None,
         };
         assert!(c.wants_body(FE_TERMINATE));
         assert_eq!(

@@ -46,3 +46,5 @@ mod admin_foreign;
 mod moves;
 // Routing's groundwork: the metadata watcher and the per-statement analysis (route_log).
 mod routing;
+// `lokadb proxy --record FILE`: the recording format, login never recorded, bad paths.
+mod traffic_record;
