@@ -16,12 +16,15 @@ use std::task::{Context, Poll};
 pub const PIPE_BUFFER: usize = 16 * 1024;
 
 /// What to do with a frame the inspector saw whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Forward it.
     Forward,
     /// Do not forward it, and stop reading this direction (client Terminate).
     Stop,
+    /// Forward these bytes (whole frames) in its place (a refused statement becomes one
+    /// that makes the server answer with the refusal, in the stream's order).
+    Replace(Vec<u8>),
 }
 
 /// Sees the frames of one direction.
@@ -220,6 +223,10 @@ impl Pipe {
                 let frame = &self.buf[self.scanned..self.scanned + frame_len];
                 match inspect.on_frame(header, Some(frame)) {
                     Action::Forward => self.scanned += frame_len,
+                    Action::Replace(bytes) => {
+                        self.splice(self.scanned, frame_len, &bytes);
+                        self.scanned += bytes.len();
+                    }
                     Action::Stop => {
                         // Drop the frame and anything after it.
                         self.end = self.scanned;
@@ -234,6 +241,18 @@ impl Pipe {
                 self.pass = frame_len - avail;
             }
         }
+    }
+
+    /// Replaces the `old_len` bytes at `at` (read, not yet scanned) with `bytes`.
+    fn splice(&mut self, at: usize, old_len: usize, bytes: &[u8]) {
+        let new_end = self.end - old_len + bytes.len();
+        if new_end > self.buf.len() {
+            self.buf.resize(new_end, 0);
+        }
+        self.buf
+            .copy_within(at + old_len..self.end, at + bytes.len());
+        self.buf[at..at + bytes.len()].copy_from_slice(bytes);
+        self.end = new_end;
     }
 
     /// Grows or compacts the buffer so a frame of `frame_len` starting at `scanned` fits.
@@ -334,6 +353,54 @@ mod tests {
                 Some(&frame(FE_QUERY, b"SELECT 1\0")[..])
             );
             assert_eq!(rec.seen[1].1, None, "CopyData streams through");
+        }
+    }
+
+    /// Replaces each Query with the frame given, keeps the rest.
+    struct Replacer(Vec<u8>);
+
+    impl Inspect for Replacer {
+        fn wants_body(&self, tag: u8) -> bool {
+            tag == FE_QUERY
+        }
+        fn on_frame(&mut self, h: Header, _: Option<&[u8]>) -> Action {
+            if h.tag == FE_QUERY {
+                Action::Replace(self.0.clone())
+            } else {
+                Action::Forward
+            }
+        }
+    }
+
+    #[test]
+    fn a_replaced_frame_goes_out_in_its_place_longer_or_shorter() {
+        let mut input = frame(FE_SYNC, b"");
+        input.extend(frame(FE_QUERY, b"COPY t TO STDOUT\0"));
+        input.extend(frame(FE_COPY_DATA, &[9u8; 3000]));
+        input.extend(frame(FE_QUERY, b"again\0"));
+        input.extend(frame(FE_SYNC, b""));
+        for replacement in [frame(FE_QUERY, &[b'x'; 20_000]), frame(FE_QUERY, b"\0")] {
+            let mut expected = frame(FE_SYNC, b"");
+            expected.extend(&replacement);
+            expected.extend(frame(FE_COPY_DATA, &[9u8; 3000]));
+            expected.extend(&replacement);
+            expected.extend(frame(FE_SYNC, b""));
+            for chunk in [1, 7, 4096, 1 << 20] {
+                let mut pipe = Pipe::new(1 << 20);
+                let mut reader = super::proptests::Script::new(input.clone(), vec![chunk]);
+                let mut out: Vec<u8> = Vec::new();
+                let mut r = Replacer(replacement.clone());
+                block_on(futures_lite::future::poll_fn(|cx| loop {
+                    match pipe.poll_step(cx, Pin::new(&mut reader), Pin::new(&mut out), &mut r) {
+                        Poll::Ready(Ok(_)) if pipe.stopped && pipe.is_flushed() => {
+                            return Poll::Ready(())
+                        }
+                        Poll::Ready(Ok(_)) => continue,
+                        other => panic!("{other:?}"),
+                    }
+                }));
+                assert_eq!(out, expected, "chunk {chunk}");
+            }
         }
     }
 

@@ -242,11 +242,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             }
             let mut progress = false;
             // Looked up per step so a live session routes by the newest generation.
-            let meta = if route_log {
-                core.meta.borrow().get(&*db.name).cloned()
-            } else {
-                None
-            };
+            let meta = core.meta.borrow().get(&*db.name).cloned();
             let mut inspect = ClientFrames {
                 exchange: &mut exchange,
                 route_log,

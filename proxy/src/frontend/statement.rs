@@ -8,7 +8,7 @@
 
 use super::pump::{Action, Inspect};
 use crate::record::{Kind, Recorder};
-use crate::route::analysis::{Analysis, Org};
+use crate::route::analysis::{copy_out_of_loka_table, Analysis, Org};
 use crate::route::meta::CoreMeta;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::tags::*;
@@ -100,7 +100,9 @@ impl Inspect for ClientFrames<'_> {
     fn wants_body(&self, tag: u8) -> bool {
         match tag {
             FE_TERMINATE => true,
-            FE_QUERY | FE_PARSE | FE_BIND | FE_CLOSE => self.route_log,
+            // Whole whenever the database has LokaDB tables: a statement may need refusing.
+            FE_QUERY | FE_PARSE => self.route_log || self.meta.is_some_and(|m| m.has_tables()),
+            FE_BIND | FE_CLOSE => self.route_log,
             _ => false,
         }
     }
@@ -128,11 +130,98 @@ impl Inspect for ClientFrames<'_> {
             FE_COPY_DATA | FE_COPY_DONE | FE_COPY_FAIL => {}
             _ => ex.unsynced = true,
         }
-        if let Some(frame) = frame {
+        let Some(frame) = frame else {
+            return Action::Forward;
+        };
+        if header.tag == FE_QUERY || header.tag == FE_PARSE {
+            if let Some(refusal) = self.refusal(header.tag, &frame[5..]) {
+                return Action::Replace(refusal);
+            }
+        }
+        if self.route_log {
             // A malformed message is the cloud's to refuse; the log just skips it.
             let _ = self.log_route(header.tag, &frame[5..]);
         }
         Action::Forward
+    }
+}
+
+/// Dollar-quote tag of the refusal's DO block.
+const REFUSAL_TAG: &str = "$lokadb_refusal$";
+
+impl ClientFrames<'_> {
+    /// A Query or Parse the proxy does not forward, as the same message with a statement
+    /// that makes the cloud raise the refusal: the error comes in the stream's order, behind
+    /// the answers to whatever the client pipelined before it, with no state in the proxy
+    /// (a replaced Parse raises it when the client executes it). Today:
+    /// `COPY <LokaDB table> TO …` (the whole message is refused).
+    fn refusal(&self, tag: u8, body: &[u8]) -> Option<Vec<u8>> {
+        let meta = self.meta?;
+        let mut f = Fields::new(body, "statement");
+        let statement = if tag == FE_PARSE {
+            Some(f.cstr().ok()?)
+        } else {
+            None
+        };
+        let sql = f.cstr().ok()?;
+        let table = copy_out_of_loka_table(sql, &meta.meta.catalog)?;
+        let name = format!("{}.{}", ident(&table.schema), ident(&table.name));
+        let message = format!(
+            "COPY of LokaDB table {name} needs an organization: the table holds every organization's rows"
+        );
+        let hint = format!(
+            "Copy one organization's rows: COPY (SELECT * FROM {name} WHERE {} = '…') TO STDOUT",
+            ident(&table.org_column)
+        );
+        if self.route_log {
+            let kind = if tag == FE_PARSE { "parse" } else { "query" };
+            tracing::info!(target: "lokadb::route", route = "refused", kind, statement = %sql.chars().take(200).collect::<String>());
+        }
+        let (message, hint) = if message.contains(REFUSAL_TAG) || hint.contains(REFUSAL_TAG) {
+            (
+                "COPY of a LokaDB table needs an organization".to_owned(),
+                "Copy one organization's rows: COPY (SELECT … WHERE <organization column> = '…') TO STDOUT".to_owned(),
+            )
+        } else {
+            (message, hint)
+        };
+        let sql = format!(
+            "DO {REFUSAL_TAG}BEGIN RAISE EXCEPTION USING ERRCODE = '0A000', MESSAGE = '{}', HINT = '{}'; END{REFUSAL_TAG}",
+            message.replace('\'', "''"),
+            hint.replace('\'', "''"),
+        );
+        let mut body = Vec::with_capacity(sql.len() + 64);
+        if let Some(statement) = statement {
+            body.extend_from_slice(statement.as_bytes());
+            body.push(0);
+        }
+        body.extend_from_slice(sql.as_bytes());
+        body.push(0);
+        if statement.is_some() {
+            // No parameter types: the DO block takes none.
+            body.extend_from_slice(&0i16.to_be_bytes());
+        }
+        let mut frame = Vec::with_capacity(body.len() + 5);
+        frame.push(tag);
+        frame.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        frame.extend_from_slice(&body);
+        Some(frame)
+    }
+}
+
+/// An identifier as SQL would need it written (quoted unless plain lower case).
+fn ident(name: &str) -> String {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
     }
 }
 

@@ -14,8 +14,9 @@
 //! a parse error) is not placed, and goes to the cloud, which is always correct.
 
 use sqlparser::ast::{
-    Expr, InTarget, JoinConstraint, JoinOperator, ObjectName, ObjectNamePart, Query, SetExpr,
-    Statement, TableFactor, TableObject, TableWithJoins, UnaryOperator, Value, Visit, Visitor,
+    CopySource, Expr, InTarget, JoinConstraint, JoinOperator, ObjectName, ObjectNamePart, Query,
+    SetExpr, Statement, TableFactor, TableObject, TableWithJoins, UnaryOperator, Value, Visit,
+    Visitor,
 };
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
@@ -87,6 +88,30 @@ impl Catalog {
             .collect();
         self.by_name.get(&parts.join(".")).copied()
     }
+}
+
+/// The LokaDB table a `COPY <table> TO …` in `sql` copies out whole, if any: a LokaDB
+/// table holds every organization's rows (the moved ones' through their tunnels), so the
+/// proxy refuses that form and points to `COPY (SELECT … WHERE <org column> = …) TO`.
+/// `COPY … FROM` and `COPY (query) TO` are not matched.
+pub fn copy_out_of_loka_table<'c>(sql: &str, catalog: &'c Catalog) -> Option<&'c LokaTable> {
+    // Cheap tests first: most statements are not COPY and name no LokaDB table.
+    let mentions_copy = sql
+        .as_bytes()
+        .windows(4)
+        .any(|w| w.eq_ignore_ascii_case(b"copy"));
+    if !mentions_copy || !catalog.may_touch(sql) {
+        return None;
+    }
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
+    statements.iter().find_map(|s| match s {
+        Statement::Copy {
+            source: CopySource::Table { table_name, .. },
+            to: true,
+            ..
+        } => catalog.lookup(table_name).map(|i| &catalog.tables[i]),
+        _ => None,
+    })
 }
 
 /// Postgres folds unquoted identifiers to lower case.
@@ -549,6 +574,36 @@ mod tests {
 
     fn lit(s: &str) -> Org {
         Org::Literal(s.to_owned())
+    }
+
+    #[test]
+    fn copy_of_a_whole_loka_table_out_is_found_and_nothing_else() {
+        let c = catalog();
+        let found = |sql: &str| copy_out_of_loka_table(sql, &c).map(|t| t.name.clone());
+        assert_eq!(
+            found("COPY documents TO STDOUT").as_deref(),
+            Some("documents")
+        );
+        assert_eq!(
+            found("copy public.Documents (id, title) to stdout with (format csv)").as_deref(),
+            Some("documents")
+        );
+        assert_eq!(
+            found("SELECT 1; COPY document_versions TO STDOUT").as_deref(),
+            Some("document_versions")
+        );
+        assert_eq!(found("COPY documents FROM STDIN"), None);
+        assert_eq!(
+            found("COPY (SELECT * FROM documents WHERE organization_id = 2) TO STDOUT"),
+            None
+        );
+        assert_eq!(found("COPY projects TO STDOUT"), None);
+        assert_eq!(found("SELECT * FROM documents"), None);
+        assert_eq!(
+            found("COPY documents TO"),
+            None,
+            "does not parse: the cloud answers"
+        );
     }
 
     /// Statement → expected organization (None: not placed, or no LokaDB table when

@@ -136,6 +136,11 @@ impl CoreMeta {
         a
     }
 
+    /// Whether the database has LokaDB tables at all.
+    pub fn has_tables(&self) -> bool {
+        !self.meta.catalog.tables().is_empty()
+    }
+
     /// How many analyses are cached (tests, metrics).
     pub fn cached(&self) -> usize {
         self.analyses.borrow().len()

@@ -102,15 +102,7 @@ impl TcpStream {
     fn poll_sent(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let fd = self.inner.as_raw_fd();
         loop {
-            if let Some(ready) = self.write_ready.as_mut() {
-                match Pin::new(ready).poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(r) => {
-                        self.write_ready = None;
-                        r?;
-                    }
-                }
-            }
+            std::task::ready!(poll_slot(&mut self.write_ready, cx))?;
             if let Some(buf) = self.unsent.take() {
                 self.sending = Some(reactor::with(|r| r.send(fd, buf)));
             }
@@ -194,6 +186,17 @@ impl AsRawFd for TcpStream {
     }
 }
 
+/// Waits for the readiness poll in `slot`, if there is one, and empties the slot once it
+/// completed.
+fn poll_slot(slot: &mut Option<Ready>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    let Some(ready) = slot.as_mut() else {
+        return Poll::Ready(Ok(()));
+    };
+    let result = std::task::ready!(Pin::new(ready).poll(cx));
+    *slot = None;
+    Poll::Ready(result)
+}
+
 impl TcpStream {
     /// Copies out what a ring receive brought and the caller has not taken yet.
     fn take_received(&mut self, buf: &mut [u8]) -> Option<usize> {
@@ -250,14 +253,8 @@ impl AsyncRead for TcpStream {
                     }
                 }
             }
-            if let Some(ready) = this.read_ready.as_mut() {
-                match Pin::new(ready).poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(r) => {
-                        this.read_ready = None;
-                        r?;
-                    }
-                }
+            if this.read_ready.is_some() {
+                std::task::ready!(poll_slot(&mut this.read_ready, cx))?;
             } else if this.drained {
                 this.drained = false;
                 match reactor::with(|r| r.recv(fd)) {

@@ -241,3 +241,82 @@ async fn a_plain_auth_role_needs_the_documented_grants_to_read_the_metadata() {
         .unwrap();
     assert!(one_line(&w, "FROM documents WHERE organization_id = 1").contains("org=1 "));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_of_a_whole_loka_table_out_is_refused_and_the_allowed_forms_work() {
+    use futures_util::{SinkExt, StreamExt};
+    // No route_log: the refusal does not depend on it.
+    let w = World::start(json!({}), &[]).unwrap();
+    enable_documents(&w);
+    assert!(
+        w.proxy
+            .wait_for_output("tables=1 organizations=0", Duration::from_secs(10)),
+        "{}",
+        w.proxy.output()
+    );
+    let client = w.client().await.unwrap();
+    for sql in [
+        "COPY documents TO STDOUT",
+        "copy public.documents (id, title) to stdout with (format csv)",
+    ] {
+        let err = match client.copy_out(sql).await {
+            Ok(_) => panic!("{sql}: refused"),
+            Err(e) => e,
+        };
+        let db = err.as_db_error().expect("a Postgres error");
+        assert_eq!(db.code().code(), "0A000", "{db:?}");
+        assert_eq!(
+            db.message(),
+            "COPY of LokaDB table public.documents needs an organization: the table holds every organization's rows"
+        );
+        assert_eq!(
+            db.hint(),
+            Some("Copy one organization's rows: COPY (SELECT * FROM public.documents WHERE organization_id = '…') TO STDOUT")
+        );
+    }
+    // The simple protocol (psql's \copy, a COPY in a multi-statement Query: the whole
+    // message is refused).
+    for sql in [
+        "COPY documents TO STDOUT",
+        "SELECT 1; COPY documents TO STDOUT",
+    ] {
+        let err = client.simple_query(sql).await.unwrap_err();
+        let db = err.as_db_error().expect("a Postgres error");
+        assert_eq!(db.code().code(), "0A000", "{sql}: {db:?}");
+    }
+    // The session goes on, also inside a transaction the refusal aborted.
+    client.simple_query("BEGIN").await.unwrap();
+    assert!(client.copy_out("COPY documents TO STDOUT").await.is_err());
+    client.simple_query("ROLLBACK").await.unwrap();
+
+    // One organization's rows, through a query.
+    let stream = client
+        .copy_out("COPY (SELECT id FROM documents WHERE organization_id = 2) TO STDOUT")
+        .await
+        .unwrap();
+    let chunks: Vec<_> = stream.collect().await;
+    let text: Vec<u8> = chunks
+        .into_iter()
+        .flat_map(|c| c.unwrap().to_vec())
+        .collect();
+    assert_eq!(text.iter().filter(|&&b| b == b'\n').count(), 100);
+
+    // COPY FROM goes to the cloud, which puts each row in its organization's partition.
+    let sink = client
+        .copy_in("COPY documents (organization_id, title) FROM STDIN")
+        .await
+        .unwrap();
+    futures_util::pin_mut!(sink);
+    sink.send(bytes::Bytes::from_static(b"1\tcopied in\n2\tcopied in\n"))
+        .await
+        .unwrap();
+    assert_eq!(sink.finish().await.unwrap(), 2);
+    let n = client
+        .query_one(
+            "SELECT count(*) FROM documents WHERE title = 'copied in'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n.get::<_, i64>(0), 2);
+}
