@@ -374,6 +374,9 @@ sleep 0.2
 grep 'lokadb::route' "$DEMO/proxy.log" | grep -E "n.organization_id = 'acme' AND n.id > 0|body LIKE 'note 1%'" |
     sed -E 's/.* (kind=.*)/    \1/' | tail -n 2
 echo "    (route_log shows the analysis; routing by it comes next — today every statement goes to the cloud)"
+echo "  a COPY of a whole LokaDB table out is refused, with the form that works:"
+app_sql "COPY notes TO STDOUT" 2>&1 | grep -E '^(ERROR|HINT)' | sed 's/^/    /' || true
+echo "    COPY (SELECT * FROM notes WHERE organization_id = 'acme') TO STDOUT -> $(app_sql "COPY (SELECT * FROM notes WHERE organization_id = 'acme') TO STDOUT" | wc -l) rows"
 say "lokadb pause acme: acme's writes wait (here at most 2 s), reads and other organizations go on"
 "$LOKADB" pause acme --timeout 2s --cloud "$CLOUD_DSN" | sed 's/^/    /'
 echo "    read acme: $(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'acme'") rows; write globex: $(app_sql "UPDATE notes SET body = body WHERE id = 1" && echo ok)"
