@@ -190,7 +190,7 @@ fn writers(dsn: &str, n: usize, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinH
                                 let _ = c.batch_execute("ROLLBACK").await;
                                 let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
                                 let msg = e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned());
-                                t.errors.push(format!("org {org}: {code} {msg}"));
+                                t.errors.push(format!("org {org}: {code} {msg} (writer {w}, transaction {i})"));
                             }
                         }
                     }
