@@ -49,22 +49,8 @@ pub struct CancelMsg {
     pub secret: Vec<u8>,
 }
 
-/// The way to another core: its inbox and the eventfd that wakes it.
-pub struct Peer {
-    /// Messages for the core.
-    pub inbox: crossbeam_channel::Sender<CancelMsg>,
-    /// Signalled after each message.
-    pub wake: std::sync::Arc<crate::rt::reactor::EventFd>,
-}
-
-impl Peer {
-    /// Hands a cancel to the core that owns the session.
-    pub fn send(&self, msg: CancelMsg) {
-        if self.inbox.send(msg).is_ok() {
-            self.wake.notify();
-        }
-    }
-}
+/// The way to another core, to hand it a cancel for a session it owns.
+pub type Peer = crate::rt::mailbox::Mailbox<CancelMsg>;
 
 /// The sessions of one core by cancel key.
 #[derive(Default)]

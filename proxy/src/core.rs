@@ -84,6 +84,15 @@ impl Shared {
         })
     }
 
+    /// The password of a database's `auth_user`: `auth_password`, else
+    /// `LOKADB_AUTH_PASSWORD` (one of them exists: checked at start).
+    pub fn auth_password(&self, db: &DatabaseConfig) -> String {
+        db.auth_password
+            .clone()
+            .or_else(|| self.env_auth_password.clone())
+            .unwrap_or_default()
+    }
+
     /// Resolves the databases (DNS happens here, once, never on an executor).
     ///
     /// # Errors
@@ -136,6 +145,8 @@ pub struct Core {
     /// Each database's routing metadata, as the watcher last sent it (absent until the
     /// first load, and for databases without an `auth_user`).
     pub meta: RefCell<HashMap<String, Rc<CoreMeta>>>,
+    /// Bumped with every new generation in `meta`, so sessions look it up again only then.
+    pub meta_version: Cell<u64>,
     /// This core's traffic recording (`--record`).
     pub record: Option<Recorder>,
 }
@@ -153,11 +164,7 @@ impl Core {
         for (name, addr, dbname) in resolved {
             let config = shared.config.databases[name].clone();
             if let Some(user) = &config.auth_user {
-                let password = config
-                    .auth_password
-                    .clone()
-                    .or_else(|| shared.env_auth_password.clone())
-                    .unwrap_or_default();
+                let password = shared.auth_password(&config);
                 auth.insert(
                     name.clone(),
                     AuthQuery::new(
@@ -188,6 +195,7 @@ impl Core {
             shutdown: Notify::default(),
             sessions: Cell::new(0),
             meta: RefCell::new(HashMap::new()),
+            meta_version: Cell::new(0),
             record: None,
         }
     }

@@ -6,8 +6,8 @@ use crate::cancel::{CancelMsg, Peer};
 use crate::core::{Core, Shared};
 use crate::route::meta::CoreMeta;
 use crate::route::watch::{self, MetaUpdate};
+use crate::rt::mailbox::{self, Inbox};
 use crate::rt::net::TcpListener;
-use crate::rt::reactor::EventFd;
 use crate::rt::sleep;
 use lokadb_shared::config::Config;
 use std::net::SocketAddr;
@@ -57,42 +57,18 @@ pub fn run(
     };
 
     // Each core's inbox for cancel requests that arrive on another core.
-    let mut inboxes = Vec::with_capacity(cores);
-    let mut peers = Vec::with_capacity(cores);
-    for _ in 0..cores {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let wake = Arc::new(EventFd::new()?);
-        peers.push(Peer {
-            inbox: tx,
-            wake: wake.clone(),
-        });
-        inboxes.push((rx, wake));
-    }
+    let (peers, inboxes) = mailbox::per_core::<CancelMsg>(cores)?;
     let peers = Arc::new(peers);
     // Each core's inbox for metadata generations, and one watcher per database that has
     // a role to read them with.
-    let mut meta_inboxes = Vec::with_capacity(cores);
-    let mut meta_peers = Vec::with_capacity(cores);
-    for _ in 0..cores {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let wake = Arc::new(EventFd::new()?);
-        meta_peers.push(watch::CoreInbox {
-            tx,
-            wake: wake.clone(),
-        });
-        meta_inboxes.push((rx, wake));
-    }
+    let (meta_peers, meta_inboxes) = mailbox::per_core::<MetaUpdate>(cores)?;
     for (name, addr, dbname) in resolved.iter() {
         let db = &shared.config.databases[name];
         let Some(user) = &db.auth_user else {
             tracing::info!(database = %name, "no auth_user: no routing metadata for this database");
             continue;
         };
-        let password = db
-            .auth_password
-            .clone()
-            .or_else(|| shared.env_auth_password.clone())
-            .unwrap_or_default();
+        let password = shared.auth_password(db);
         let mut pg = postgres::Config::new();
         pg.host(&addr.ip().to_string())
             .port(addr.port())
@@ -213,9 +189,9 @@ struct CoreStart {
     /// Its listening socket.
     fd: RawFd,
     /// Cancel requests forwarded from other cores.
-    cancels: (crossbeam_channel::Receiver<CancelMsg>, Arc<EventFd>),
+    cancels: Inbox<CancelMsg>,
     /// Metadata generations from the watchers.
-    meta: (crossbeam_channel::Receiver<MetaUpdate>, Arc<EventFd>),
+    meta: Inbox<MetaUpdate>,
     /// Its traffic recording file (`--record`).
     recorder: Option<crate::record::Recorder>,
 }
@@ -268,38 +244,31 @@ async fn run_core(
 }
 
 /// Cancel requests other cores received for this core's sessions.
-async fn forwarded_cancels(
-    core: Rc<Core>,
-    (rx, wake): (crossbeam_channel::Receiver<CancelMsg>, Arc<EventFd>),
-) {
-    loop {
-        wake.wait().await;
-        while let Ok(msg) = rx.try_recv() {
+async fn forwarded_cancels(core: Rc<Core>, inbox: Inbox<CancelMsg>) {
+    inbox
+        .for_each(|msg| {
             let target = core.cancels.borrow().lookup(msg.pid, &msg.secret);
             if let Some(t) = target {
                 crate::rt::spawn(crate::cancel::send(t)).detach();
             }
-        }
-    }
+        })
+        .await;
 }
 
 /// New metadata generations from the watchers: swapped in whole (the analyses kept when
 /// the LokaDB tables did not change); sessions see it from their next statement.
-async fn meta_updates(
-    core: Rc<Core>,
-    (rx, wake): (crossbeam_channel::Receiver<MetaUpdate>, Arc<EventFd>),
-) {
-    loop {
-        wake.wait().await;
-        while let Ok(update) = rx.try_recv() {
+async fn meta_updates(core: Rc<Core>, inbox: Inbox<MetaUpdate>) {
+    inbox
+        .for_each(|update| {
             let mut metas = core.meta.borrow_mut();
             let next = match metas.get(&update.database) {
                 Some(old) => old.next(update.meta),
                 None => CoreMeta::new(update.meta),
             };
             metas.insert(update.database, Rc::new(next));
-        }
-    }
+            core.meta_version.set(core.meta_version.get() + 1);
+        })
+        .await;
 }
 
 /// Sets the core's shutdown notification when the process-wide flag is raised, and

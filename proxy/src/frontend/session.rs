@@ -213,6 +213,9 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         ..Exchange::default()
     };
     let mut statements = Statements::default();
+    // The database's routing metadata, looked up again only when a generation arrived.
+    let mut meta: Option<Rc<crate::route::meta::CoreMeta>> = None;
+    let mut meta_seen = None;
     let record = core.record.as_ref().map(|r| (r, cancel_pid));
     if let Some((rec, session)) = record {
         rec.start(session, &key.database, &key.user);
@@ -241,8 +244,11 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 return Poll::Ready(End::Shutdown);
             }
             let mut progress = false;
-            // Looked up per step so a live session routes by the newest generation.
-            let meta = core.meta.borrow().get(&*db.name).cloned();
+            // A live session routes by the newest generation from its next step on.
+            if meta_seen != Some(core.meta_version.get()) {
+                meta = core.meta.borrow().get(&*db.name).cloned();
+                meta_seen = Some(core.meta_version.get());
+            }
             let mut inspect = ClientFrames {
                 exchange: &mut exchange,
                 route_log,

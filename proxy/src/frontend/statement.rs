@@ -77,8 +77,8 @@ pub struct Statements {
     prepared: HashMap<String, Analysis>,
 }
 
-/// The most prepared statements a session's routing remembers; past it the oldest
-/// analyses are dropped (a Bind of a forgotten statement is logged as unknown).
+/// The most prepared statements a session's routing remembers; past it the map starts
+/// over (a Bind of a forgotten statement is not logged).
 const MAX_PREPARED: usize = 1000;
 
 /// Inspects client → cloud frames.

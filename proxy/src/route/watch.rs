@@ -5,7 +5,7 @@
 //! as rare as metadata changes.
 
 use super::meta::Meta;
-use crate::rt::reactor::EventFd;
+use crate::rt::mailbox::Mailbox;
 use postgres::fallible_iterator::FallibleIterator;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,11 +19,7 @@ pub struct MetaUpdate {
 }
 
 /// The way to one core.
-#[derive(Clone)]
-pub struct CoreInbox {
-    pub tx: crossbeam_channel::Sender<MetaUpdate>,
-    pub wake: Arc<EventFd>,
-}
+pub type CoreInbox = Mailbox<MetaUpdate>;
 
 /// How long a wait for notifications lasts before the shutdown flag is looked at again.
 const POLL: Duration = Duration::from_millis(200);
@@ -156,9 +152,7 @@ fn load_and_publish(
             database: database.to_owned(),
             meta: meta.clone(),
         };
-        if core.tx.send(update).is_ok() {
-            core.wake.notify();
-        }
+        core.send(update);
     }
     Ok(())
 }

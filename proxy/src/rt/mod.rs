@@ -27,6 +27,7 @@
 
 mod bufring;
 pub mod executor;
+pub mod mailbox;
 pub mod net;
 pub mod reactor;
 

@@ -47,6 +47,13 @@ pub struct Reactor {
     bufs: Option<BufRing>,
 }
 
+/// A collected completion: result, flags, and the buffer its slot kept.
+struct Completion {
+    res: i32,
+    flags: u32,
+    buf: Option<Vec<u8>>,
+}
+
 /// What a receive queued with [`Reactor::recv`] brought.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Received {
@@ -127,30 +134,14 @@ impl Reactor {
         Some(token)
     }
 
-    /// Collects a receive queued with [`Reactor::recv`], or registers `cx`'s waker.
-    pub fn poll_recv(&self, token: usize, cx: &mut Context<'_>) -> Poll<Received> {
+    /// Collects a completed operation (its slot freed), or registers `cx`'s waker.
+    fn poll_op(&self, token: usize, cx: &mut Context<'_>) -> Poll<Completion> {
         let mut ops = self.ops.borrow_mut();
         match &mut ops[token].op {
             Op::Done(res, flags) => {
                 let (res, flags) = (*res, *flags);
-                ops.remove(token);
-                let bid = cqueue::buffer_select(flags);
-                Poll::Ready(match (res, bid) {
-                    (n, Some(bid)) if n > 0 => Received::Data {
-                        bid,
-                        len: n as usize,
-                    },
-                    (n, bid) => {
-                        if let Some(bid) = bid {
-                            self.give_back(bid);
-                        }
-                        if n == 0 {
-                            Received::Eof
-                        } else {
-                            Received::Failed(n.min(-libc::EIO))
-                        }
-                    }
-                })
+                let buf = ops.remove(token).buf;
+                Poll::Ready(Completion { res, flags, buf })
             }
             Op::Waiting(w) => {
                 if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -158,8 +149,29 @@ impl Reactor {
                 }
                 Poll::Pending
             }
-            Op::Abandoned => unreachable!("a live stream's receive is never abandoned"),
+            Op::Abandoned => unreachable!("a live owner's operation is never abandoned"),
         }
+    }
+
+    /// Collects a receive queued with [`Reactor::recv`], or registers `cx`'s waker.
+    pub fn poll_recv(&self, token: usize, cx: &mut Context<'_>) -> Poll<Received> {
+        self.poll_op(token, cx)
+            .map(|c| match (c.res, cqueue::buffer_select(c.flags)) {
+                (n, Some(bid)) if n > 0 => Received::Data {
+                    bid,
+                    len: n as usize,
+                },
+                (n, bid) => {
+                    if let Some(bid) = bid {
+                        self.give_back(bid);
+                    }
+                    if n == 0 {
+                        Received::Eof
+                    } else {
+                        Received::Failed(n.min(-libc::EIO))
+                    }
+                }
+            })
     }
 
     /// Copies bytes `from..` of received buffer `bid` (of `len` bytes) into `out`; returns
@@ -251,22 +263,8 @@ impl Reactor {
     /// Collects a send queued with [`Reactor::send`]: its result and its buffer back
     /// (to reuse), or `Pending` with `cx`'s waker registered.
     pub fn poll_send(&self, token: usize, cx: &mut Context<'_>) -> Poll<(i32, Vec<u8>)> {
-        let mut ops = self.ops.borrow_mut();
-        let slot = &mut ops[token];
-        match &mut slot.op {
-            Op::Done(res, _) => {
-                let res = *res;
-                let buf = ops.remove(token).buf.unwrap_or_default();
-                Poll::Ready((res, buf))
-            }
-            Op::Waiting(w) => {
-                if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    *w = Some(cx.waker().clone());
-                }
-                Poll::Pending
-            }
-            Op::Abandoned => unreachable!("a live stream's send is never abandoned"),
-        }
+        self.poll_op(token, cx)
+            .map(|c| (c.res, c.buf.unwrap_or_default()))
     }
 
     /// Whether the send `token` has completed (without collecting it).
@@ -436,29 +434,14 @@ impl Future for Ready {
                 self.token = Some(r.poll_add(self.fd, self.events, cx.waker().clone()));
                 Poll::Pending
             }
-            Some(token) => {
-                let mut ops = r.ops.borrow_mut();
-                match &mut ops[token].op {
-                    Op::Done(res, _) => {
-                        let res = *res;
-                        ops.remove(token);
-                        drop(ops);
-                        self.token = None;
-                        if res < 0 {
-                            Poll::Ready(Err(io::Error::from_raw_os_error(-res)))
-                        } else {
-                            Poll::Ready(Ok(()))
-                        }
-                    }
-                    Op::Waiting(w) => {
-                        if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                            *w = Some(cx.waker().clone());
-                        }
-                        Poll::Pending
-                    }
-                    Op::Abandoned => unreachable!("a live future's op is never abandoned"),
+            Some(token) => r.poll_op(token, cx).map(|c| {
+                self.token = None;
+                if c.res < 0 {
+                    Err(io::Error::from_raw_os_error(-c.res))
+                } else {
+                    Ok(())
                 }
-            }
+            }),
         })
     }
 }
