@@ -32,7 +32,7 @@ impl CancelKey {
 /// Where a cancel must go: the backend's address and its own key.
 #[derive(Debug, Clone)]
 pub struct CancelTarget {
-    /// The cloud's address.
+    /// The backend's address (the cloud's, or the relay's for a direct connection).
     pub addr: SocketAddr,
     /// The backend's process ID.
     pub pid: u32,
@@ -70,6 +70,14 @@ impl CancelRegistry {
                 self.sessions.insert(pid, (secret, target));
                 return CancelKey { pid, secret };
             }
+        }
+    }
+
+    /// Points a session's key at another backend (the session switched between the cloud
+    /// and an organization's database).
+    pub fn retarget(&mut self, pid: u32, target: CancelTarget) {
+        if let Some((_, t)) = self.sessions.get_mut(&pid) {
+            *t = target;
         }
     }
 

@@ -47,6 +47,8 @@ pub struct Shared {
     pub mock_secret: [u8; 32],
     /// The auth password from `LOKADB_AUTH_PASSWORD`, for databases without one.
     pub env_auth_password: Option<String>,
+    /// The direct path's password from `LOKADB_DIRECT_PASSWORD`, for databases without one.
+    pub env_direct_password: Option<String>,
 }
 
 impl Shared {
@@ -68,6 +70,7 @@ impl Shared {
             .map(UsersFile::load)
             .transpose()?;
         let env_auth_password = std::env::var("LOKADB_AUTH_PASSWORD").ok();
+        let env_direct_password = std::env::var("LOKADB_DIRECT_PASSWORD").ok();
         for (name, db) in &config.databases {
             if db.auth_user.is_some() && db.auth_password.is_none() && env_auth_password.is_none() {
                 anyhow::bail!("databases.{name}: auth_user is set but neither auth_password nor LOKADB_AUTH_PASSWORD is");
@@ -81,6 +84,7 @@ impl Shared {
             shutdown: Arc::new(AtomicBool::new(false)),
             mock_secret: rand::random(),
             env_auth_password,
+            env_direct_password,
         })
     }
 
@@ -91,6 +95,14 @@ impl Shared {
             .clone()
             .or_else(|| self.env_auth_password.clone())
             .unwrap_or_default()
+    }
+
+    /// The direct path's password for `db`: its config's, else `LOKADB_DIRECT_PASSWORD`.
+    pub fn direct_password(&self, db: &DatabaseConfig) -> Option<String> {
+        db.direct
+            .as_ref()
+            .and_then(|d| d.password.clone())
+            .or_else(|| self.env_direct_password.clone())
     }
 
     /// Resolves the databases (DNS happens here, once, never on an executor).

@@ -65,6 +65,8 @@ pub enum SessionError {
     UpstreamRejected(Vec<u8>),
     /// The cloud connection was lost mid-session.
     UpstreamLost(std::io::Error),
+    /// The direct connection to this organization's database was lost under a statement.
+    DirectLost(String, std::io::Error),
     /// The verifier lookup failed (detail is for the log).
     AuthLookup(String),
     /// The client connection failed.
@@ -90,9 +92,8 @@ impl SessionError {
             | AuthTimeout
             | Unsupported(_) => ErrorKind::User,
             TooManyConnections => ErrorKind::Limit,
-            UpstreamConnect(_) | UpstreamRejected(_) | UpstreamLost(_) | AuthLookup(_) => {
-                ErrorKind::Upstream
-            }
+            UpstreamConnect(_) | UpstreamRejected(_) | UpstreamLost(_) | DirectLost(..)
+            | AuthLookup(_) => ErrorKind::Upstream,
             Client(_) => ErrorKind::ClientDisconnect,
             Shutdown => ErrorKind::Service,
         }
@@ -182,6 +183,12 @@ impl SessionError {
                 "lost the connection to the cloud database",
                 None,
             ),
+            DirectLost(org, _) => fatal(
+                out,
+                sqlstate::CONNECTION_FAILURE,
+                &format!("lost the connection to organization {org}'s database (the direct path, through the relay)"),
+                Some("Reconnect: its statements go through the cloud until its database answers again"),
+            ),
             AuthLookup(_) => fatal(
                 out,
                 sqlstate::CANNOT_CONNECT,
@@ -223,6 +230,9 @@ impl fmt::Display for SessionError {
             UpstreamConnect(e) => write!(f, "cloud connect failed: {e}"),
             UpstreamRejected(_) => f.write_str("cloud rejected the login"),
             UpstreamLost(e) => write!(f, "cloud connection lost: {e}"),
+            DirectLost(org, e) => {
+                write!(f, "organization {org}'s database lost (direct path): {e}")
+            }
             AuthLookup(e) => write!(f, "verifier lookup failed: {e}"),
             Client(e) => write!(f, "client connection: {e}"),
             Unsupported(what) => write!(f, "unsupported: {what}"),

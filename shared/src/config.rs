@@ -112,9 +112,28 @@ pub struct DatabaseConfig {
     /// An idle pooled backend is closed after this long.
     #[serde(default = "defaults::pool_idle_timeout", with = "duration")]
     pub pool_idle_timeout: Duration,
-    /// Time allowed to connect and log in to the cloud database.
+    /// Time allowed to connect and log in to the cloud database (and, on the direct
+    /// path, to an organization's database).
     #[serde(default = "defaults::connect_timeout", with = "duration")]
     pub connect_timeout: Duration,
+    /// The role the direct path logs in as in organizations' databases (fdw+direct).
+    /// Without it, fdw+direct organizations are served through the cloud.
+    #[serde(default)]
+    pub direct: Option<DirectConfig>,
+    /// Keep direct connections warm between clients (per core, per organization).
+    #[serde(default)]
+    pub direct_pool: bool,
+}
+
+/// The direct path's login in organizations' databases.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirectConfig {
+    /// The role; it needs SELECT on the organization's LokaDB tables there.
+    pub user: String,
+    /// Its password; `LOKADB_DIRECT_PASSWORD` is used when absent.
+    #[serde(default)]
+    pub password: Option<String>,
 }
 
 mod defaults {

@@ -19,6 +19,8 @@ pub struct PoolKey {
     pub database: Rc<str>,
     /// The role.
     pub user: String,
+    /// For a direct connection (`direct_pool`): the organization whose database it is.
+    pub org: Option<Rc<str>>,
     /// Startup parameters other than user and database, sorted: they become the
     /// session's defaults that `RESET ALL` returns to, so only equal sets can share.
     pub params: Vec<(String, String)>,

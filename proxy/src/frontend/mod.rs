@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod pump;
+pub mod router;
 pub mod session;
 pub mod startup;
 pub mod statement;

@@ -23,8 +23,12 @@ pub enum Action {
     /// Do not forward it, and stop reading this direction (client Terminate).
     Stop,
     /// Forward these bytes (whole frames) in its place (a refused statement becomes one
-    /// that makes the server answer with the refusal, in the stream's order).
+    /// that makes the server answer with the refusal, in the stream's order); empty drops it.
     Replace(Vec<u8>),
+    /// Not yet: stop before this frame (nothing of it is consumed) until [`Pipe::release`];
+    /// the frame is then shown again. The session uses it to change a statement's
+    /// destination once what was sent before it is answered.
+    Hold,
 }
 
 /// Sees the frames of one direction.
@@ -55,6 +59,8 @@ pub struct Pipe {
     pub read_closed: bool,
     /// A frame the inspector stopped on, or EOF, means no more reads.
     pub stopped: bool,
+    /// The inspector asked to hold the next frame ([`Action::Hold`]).
+    pub held: bool,
 }
 
 impl Pipe {
@@ -69,7 +75,13 @@ impl Pipe {
             max_frame,
             read_closed: false,
             stopped: false,
+            held: false,
         }
+    }
+
+    /// Lets a held frame be shown to the inspector again on the next step.
+    pub fn release(&mut self) {
+        self.held = false;
     }
 
     /// Puts bytes already read elsewhere (e.g. during login) in front of the stream.
@@ -202,6 +214,9 @@ impl Pipe {
     /// Walks the frames read so far, advancing `scanned` over what may be written.
     fn scan<I: Inspect>(&mut self, inspect: &mut I) -> Result<(), FrameError> {
         loop {
+            if self.held {
+                return Ok(());
+            }
             if self.pass > 0 {
                 let n = self.pass.min(self.end - self.scanned);
                 self.scanned += n;
@@ -233,9 +248,16 @@ impl Pipe {
                         self.stopped = true;
                         return Ok(());
                     }
+                    Action::Hold => {
+                        self.held = true;
+                        return Ok(());
+                    }
                 }
             } else {
-                inspect.on_frame(header, None);
+                if inspect.on_frame(header, None) == Action::Hold {
+                    self.held = true;
+                    return Ok(());
+                }
                 let avail = frame_len.min(self.end - self.scanned);
                 self.scanned += avail;
                 self.pass = frame_len - avail;

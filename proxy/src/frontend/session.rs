@@ -3,8 +3,9 @@
 
 use super::auth::{authenticate, Authenticated};
 use super::pump::{Pipe, PipeError};
+use super::router::{Exchanges, Router, Side, Want};
 use super::startup::{negotiate, Negotiated};
-use super::statement::{ClientFrames, Exchange, ServerFrames, Statements};
+use super::statement::{ClientFrames, Exchange, Reported, ServerFrames};
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::{self, PoolKey};
 use crate::cancel::CancelTarget;
@@ -12,11 +13,13 @@ use crate::core::{Core, Database};
 use crate::error::{ErrorKind, SessionError};
 use crate::net::stream::ClientStream;
 use crate::rt::net::TcpStream;
+use crate::scram::{Credentials, Secret};
 use crate::time::with_timeout;
 use futures_lite::AsyncWriteExt;
 use lokadb_shared::wire::backend;
 use lokadb_shared::wire::startup::StartupMessage;
 use lokadb_shared::wire::tags::*;
+use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -107,6 +110,7 @@ async fn attach(
     let key = PoolKey {
         database: db.name.clone(),
         user: user.to_owned(),
+        org: None,
         params,
     };
     let pooled = if db.config.upstream_pool {
@@ -196,9 +200,27 @@ enum End {
     ClientProtocol(lokadb_shared::wire::FrameError),
     /// The cloud closed or failed.
     ServerLost(std::io::Error),
+    /// The organization's database closed or failed under a direct statement.
+    DirectLost(Rc<str>, std::io::Error),
     /// The proxy is shutting down and the session is idle.
     Shutdown,
 }
+
+/// A session's connection to an organization's database.
+struct DirectConn {
+    conn: BackendConn,
+    /// Its pool key: the organization, and the settings it was opened with.
+    key: PoolKey,
+    /// [`Reported::version`] when it was opened: a later `SET` of a copied setting makes
+    /// it stale.
+    version: u32,
+}
+
+/// A direct connection being opened, for the organization it is for.
+type Connecting = (
+    Rc<str>,
+    Pin<Box<dyn Future<Output = Result<DirectConn, String>>>>,
+);
 
 async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attached: Attached) {
     let Attached {
@@ -208,11 +230,23 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     } = attached;
     let max = core.shared.config.max_message_bytes;
     let route_log = core.shared.config.route_log;
-    let mut exchange = Exchange {
-        status: backend.status,
-        ..Exchange::default()
+    let mut exchanges = Exchanges {
+        cloud: Exchange {
+            status: backend.status,
+            ..Exchange::default()
+        },
+        direct: Exchange::default(),
     };
-    let mut statements = Statements::default();
+    let mut router = Router::new(db.config.direct.is_some());
+    let mut reported = Reported::default();
+    for (name, value) in &backend.params {
+        reported.note(&parameter_status_body(name, value));
+    }
+    // The direct connection, and the cloud settings it was opened with.
+    let mut direct: Option<DirectConn> = None;
+    let mut connecting: Option<Connecting> = None;
+    // Which backend the server → client pipe reads.
+    let mut reading = Side::Cloud;
     // The database's routing metadata, looked up again only when a generation arrived.
     let mut meta: Option<Rc<crate::route::meta::CoreMeta>> = None;
     let mut meta_seen = None;
@@ -236,7 +270,9 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         // Bounded work per poll so one busy session cannot starve the core.
         for _ in 0..32 {
             if core.shutdown.is_fired()
-                && exchange.is_idle()
+                && exchanges.cloud.is_idle()
+                && exchanges.direct.is_settled()
+                && !router.holds_message()
                 && up.at_frame_boundary()
                 && !up.has_unwritten()
                 && !down.has_unwritten()
@@ -249,22 +285,24 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 meta = core.meta.borrow().get(&*db.name).cloned();
                 meta_seen = Some(core.meta_version.get());
             }
+            let target = router.target;
+            let to = match (target, direct.as_mut()) {
+                (Side::Direct, Some(d)) => &mut d.conn.stream,
+                _ => &mut backend.stream,
+            };
             let mut inspect = ClientFrames {
-                exchange: &mut exchange,
+                exchanges: &mut exchanges,
                 route_log,
                 meta: meta.as_deref(),
-                statements: &mut statements,
+                router: &mut router,
                 record,
             };
-            match up.poll_step(
-                cx,
-                Pin::new(&mut client),
-                Pin::new(&mut backend.stream),
-                &mut inspect,
-            ) {
+            match up.poll_step(cx, Pin::new(&mut client), Pin::new(to), &mut inspect) {
                 Poll::Ready(Ok(_)) => progress = true,
                 Poll::Ready(Err(PipeError::Read(e))) => return Poll::Ready(End::ClientFailed(e)),
-                Poll::Ready(Err(PipeError::Write(e))) => return Poll::Ready(End::ServerLost(e)),
+                Poll::Ready(Err(PipeError::Write(e))) => {
+                    return Poll::Ready(lost(target, &router, e));
+                }
                 Poll::Ready(Err(PipeError::Frame(e))) => {
                     return Poll::Ready(End::ClientProtocol(e))
                 }
@@ -273,26 +311,66 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             if up.stopped && up.is_flushed() {
                 return Poll::Ready(End::ClientDone);
             }
+
+            // A message waits for another destination: switch once everything sent
+            // before it is answered.
+            if up.held {
+                let ready = up.is_flushed()
+                    && exchanges.get(router.target).is_settled()
+                    && down.at_frame_boundary()
+                    && !down.has_unwritten();
+                if ready
+                    && switch(
+                        cx,
+                        core,
+                        &db,
+                        &key,
+                        &mut router,
+                        &mut exchanges,
+                        &reported,
+                        &mut direct,
+                        &mut connecting,
+                        &backend,
+                        cancel_pid,
+                    )
+                {
+                    up.release();
+                    progress = true;
+                }
+            }
+
+            if down.at_frame_boundary() {
+                let direct_busy = exchanges.direct.pending > 0 || exchanges.direct.unsynced;
+                reading = match direct {
+                    Some(_) if direct_busy => Side::Direct,
+                    _ => Side::Cloud,
+                };
+            }
+            let from = match (reading, direct.as_mut()) {
+                (Side::Direct, Some(d)) => &mut d.conn.stream,
+                _ => &mut backend.stream,
+            };
             let mut inspect = ServerFrames {
-                exchange: &mut exchange,
+                exchange: exchanges.get_mut(reading),
+                side: reading,
+                reported: &mut reported,
                 record,
             };
-            match down.poll_step(
-                cx,
-                Pin::new(&mut backend.stream),
-                Pin::new(&mut client),
-                &mut inspect,
-            ) {
+            match down.poll_step(cx, Pin::new(from), Pin::new(&mut client), &mut inspect) {
                 Poll::Ready(Ok(_)) => progress = true,
-                Poll::Ready(Err(PipeError::Read(e))) => return Poll::Ready(End::ServerLost(e)),
+                Poll::Ready(Err(PipeError::Read(e))) => {
+                    return Poll::Ready(lost(reading, &router, e))
+                }
                 Poll::Ready(Err(PipeError::Write(e))) => return Poll::Ready(End::ClientFailed(e)),
                 Poll::Ready(Err(PipeError::Frame(e))) => {
-                    return Poll::Ready(End::ServerLost(std::io::Error::other(e.to_string())))
+                    let e = std::io::Error::other(e.to_string());
+                    return Poll::Ready(lost(reading, &router, e));
                 }
                 Poll::Pending => {}
             }
             if down.stopped && down.is_flushed() {
-                return Poll::Ready(End::ServerLost(std::io::ErrorKind::UnexpectedEof.into()));
+                let e = std::io::ErrorKind::UnexpectedEof.into();
+                return Poll::Ready(lost(reading, &router, e));
             }
             if !progress {
                 return Poll::Pending;
@@ -318,6 +396,10 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             e.kind(),
             e.to_string(),
         ))),
+        End::DirectLost(org, e) => Some(SessionError::DirectLost(
+            org.to_string(),
+            std::io::Error::new(e.kind(), e.to_string()),
+        )),
         End::Shutdown => Some(SessionError::Shutdown),
         End::ClientFailed(e) => {
             tracing::debug!(error = %e, "client connection failed");
@@ -333,20 +415,219 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     }
     drop(client);
 
-    let reusable = matches!(end, End::ClientDone | End::ClientFailed(_))
-        && exchange.is_settled()
+    let clean = matches!(end, End::ClientDone | End::ClientFailed(_))
+        && !router.holds_message()
         && up.at_frame_boundary()
         && !up.has_unwritten()
         && down.at_frame_boundary()
         && !down.has_unwritten();
+    if let Some(d) = direct {
+        put_back_direct(
+            core.clone(),
+            db.clone(),
+            d,
+            clean && exchanges.direct.is_idle(),
+        )
+        .await;
+    }
+    let reusable = clean && exchanges.cloud.is_settled();
     if !db.config.upstream_pool || !reusable || core.shutdown.is_fired() {
         tracing::debug!(backend_pid = backend.pid, reusable, "closing backend");
         return backend.terminate().await;
     }
-    backend.status = exchange.status;
+    backend.status = exchanges.cloud.status;
     match pool::reset(&mut backend).await {
         Ok(()) => core.pool.borrow_mut().put(key, backend, Instant::now()),
         Err(e) => tracing::info!(error = %e, "backend reset failed; closing it"),
+    }
+}
+
+/// How a failed backend ends the session.
+fn lost(side: Side, router: &Router, e: std::io::Error) -> End {
+    match (side, &router.direct_org) {
+        (Side::Direct, Some(org)) => End::DirectLost(org.clone(), e),
+        _ => End::ServerLost(e),
+    }
+}
+
+/// A ParameterStatus body.
+fn parameter_status_body(name: &str, value: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(name.len() + value.len() + 2);
+    backend::put_cstr(&mut b, name);
+    backend::put_cstr(&mut b, value);
+    b
+}
+
+/// Makes the switch the router asks for, once the side in use has answered everything.
+/// True when done (the held message may go); false while a direct connection is still
+/// being opened. A direct connection that cannot be opened marks the organization
+/// unavailable for a while, so the message goes to the cloud.
+#[allow(clippy::too_many_arguments)]
+fn switch(
+    cx: &mut std::task::Context<'_>,
+    core: &Rc<Core>,
+    db: &Rc<Database>,
+    key: &PoolKey,
+    router: &mut Router,
+    exchanges: &mut Exchanges,
+    reported: &Reported,
+    direct: &mut Option<DirectConn>,
+    connecting: &mut Option<Connecting>,
+    cloud: &BackendConn,
+    cancel_pid: u32,
+) -> bool {
+    let Some(want) = router.want.clone() else {
+        return true;
+    };
+    let org = match want {
+        Want::Cloud => {
+            router.target = Side::Cloud;
+            router.want = None;
+            core.cancels
+                .borrow_mut()
+                .retarget(cancel_pid, cancel_target(cloud));
+            return true;
+        }
+        Want::Direct(org) => org,
+    };
+    let usable = direct
+        .as_ref()
+        .is_some_and(|d| d.version == reported.version && d.key.org.as_deref() == Some(&*org));
+    if !usable {
+        if let Some(old) = direct.take() {
+            // Another organization's, or opened with settings the client has changed
+            // since (then not pooled: its key says the old settings, which is right).
+            router.direct_org = None;
+            let idle = exchanges.direct.is_idle();
+            crate::rt::spawn(put_back_direct(core.clone(), db.clone(), old, idle)).detach();
+        }
+        if connecting.as_ref().is_none_or(|(o, _)| *o != org) {
+            let params = direct_params(key, reported);
+            let fut = open_direct(core, db, key, &org, params);
+            *connecting = Some((org.clone(), fut));
+        }
+        let (_, fut) = connecting.as_mut().expect("set above");
+        match fut.as_mut().poll(cx) {
+            Poll::Pending => return false,
+            Poll::Ready(Err(e)) => {
+                *connecting = None;
+                tracing::warn!(org = %org, error = %e, "the direct path to this organization's database failed; its statements go through the cloud for {:?}", super::router::UNAVAILABLE_FOR);
+                router.mark_unavailable(org);
+                router.want = None;
+                return true;
+            }
+            Poll::Ready(Ok(mut d)) => {
+                *connecting = None;
+                d.version = reported.version;
+                exchanges.direct = Exchange {
+                    status: d.conn.status,
+                    ..Exchange::default()
+                };
+                router.direct_org = Some(org.clone());
+                router.direct_replaced();
+                *direct = Some(d);
+            }
+        }
+    }
+    router.target = Side::Direct;
+    router.want = None;
+    if let Some(d) = direct.as_ref() {
+        core.cancels
+            .borrow_mut()
+            .retarget(cancel_pid, cancel_target(&d.conn));
+    }
+    true
+}
+
+fn cancel_target(b: &BackendConn) -> CancelTarget {
+    CancelTarget {
+        addr: b.addr,
+        pid: b.pid,
+        secret: b.secret.clone(),
+    }
+}
+
+/// The startup parameters of a direct connection: the client's, with the settings the
+/// cloud reports now (a client's `SET TimeZone` included), so values are written alike.
+fn direct_params(key: &PoolKey, reported: &Reported) -> Vec<(String, String)> {
+    let mut params: Vec<(String, String)> = key
+        .params
+        .iter()
+        .filter(|(k, _)| !reported.params.iter().any(|(n, _)| n == k))
+        .cloned()
+        .collect();
+    params.extend(reported.params.iter().cloned());
+    params.sort();
+    params
+}
+
+/// Opens (or takes from `direct_pool`) a connection to `org`'s database through the relay.
+fn open_direct(
+    core: &Core,
+    db: &Rc<Database>,
+    key: &PoolKey,
+    org: &Rc<str>,
+    params: Vec<(String, String)>,
+) -> Pin<Box<dyn Future<Output = Result<DirectConn, String>>>> {
+    let direct_key = PoolKey {
+        database: db.name.clone(),
+        user: key.user.clone(),
+        org: Some(org.clone()),
+        params,
+    };
+    if db.config.direct_pool {
+        let pooled =
+            core.pool
+                .borrow_mut()
+                .take(&direct_key, db.config.pool_idle_timeout, Instant::now());
+        if let Some(conn) = pooled {
+            return Box::pin(async move {
+                Ok(DirectConn {
+                    conn,
+                    key: direct_key,
+                    version: 0,
+                })
+            });
+        }
+    }
+    let org_meta = core
+        .meta
+        .borrow()
+        .get(&*db.name)
+        .and_then(|m| m.meta.orgs.get(&**org).and_then(|o| o.direct.clone()));
+    let login = db.config.direct.clone();
+    let password = core.shared.direct_password(&db.config);
+    let timeout = db.config.connect_timeout;
+    Box::pin(async move {
+        let (Some((addr, dbname)), Some(login)) = (org_meta, login) else {
+            return Err("no direct path configured (metadata changed)".to_owned());
+        };
+        let creds = Credentials::Password(Secret(password.unwrap_or_default()));
+        let connect = BackendConn::connect(addr, &login.user, &dbname, &direct_key.params, &creds);
+        match with_timeout(timeout, connect).await {
+            None => Err(format!("no answer within connect_timeout from the relay at {addr}")),
+            Some(Ok(conn)) => Ok(DirectConn {
+                conn,
+                key: direct_key,
+                version: 0,
+            }),
+            Some(Err(ConnError::Rejected { notice, .. })) => Err(format!(
+                "the organization's database (through the relay at {addr}, database {dbname}) refused the login of {}: {} ({})",
+                login.user, notice.message, notice.code
+            )),
+            Some(Err(e)) => Err(format!("through the relay at {addr}: {e}")),
+        }
+    })
+}
+
+/// Ends a session's use of a direct connection: kept in the pool (`direct_pool`) when it
+/// is idle — it holds no session state of the client's but prepared statements, which are
+/// re-parsed by name before use — else closed.
+async fn put_back_direct(core: Rc<Core>, db: Rc<Database>, d: DirectConn, idle: bool) {
+    if idle && db.config.direct_pool && !core.shutdown.is_fired() && d.conn.is_idle_and_open() {
+        core.pool.borrow_mut().put(d.key, d.conn, Instant::now());
+    } else {
+        d.conn.terminate().await;
     }
 }
 

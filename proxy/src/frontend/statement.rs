@@ -7,6 +7,7 @@
 //! every frame of both directions.
 
 use super::pump::{Action, Inspect};
+use super::router::{Exchanges, Router, Side};
 use crate::record::{Kind, Recorder};
 use crate::route::analysis::{copy_out_of_loka_table, Analysis, Org};
 use crate::route::meta::CoreMeta;
@@ -14,25 +15,9 @@ use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::FrameError;
 use lokadb_shared::wire::Header;
-use std::collections::HashMap;
-
-/// Where a statement is sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    /// The cloud database, which is always correct.
-    Cloud,
-}
-
-impl Route {
-    fn as_str(self) -> &'static str {
-        match self {
-            Route::Cloud => "cloud",
-        }
-    }
-}
 
 /// What the session knows about its backend's request/response state.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Exchange {
     /// Requests (Query, Sync, FunctionCall) sent whose ReadyForQuery has not come back.
     pub pending: u32,
@@ -43,6 +28,12 @@ pub struct Exchange {
     pub status: u8,
     /// The client sent Terminate.
     pub terminated: bool,
+    /// ReadyForQuery messages received.
+    pub answered: u64,
+    /// Answers to messages the proxy added (ParseComplete, CloseComplete of a statement
+    /// re-parsed on this side) to drop: (the request they belong to, counted as
+    /// [`Exchange::answered`] when its answers begin; how many), oldest first.
+    pub dropping: std::collections::VecDeque<(u64, u32)>,
 }
 
 impl Default for Exchange {
@@ -52,6 +43,8 @@ impl Default for Exchange {
             unsynced: false,
             status: TX_IDLE,
             terminated: false,
+            answered: 0,
+            dropping: std::collections::VecDeque::new(),
         }
     }
 }
@@ -63,6 +56,24 @@ impl Exchange {
         self.pending == 0 && !self.unsynced && self.status == TX_IDLE
     }
 
+    /// Notes that `n` answers (ParseComplete, CloseComplete) to messages the proxy adds
+    /// to the request being sent now are to be dropped. Requests sent before it may still
+    /// be answering: their answers pass.
+    pub fn drop_answers(&mut self, n: u32) {
+        let request = self.answered + u64::from(self.pending);
+        match self.dropping.back_mut() {
+            Some((r, count)) if *r == request => *count += n,
+            _ => self.dropping.push_back((request, n)),
+        }
+    }
+
+    /// Whether the next ParseComplete or CloseComplete is one the proxy added.
+    fn drops_next(&self) -> bool {
+        self.dropping
+            .front()
+            .is_some_and(|&(r, n)| r == self.answered && n > 0)
+    }
+
     /// Whether the backend is between requests (maybe in a transaction, which a
     /// ROLLBACK ends).
     pub fn is_settled(&self) -> bool {
@@ -70,27 +81,16 @@ impl Exchange {
     }
 }
 
-/// What the session knows of its statements for routing: the analysis of each prepared
-/// statement by name (`""` for the unnamed one), so a Bind can be placed by its values.
-#[derive(Default)]
-pub struct Statements {
-    prepared: HashMap<String, Analysis>,
-}
-
-/// The most prepared statements a session's routing remembers; past it the map starts
-/// over (a Bind of a forgotten statement is not logged).
-const MAX_PREPARED: usize = 1000;
-
-/// Inspects client → cloud frames.
+/// Inspects client → backend frames.
 pub struct ClientFrames<'a> {
-    /// Shared exchange state.
-    pub exchange: &'a mut Exchange,
+    /// Both backends' exchange state.
+    pub exchanges: &'a mut Exchanges,
     /// Log each statement's route (`route_log`).
     pub route_log: bool,
     /// The database's routing metadata, when the watcher has loaded it.
     pub meta: Option<&'a CoreMeta>,
-    /// The session's prepared statements' analyses.
-    pub statements: &'a mut Statements,
+    /// Where messages go, and the session's prepared statements.
+    pub router: &'a mut Router,
     /// The core's traffic recording and this session's id in it.
     pub record: Option<(&'a Recorder, u32)>,
 }
@@ -100,6 +100,7 @@ impl Inspect for ClientFrames<'_> {
     fn wants_body(&self, tag: u8) -> bool {
         match tag {
             FE_TERMINATE => true,
+            _ if self.routing_wants_body(tag) => true,
             // Whole whenever the database has LokaDB tables: a statement may need refusing.
             FE_QUERY | FE_PARSE => self.route_log || self.meta.is_some_and(|m| m.has_tables()),
             FE_BIND | FE_CLOSE => self.route_log,
@@ -116,24 +117,19 @@ impl Inspect for ClientFrames<'_> {
 
     #[inline]
     fn on_frame(&mut self, header: Header, frame: Option<&[u8]>) -> Action {
-        let ex = &mut *self.exchange;
-        match header.tag {
-            FE_TERMINATE => {
-                ex.terminated = true;
-                return Action::Stop;
-            }
-            FE_QUERY | FE_SYNC | FE_FUNCTION_CALL => {
-                ex.pending += 1;
-                ex.unsynced = false;
-            }
-            // COPY data belongs to a request already counted.
-            FE_COPY_DATA | FE_COPY_DONE | FE_COPY_FAIL => {}
-            _ => ex.unsynced = true,
+        if header.tag == FE_TERMINATE {
+            self.exchanges.cloud.terminated = true;
+            return Action::Stop;
+        }
+        let action = self.route(header.tag, frame);
+        if action == Action::Hold {
+            return action;
         }
         let Some(frame) = frame else {
-            return Action::Forward;
+            return action;
         };
-        if header.tag == FE_QUERY || header.tag == FE_PARSE {
+        let to_cloud_as_is = action == Action::Forward && self.router.target == Side::Cloud;
+        if to_cloud_as_is && (header.tag == FE_QUERY || header.tag == FE_PARSE) {
             if let Some(refusal) = self.refusal(header.tag, &frame[5..]) {
                 return Action::Replace(refusal);
             }
@@ -142,7 +138,7 @@ impl Inspect for ClientFrames<'_> {
             // A malformed message is the cloud's to refuse; the log just skips it.
             let _ = self.log_route(header.tag, &frame[5..]);
         }
-        Action::Forward
+        action
     }
 }
 
@@ -185,11 +181,7 @@ impl ClientFrames<'_> {
         } else {
             (message, hint)
         };
-        let sql = format!(
-            "DO {REFUSAL_TAG}BEGIN RAISE EXCEPTION USING ERRCODE = '0A000', MESSAGE = '{}', HINT = '{}'; END{REFUSAL_TAG}",
-            message.replace('\'', "''"),
-            hint.replace('\'', "''"),
-        );
+        let sql = raise_sql("0A000", &message, &hint);
         let mut body = Vec::with_capacity(sql.len() + 64);
         if let Some(statement) = statement {
             body.extend_from_slice(statement.as_bytes());
@@ -207,6 +199,17 @@ impl ClientFrames<'_> {
         frame.extend_from_slice(&body);
         Some(frame)
     }
+}
+
+/// A statement that raises an error with this SQLSTATE, message and hint when executed
+/// (neither may contain the block's dollar-quote tag).
+pub(super) fn raise_sql(code: &str, message: &str, hint: &str) -> String {
+    debug_assert!(!message.contains(REFUSAL_TAG) && !hint.contains(REFUSAL_TAG));
+    format!(
+        "DO {REFUSAL_TAG}BEGIN RAISE EXCEPTION USING ERRCODE = '{code}', MESSAGE = '{}', HINT = '{}'; END{REFUSAL_TAG}",
+        message.replace('\'', "''"),
+        hint.replace('\'', "''"),
+    )
 }
 
 /// An identifier as SQL would need it written (quoted unless plain lower case).
@@ -244,12 +247,10 @@ impl ClientFrames<'_> {
                 let name = f.cstr()?;
                 let text = f.cstr()?;
                 let analysis = analyse(text);
-                if self.statements.prepared.len() >= MAX_PREPARED {
-                    self.statements.prepared.clear();
+                if !self.router.enabled {
+                    // Routing remembered it already when it routes.
+                    self.router.remember(name, &[], analysis.clone());
                 }
-                self.statements
-                    .prepared
-                    .insert(name.to_owned(), analysis.clone());
                 (
                     if name.is_empty() { "parse" } else { "prepare" },
                     text,
@@ -262,20 +263,23 @@ impl ClientFrames<'_> {
                 let Some(Analysis::Org {
                     org: Org::Param(n),
                     tables,
-                }) = self.statements.prepared.get(name)
+                    read,
+                }) = self.router.prepared_analysis(name)
                 else {
                     return Ok(());
                 };
-                let value = bind_param(&mut f, *n)?;
+                let (n, tables, read) = (*n, tables.clone(), *read);
+                let value = bind_param(&mut f, n)?;
                 let org = Analysis::Org {
                     org: Org::Literal(value),
-                    tables: tables.clone(),
+                    tables,
+                    read,
                 };
                 ("bind", name, org)
             }
             FE_CLOSE => {
-                if f.u8()? == b'S' {
-                    self.statements.prepared.remove(f.cstr()?);
+                if f.u8()? == b'S' && !self.router.enabled {
+                    self.router.forget(f.cstr()?);
                 }
                 return Ok(());
             }
@@ -304,7 +308,10 @@ impl ClientFrames<'_> {
         let text: String = text.chars().take(200).collect();
         tracing::info!(
             target: "lokadb::route",
-            route = Route::Cloud.as_str(),
+            route = match self.router.target {
+                Side::Cloud => "cloud",
+                Side::Direct => "direct",
+            },
             kind,
             org = %org,
             tables = %tables,
@@ -318,7 +325,7 @@ impl ClientFrames<'_> {
 /// The value bound to parameter `$n` (1-based) of a Bind body whose portal and statement
 /// names were read: text as is; binary as an integer when 2, 4 or 8 bytes (the usual
 /// organization column types), else as text if it is UTF-8.
-fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameError> {
+pub(super) fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameError> {
     let formats: Vec<i16> = (0..f.i16()?.max(0))
         .map(|_| f.i16())
         .collect::<Result<_, _>>()?;
@@ -355,18 +362,66 @@ fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameError> {
     Ok("?".to_owned())
 }
 
-/// Inspects cloud → client frames: only ReadyForQuery matters.
+/// Inspects backend → client frames: ReadyForQuery (the exchange), answers to messages
+/// the proxy added (dropped), ParameterStatus (the direct side's dropped, the cloud's
+/// noted for the direct connection's login).
 pub struct ServerFrames<'a> {
-    /// Shared exchange state.
+    /// The exchange of the side being read.
     pub exchange: &'a mut Exchange,
+    /// The side being read.
+    pub side: Side,
+    /// The cloud's reported settings.
+    pub reported: &'a mut Reported,
     /// The core's traffic recording and this session's id in it.
     pub record: Option<(&'a Recorder, u32)>,
+}
+
+/// Settings the cloud reported (ParameterStatus) that shape how values are written, so
+/// a direct connection writes them the same way.
+#[derive(Debug, Default)]
+pub struct Reported {
+    pub params: Vec<(String, String)>,
+    /// Bumped on every change.
+    pub version: u32,
+}
+
+/// The reported settings a direct connection copies.
+pub const COPIED_SETTINGS: &[&str] = &[
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "client_encoding",
+    "standard_conforming_strings",
+    "application_name",
+];
+
+impl Reported {
+    /// Notes a ParameterStatus body.
+    pub fn note(&mut self, body: &[u8]) {
+        let mut f = Fields::new(body, "ParameterStatus");
+        let (Ok(name), Ok(value)) = (f.cstr(), f.cstr()) else {
+            return;
+        };
+        if !COPIED_SETTINGS.contains(&name) {
+            return;
+        }
+        match self.params.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) if v == value => return,
+            Some((_, v)) => *v = value.to_owned(),
+            None => self.params.push((name.to_owned(), value.to_owned())),
+        }
+        self.version = self.version.wrapping_add(1);
+    }
 }
 
 impl Inspect for ServerFrames<'_> {
     #[inline]
     fn wants_body(&self, tag: u8) -> bool {
-        tag == BE_READY_FOR_QUERY
+        match tag {
+            BE_READY_FOR_QUERY | BE_PARAMETER_STATUS => true,
+            BE_PARSE_COMPLETE | BE_CLOSE_COMPLETE => self.exchange.drops_next(),
+            _ => false,
+        }
     }
 
     #[inline]
@@ -378,11 +433,35 @@ impl Inspect for ServerFrames<'_> {
 
     #[inline]
     fn on_frame(&mut self, header: Header, frame: Option<&[u8]>) -> Action {
-        if header.tag == BE_READY_FOR_QUERY {
-            self.exchange.pending = self.exchange.pending.saturating_sub(1);
-            if let Some(&status) = frame.and_then(|f| f.get(5)) {
-                self.exchange.status = status;
+        match header.tag {
+            BE_READY_FOR_QUERY => {
+                let ex = &mut *self.exchange;
+                ex.pending = ex.pending.saturating_sub(1);
+                ex.answered += 1;
+                // Answers of a finished request are not waited for any more.
+                while ex.dropping.front().is_some_and(|&(r, _)| r < ex.answered) {
+                    ex.dropping.pop_front();
+                }
+                if let Some(&status) = frame.and_then(|f| f.get(5)) {
+                    self.exchange.status = status;
+                }
             }
+            BE_PARSE_COMPLETE | BE_CLOSE_COMPLETE if self.exchange.drops_next() => {
+                if let Some((_, n)) = self.exchange.dropping.front_mut() {
+                    *n -= 1;
+                }
+                return Action::Replace(Vec::new());
+            }
+            // A failed added Parse: the rest of its batch is skipped, answers included.
+            BE_ERROR_RESPONSE if self.exchange.drops_next() => {
+                self.exchange.dropping.pop_front();
+            }
+            BE_PARAMETER_STATUS => match (self.side, frame) {
+                (Side::Direct, _) => return Action::Replace(Vec::new()),
+                (Side::Cloud, Some(frame)) => self.reported.note(&frame[5..]),
+                (Side::Cloud, None) => {}
+            },
+            _ => {}
         }
         Action::Forward
     }
@@ -396,65 +475,147 @@ mod tests {
         Header { tag, len: 4 }
     }
 
+    fn server<'a>(ex: &'a mut Exchange, reported: &'a mut Reported) -> ServerFrames<'a> {
+        ServerFrames {
+            exchange: ex,
+            side: Side::Cloud,
+            reported,
+            record: None,
+        }
+    }
+
+    fn ready(s: &mut ServerFrames<'_>, status: u8) -> Action {
+        s.on_frame(
+            Header {
+                tag: BE_READY_FOR_QUERY,
+                len: 5,
+            },
+            Some(&[b'Z', 0, 0, 0, 5, status]),
+        )
+    }
+
     #[test]
     fn extended_protocol_is_settled_only_after_sync_and_ready() {
-        let mut ex = Exchange::default();
-        let mut statements = Statements::default();
+        let mut exs = Exchanges::default();
+        let mut router = Router::default();
         let mut c = ClientFrames {
-            exchange: &mut ex,
+            exchanges: &mut exs,
             route_log: false,
             meta: None,
-            statements: &mut statements,
+            router: &mut router,
             record: None,
         };
         for tag in [FE_PARSE, FE_BIND, FE_EXECUTE] {
             c.on_frame(hdr(tag), None);
         }
-        assert!(!c.exchange.is_settled(), "Parse/Bind/Execute without Sync");
-        c.on_frame(hdr(FE_SYNC), None);
-        assert_eq!(ex.pending, 1);
-        let mut s = ServerFrames {
-            exchange: &mut ex,
-            record: None,
-        };
-        s.on_frame(
-            Header {
-                tag: BE_READY_FOR_QUERY,
-                len: 5,
-            },
-            Some(b"Z\0\0\0\x05T"),
+        assert!(
+            !c.exchanges.cloud.is_settled(),
+            "Parse/Bind/Execute without Sync"
         );
+        c.on_frame(hdr(FE_SYNC), None);
+        let ex = &mut exs.cloud;
+        assert_eq!(ex.pending, 1);
+        let mut reported = Reported::default();
+        let mut s = server(ex, &mut reported);
+        ready(&mut s, b'T');
         assert!(ex.is_settled());
         assert!(!ex.is_idle(), "in a transaction block");
     }
 
+    /// Answers to messages the proxy added are dropped only once the requests sent before
+    /// them are answered: a ReadyForQuery still owed to an earlier request (the client sent
+    /// on after an ErrorResponse, before its ReadyForQuery) does not cancel the dropping.
+    #[test]
+    fn added_answers_are_dropped_in_request_order() {
+        let mut ex = Exchange {
+            pending: 1,
+            ..Exchange::default()
+        };
+        // The next request carries an added Close + Parse.
+        ex.drop_answers(2);
+        ex.pending += 1;
+        let mut reported = Reported::default();
+        let mut s = server(&mut ex, &mut reported);
+        let h = |tag| Header { tag, len: 4 };
+        // The earlier request's answers pass, its ReadyForQuery included.
+        assert!(!s.wants_body(BE_PARSE_COMPLETE));
+        assert_eq!(s.on_frame(h(BE_PARSE_COMPLETE), None), Action::Forward);
+        assert_eq!(ready(&mut s, b'I'), Action::Forward);
+        // Then the added ones are dropped, and the client's own pass.
+        assert!(s.wants_body(BE_CLOSE_COMPLETE));
+        let empty = Action::Replace(Vec::new());
+        assert_eq!(
+            s.on_frame(h(BE_CLOSE_COMPLETE), Some(b"3\0\0\0\x04")),
+            empty
+        );
+        assert_eq!(
+            s.on_frame(h(BE_PARSE_COMPLETE), Some(b"1\0\0\0\x04")),
+            empty
+        );
+        assert!(!s.wants_body(BE_PARSE_COMPLETE));
+        assert_eq!(s.on_frame(h(BE_BIND_COMPLETE), None), Action::Forward);
+        assert_eq!(ready(&mut s, b'I'), Action::Forward);
+        assert!(ex.dropping.is_empty());
+
+        // An added Parse that fails: nothing more of its request is dropped.
+        ex.drop_answers(2);
+        ex.pending += 1;
+        let mut s = server(&mut ex, &mut reported);
+        assert_eq!(
+            s.on_frame(h(BE_CLOSE_COMPLETE), Some(b"3\0\0\0\x04")),
+            empty
+        );
+        assert_eq!(s.on_frame(h(BE_ERROR_RESPONSE), None), Action::Forward);
+        assert!(!s.wants_body(BE_PARSE_COMPLETE));
+        ready(&mut s, b'I');
+        assert!(ex.dropping.is_empty() && ex.pending == 0);
+    }
+
+    #[test]
+    fn the_clouds_settings_are_noted_and_the_direct_sides_dropped() {
+        let mut ex = Exchange::default();
+        let mut reported = Reported::default();
+        let mut frame = vec![b'S', 0, 0, 0, 0];
+        frame.extend_from_slice(b"TimeZone\0Europe/Paris\0");
+        let h = Header {
+            tag: BE_PARAMETER_STATUS,
+            len: frame.len() as u32 - 1,
+        };
+        let mut s = server(&mut ex, &mut reported);
+        assert_eq!(s.on_frame(h, Some(&frame)), Action::Forward);
+        s.side = Side::Direct;
+        assert_eq!(s.on_frame(h, Some(&frame)), Action::Replace(Vec::new()));
+        assert_eq!(
+            reported.params,
+            vec![("TimeZone".to_owned(), "Europe/Paris".to_owned())]
+        );
+        assert_eq!(reported.version, 1);
+        let mut other = vec![b'S', 0, 0, 0, 0];
+        other.extend_from_slice(b"server_version\x0018.6\0");
+        reported.note(&other[5..]);
+        reported.note(&frame[5..]);
+        assert_eq!(reported.version, 1, "unchanged and uncopied settings");
+    }
+
     #[test]
     fn copy_in_stays_pending_until_ready() {
-        let mut ex = Exchange::default();
-        let mut statements = Statements::default();
+        let mut exs = Exchanges::default();
+        let mut router = Router::default();
         let mut c = ClientFrames {
-            exchange: &mut ex,
+            exchanges: &mut exs,
             route_log: false,
             meta: None,
-            statements: &mut statements,
+            router: &mut router,
             record: None,
         };
         c.on_frame(hdr(FE_QUERY), None);
         c.on_frame(hdr(FE_COPY_DATA), None);
         c.on_frame(hdr(FE_COPY_DONE), None);
+        let ex = &mut exs.cloud;
         assert_eq!(ex.pending, 1);
         assert!(!ex.unsynced);
-        let mut s = ServerFrames {
-            exchange: &mut ex,
-            record: None,
-        };
-        s.on_frame(
-            Header {
-                tag: BE_READY_FOR_QUERY,
-                len: 5,
-            },
-            Some(b"Z\0\0\0\x05I"),
-        );
+        let mut reported = Reported::default();
+        ready(&mut server(ex, &mut reported), b'I');
         assert!(ex.is_idle());
     }
 
@@ -501,13 +662,13 @@ mod tests {
 
     #[test]
     fn terminate_stops_and_is_not_forwarded() {
-        let mut ex = Exchange::default();
-        let mut statements = Statements::default();
+        let mut exs = Exchanges::default();
+        let mut router = Router::default();
         let mut c = ClientFrames {
-            exchange: &mut ex,
+            exchanges: &mut exs,
             route_log: false,
             meta: None,
-            statements: &mut statements,
+            router: &mut router,
             record: None,
         };
         assert!(c.wants_body(FE_TERMINATE));
@@ -515,6 +676,6 @@ mod tests {
             c.on_frame(hdr(FE_TERMINATE), Some(b"X\0\0\0\x04")),
             Action::Stop
         );
-        assert!(ex.terminated);
+        assert!(exs.cloud.terminated);
     }
 }

@@ -138,7 +138,13 @@ pub enum Analysis {
     /// Touches no LokaDB table.
     NoLokaTable,
     /// Touches LokaDB tables (indexes into the catalog), all limited to one organization.
-    Org { org: Org, tables: Vec<usize> },
+    /// `read` when it is one plain read of LokaDB tables only, which the organization's
+    /// database can answer alone (the direct path); see [`plain_read`].
+    Org {
+        org: Org,
+        tables: Vec<usize>,
+        read: bool,
+    },
     /// Touches LokaDB tables but cannot be placed in one organization; why.
     Unplaced(&'static str),
 }
@@ -161,7 +167,133 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
     for s in &statements {
         let _ = s.visit(&mut w);
     }
-    w.finish()
+    match w.finish() {
+        Analysis::Org { org, tables, .. } => Analysis::Org {
+            org,
+            tables,
+            read: plain_read(&statements, catalog),
+        },
+        other => other,
+    }
+}
+
+/// Built-in functions a direct read may call: the organization's database has them and
+/// they read nothing of the cloud's. Anything else (a user's function, a sequence, an
+/// advisory lock, `set_config`) keeps the statement on the cloud.
+const READ_FUNCTIONS: &[&str] = &[
+    "abs",
+    "array_agg",
+    "array_length",
+    "avg",
+    "bool_and",
+    "bool_or",
+    "btrim",
+    "ceil",
+    "char_length",
+    "coalesce",
+    "concat",
+    "concat_ws",
+    "count",
+    "date_part",
+    "date_trunc",
+    "every",
+    "floor",
+    "format",
+    "greatest",
+    "json_agg",
+    "json_build_object",
+    "jsonb_agg",
+    "jsonb_build_object",
+    "least",
+    "left",
+    "length",
+    "lower",
+    "ltrim",
+    "max",
+    "md5",
+    "min",
+    "now",
+    "nullif",
+    "octet_length",
+    "position",
+    "replace",
+    "right",
+    "round",
+    "row_number",
+    "rtrim",
+    "split_part",
+    "string_agg",
+    "substr",
+    "sum",
+    "to_char",
+    "trim",
+    "trunc",
+    "upper",
+];
+
+/// Whether `statements` is one plain read of LokaDB tables only: a SELECT (no INTO, no
+/// locking clause, no WITH) whose every relation is a LokaDB table and whose functions are
+/// [`READ_FUNCTIONS`]. Such a statement gives the same answer in the organization's
+/// database as through the cloud; anything else could not (a cloud table, a side effect).
+fn plain_read(statements: &[Statement], catalog: &Catalog) -> bool {
+    let [Statement::Query(q)] = statements else {
+        return false;
+    };
+    struct Check<'a> {
+        catalog: &'a Catalog,
+    }
+    impl Visitor for Check<'_> {
+        type Break = ();
+        fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
+            let plain = q.with.is_none()
+                && q.locks.is_empty()
+                && q.for_clause.is_none()
+                && plain_body(&q.body);
+            if plain {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        }
+        fn pre_visit_relation(&mut self, r: &ObjectName) -> ControlFlow<()> {
+            match self.catalog.lookup(r) {
+                Some(_) => ControlFlow::Continue(()),
+                None => ControlFlow::Break(()),
+            }
+        }
+        fn pre_visit_table_factor(&mut self, f: &TableFactor) -> ControlFlow<()> {
+            match f {
+                TableFactor::Table { args: None, .. } | TableFactor::Derived { .. } => {
+                    ControlFlow::Continue(())
+                }
+                _ => ControlFlow::Break(()),
+            }
+        }
+        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+            if let Expr::Function(f) = e {
+                let known = match f.name.0.as_slice() {
+                    [ObjectNamePart::Identifier(n)] => {
+                        n.quote_style.is_none()
+                            && READ_FUNCTIONS.contains(&n.value.to_ascii_lowercase().as_str())
+                    }
+                    _ => false,
+                };
+                if !known {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    fn plain_body(body: &SetExpr) -> bool {
+        match body {
+            SetExpr::Select(s) => s.into.is_none(),
+            SetExpr::Query(_) => true,
+            SetExpr::SetOperation { left, right, .. } => plain_body(left) && plain_body(right),
+            _ => false,
+        }
+    }
+    q.visit(&mut Check { catalog }).is_continue()
 }
 
 /// One reference to a LokaDB table in the statement.
@@ -226,6 +358,7 @@ impl Walk<'_> {
         Analysis::Org {
             org: org.expect("at least one reference"),
             tables,
+            read: false,
         }
     }
 
@@ -676,6 +809,41 @@ mod tests {
                 }
                 (None, true) => assert!(matches!(got, Analysis::Unplaced(_)), "{sql}: {got:?}"),
                 (None, false) => assert_eq!(got, Analysis::NoLokaTable, "{sql}"),
+            }
+        }
+    }
+
+    /// Placed statements → whether the organization's database can answer them alone
+    /// (the direct path).
+    const READS: &[(&str, bool)] = &[
+        ("SELECT * FROM documents WHERE organization_id = 2", true),
+        ("SELECT d.title, count(*) FROM documents d JOIN document_versions v ON v.document_id = d.id AND v.organization_id = d.organization_id WHERE d.organization_id = $1 GROUP BY 1 ORDER BY 2 DESC LIMIT 20", true),
+        ("SELECT * FROM (SELECT lower(title) FROM documents WHERE organization_id = 2) x", true),
+        ("SELECT id FROM documents WHERE organization_id = 2 UNION SELECT document_id FROM document_versions WHERE organization_id = 2", true),
+        ("SELECT COUNT(*), max(id) FROM public.documents WHERE organization_id = '2'", true),
+        // A cloud table, a CTE, a locking clause, INTO, a write, a function of the cloud's.
+        ("SELECT * FROM documents d JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 2", false),
+        ("WITH x AS (SELECT * FROM documents WHERE organization_id = 4) SELECT * FROM x", false),
+        ("SELECT * FROM documents WHERE organization_id = 2 FOR UPDATE", false),
+        ("SELECT * INTO copy_of FROM documents WHERE organization_id = 2", false),
+        ("UPDATE documents SET title = 'x' WHERE organization_id = 2", false),
+        ("DELETE FROM documents WHERE organization_id = 2", false),
+        ("INSERT INTO documents (organization_id, title) VALUES (2, 'x')", false),
+        ("SELECT my_func(id) FROM documents WHERE organization_id = 2", false),
+        ("SELECT nextval('s') FROM documents WHERE organization_id = 2", false),
+        ("SELECT set_config('a.b', 'c', false) FROM documents WHERE organization_id = 2", false),
+        ("SELECT public.lower(title) FROM documents WHERE organization_id = 2", false),
+        ("SELECT * FROM documents WHERE organization_id = 2 AND project_id IN (SELECT id FROM projects)", false),
+        ("SELECT * FROM documents WHERE organization_id = 2; SELECT 1", false),
+    ];
+
+    #[test]
+    fn plain_reads_of_one_organization_are_told_apart() {
+        let c = catalog();
+        for (sql, want) in READS {
+            match analyze(sql, &c) {
+                Analysis::Org { read, .. } => assert_eq!(read, *want, "{sql}"),
+                other => assert!(!want, "{sql}: {other:?}"),
             }
         }
     }

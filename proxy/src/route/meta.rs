@@ -8,6 +8,7 @@
 use super::analysis::{analyze, Analysis, Catalog, LokaTable};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// An organization with a row in `lokadb.org`.
@@ -17,6 +18,17 @@ pub struct OrgMeta {
     pub state: String,
     /// `fdw` or `fdw+direct`.
     pub profile: String,
+    /// Where the direct path reaches its database: the relay's Postgres listener (as
+    /// `lokadb.org` gives it, resolved at load) and the database name there, `ORG/DBNAME`.
+    pub direct: Option<(SocketAddr, String)>,
+}
+
+impl OrgMeta {
+    /// Whether statements of this organization may take the direct path: moved, with the
+    /// fdw+direct profile, and a relay address that resolved.
+    pub fn is_direct(&self) -> bool {
+        self.state == "moved" && self.profile == "fdw+direct" && self.direct.is_some()
+    }
 }
 
 /// One generation of the cloud's LokaDB metadata.
@@ -32,11 +44,14 @@ pub struct Meta {
 
 /// Reads the whole metadata in one snapshot, so the generation and the rows agree.
 pub const LOAD_SQL: &str = "\
-    SELECT 'g', generation::text, NULL, NULL FROM lokadb.meta \
+    SELECT 'g', generation::text, NULL, NULL, NULL, NULL FROM lokadb.meta \
     UNION ALL \
-    SELECT 't', schema_name::text, table_name::text, org_column::text FROM lokadb.tables \
+    SELECT 't', schema_name::text, table_name::text, org_column::text, NULL, NULL FROM lokadb.tables \
     UNION ALL \
-    SELECT 'o', id, state, profile FROM lokadb.org";
+    SELECT 'o', id, state, profile, \
+      CASE WHEN relay_host LIKE '%:%' THEN '[' || relay_host || ']' ELSE relay_host END || ':' || relay_port, \
+      id || '/' || dbname \
+    FROM lokadb.org";
 
 impl Meta {
     /// Loads the metadata from the cloud; an empty one (generation 0) when the cloud has
@@ -60,6 +75,8 @@ impl Meta {
             let a: Option<String> = row.get(1);
             let b: Option<String> = row.get(2);
             let c: Option<String> = row.get(3);
+            let relay: Option<String> = row.get(4);
+            let dbname: Option<String> = row.get(5);
             match (kind, a, b, c) {
                 ("g", Some(g), _, _) => generation = g.parse().unwrap_or(0),
                 ("t", Some(schema), Some(name), Some(org_column)) => tables.push(LokaTable {
@@ -68,7 +85,21 @@ impl Meta {
                     org_column,
                 }),
                 ("o", Some(id), Some(state), Some(profile)) => {
-                    orgs.insert(id, OrgMeta { state, profile });
+                    let direct = relay.zip(dbname).and_then(|(relay, dbname)| {
+                        let addr = resolve(&relay);
+                        if addr.is_none() && profile == "fdw+direct" {
+                            tracing::warn!(org = %id, relay = %relay, "the relay address of an fdw+direct organization does not resolve; its statements go through the cloud");
+                        }
+                        Some((addr?, dbname))
+                    });
+                    orgs.insert(
+                        id,
+                        OrgMeta {
+                            state,
+                            profile,
+                            direct,
+                        },
+                    );
                 }
                 _ => {}
             }
@@ -80,6 +111,12 @@ impl Meta {
             orgs,
         })
     }
+}
+
+/// `host:port` as the first address it resolves to (IPv6 literals in brackets).
+fn resolve(relay: &str) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    relay.to_socket_addrs().ok()?.next()
 }
 
 /// The most analyses a core keeps per database; past it the cache starts over (an
@@ -136,6 +173,12 @@ impl CoreMeta {
         a
     }
 
+    /// Whether any organization takes the direct path (else no statement is held to
+    /// decide it).
+    pub fn has_direct_orgs(&self) -> bool {
+        self.meta.orgs.values().any(OrgMeta::is_direct)
+    }
+
     /// Whether the database has LokaDB tables at all.
     pub fn has_tables(&self) -> bool {
         !self.meta.catalog.tables().is_empty()
@@ -188,6 +231,7 @@ mod tests {
             OrgMeta {
                 state: "moved".into(),
                 profile: "fdw".into(),
+                direct: None,
             },
         );
         let moved = m.next(Arc::new(Meta {

@@ -1,5 +1,6 @@
 //! Encoders for the frontend messages the proxy sends itself when it acts as a client
-//! of the cloud (login, the auth query, the pool reset). Client traffic is forwarded.
+//! of the cloud (login, the auth query, the pool reset), or adds to client traffic (a
+//! prepared statement re-parsed on the backend that runs it).
 
 use super::backend::{put_cstr, write_frame};
 use super::tags::*;
@@ -45,6 +46,15 @@ pub fn execute(out: &mut Vec<u8>) {
     write_frame(out, FE_EXECUTE, |b| {
         b.push(0);
         b.extend_from_slice(&0i32.to_be_bytes());
+    });
+}
+
+/// Appends Close of prepared statement `name` (closing one that does not exist is not
+/// an error).
+pub fn close_statement(out: &mut Vec<u8>, name: &str) {
+    write_frame(out, FE_CLOSE, |b| {
+        b.push(b'S');
+        put_cstr(b, name);
     });
 }
 

@@ -46,5 +46,8 @@ mod admin_foreign;
 mod moves;
 // Routing's groundwork: the metadata watcher and the per-statement analysis (route_log).
 mod routing;
+// The direct path (fdw+direct): plain reads in the organization's database, the rest through
+// the cloud; an unreachable organization fails only its own statements.
+mod direct;
 // `lokadb proxy --record FILE`: the recording format, login never recorded, bad paths.
 mod traffic_record;

@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct World {
+pub(crate) struct World {
     _certs: Certs,
     _link: Option<lokadb_tests::link::LatencyLink>,
-    org: Org,
+    pub(crate) org: Org,
     _relay: lokadb_tests::proxy::Proxy,
-    agent: Option<lokadb_tests::agent::Agent>,
-    cloud: Cluster,
-    dsn: String,
+    pub(crate) agent: Option<lokadb_tests::agent::Agent>,
+    pub(crate) cloud: Cluster,
+    pub(crate) dsn: String,
     /// How organization 2's database reaches the cloud (logical mode's subscription): a
     /// role with REPLICATION, not a superuser.
     sub_dsn: String,
@@ -52,7 +52,7 @@ fn world(extra_rows: i64, logical: bool) -> World {
 }
 
 /// As [`world`], the agent reaching the relay through the latency link when `one_way`.
-fn world_at(extra_rows: i64, logical: bool, one_way: Option<Duration>) -> World {
+pub(crate) fn world_at(extra_rows: i64, logical: bool, one_way: Option<Duration>) -> World {
     let certs = Certs::new().unwrap();
     let org = org_db("2", logical);
     let relay = start_relay(&certs, &[&org], json!({}), &[]).unwrap();

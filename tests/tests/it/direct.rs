@@ -1,0 +1,268 @@
+//! The direct path (fdw+direct): organization 2 is moved behind a real relay and agent;
+//! through the proxy, plain reads of its LokaDB tables run in its database directly (seen
+//! verbatim in its statement log), everything else through the cloud, with the same answers.
+
+use crate::admin_cli::{lokadb, ok};
+use crate::moves::{world_at, World};
+use crate::tunnel_world::{APP_PASSWORD, APP_USER, ORG_DB};
+use lokadb_tests::proxy::Proxy;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// Organization 2 moved with the fdw+direct profile, its database logging every
+/// statement, and a proxy with the direct path configured (`db` merged into its database
+/// block).
+fn direct_world(db: Value) -> (World, Proxy) {
+    let w = world_at(0, false, None);
+    w.org
+        .db
+        .psql(
+            "postgres",
+            &format!("ALTER DATABASE {ORG_DB} SET log_statement = 'all'"),
+        )
+        .unwrap();
+    ok(&lokadb(
+        &w.dsn,
+        &["move-org", "2", "--profile", "fdw+direct"],
+    ));
+    w.cloud
+        .psql(
+            "postgres",
+            "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD 'auth-secret'",
+        )
+        .unwrap();
+    let mut database = json!({
+        "cloud": format!("host=127.0.0.1 port={} dbname=app", w.cloud.port()),
+        "auth_user": "lokadb_auth",
+        "auth_password": "auth-secret",
+        "direct": { "user": APP_USER, "password": APP_PASSWORD },
+    });
+    if let (Some(base), Value::Object(extra)) = (database.as_object_mut(), db) {
+        base.extend(extra);
+    }
+    let proxy = Proxy::builder(json!({
+        "listen": "127.0.0.1:0",
+        "route_log": true,
+        "databases": { "app": database },
+    }))
+    .start()
+    .unwrap();
+    assert!(
+        proxy.wait_for_output("organizations=1", Duration::from_secs(10)),
+        "{}",
+        proxy.output()
+    );
+    (w, proxy)
+}
+
+async fn client(proxy: &Proxy) -> tokio_postgres::Client {
+    crate::world::connect(&format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=app",
+        proxy.port(),
+        lokadb_tests::pg::SUPERUSER,
+        lokadb_tests::pg::SUPERUSER_PASSWORD
+    ))
+    .await
+    .unwrap()
+}
+
+/// The route of the one `lokadb::route` line mentioning `needle` and `kind` (waiting for
+/// it: the log reaches the test through a pipe).
+#[track_caller]
+fn route_of(proxy: &Proxy, kind: &str, needle: &str) -> String {
+    let lines = || -> Vec<String> {
+        proxy
+            .output()
+            .lines()
+            .filter(|l| {
+                l.contains("lokadb::route")
+                    && l.contains(needle)
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .map(str::to_owned)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lines().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let found = lines();
+    let last = found.last().unwrap_or_else(|| {
+        panic!("no route line for {needle:?}\n{}", proxy.output());
+    });
+    let route = last.split("route=").nth(1).unwrap_or_default();
+    route
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// How many times the organization's database logged `sql` verbatim.
+fn org_ran(w: &World, sql: &str) -> usize {
+    w.org.db.log_contents().matches(sql).count()
+}
+
+fn one_i64(rows: &[tokio_postgres::SimpleQueryMessage]) -> i64 {
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(|v| v.parse().unwrap()),
+            _ => None,
+        })
+        .expect("a row")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_reads_of_a_moved_organization_run_in_its_database() {
+    let (w, proxy) = direct_world(json!({}));
+    let c = client(&proxy).await;
+
+    // Simple protocol: the organization's database answers, and logs the client's text.
+    let sql = "SELECT count(*) FROM documents WHERE organization_id = 2";
+    assert_eq!(one_i64(&c.simple_query(sql).await.unwrap()), 100);
+    assert_eq!(route_of(&proxy, "query", sql), "\"direct\"");
+    assert_eq!(org_ran(&w, sql), 1, "{}", w.org.db.log_contents());
+
+    // Organization 1 and a join with a cloud table: the cloud.
+    let sql1 = "SELECT count(*) FROM documents WHERE organization_id = 1";
+    assert_eq!(one_i64(&c.simple_query(sql1).await.unwrap()), 100);
+    assert_eq!(route_of(&proxy, "query", sql1), "\"cloud\"");
+    let join = "SELECT count(*) FROM documents d JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 2";
+    assert_eq!(one_i64(&c.simple_query(join).await.unwrap()), 100);
+    assert_eq!(route_of(&proxy, "query", join), "\"cloud\"");
+    assert_eq!(org_ran(&w, join), 0);
+
+    // Extended protocol: one prepared statement, placed by its bound value each time.
+    let by_id = c
+        .prepare("SELECT title FROM documents WHERE organization_id = $1 AND id = $2")
+        .await
+        .unwrap();
+    let ids: Vec<(i64, i64)> = c
+        .query(
+            "SELECT organization_id, min(id) FROM documents GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for _ in 0..3 {
+        for &(org, id) in &ids {
+            let row = c.query_one(&by_id, &[&org, &id]).await.unwrap();
+            let title: String = row.get(0);
+            assert!(title.starts_with("doc "), "{title}");
+        }
+    }
+    // Organization 2's three executions ran there (organization 1's in the cloud).
+    assert_eq!(
+        org_ran(
+            &w,
+            "SELECT title FROM documents WHERE organization_id = $1 AND id = $2"
+        ),
+        3,
+        "{}",
+        w.org.db.log_contents()
+    );
+    assert_eq!(route_of(&proxy, "bind", "org=2 "), "\"direct\"");
+    assert_eq!(route_of(&proxy, "bind", "org=1 "), "\"cloud\"");
+
+    // Writes go through the cloud; the next direct read sees them.
+    c.execute(
+        "UPDATE documents SET title = 'edited' WHERE organization_id = 2 AND id = $1",
+        &[&ids[1].1],
+    )
+    .await
+    .unwrap();
+    let row = c.query_one(&by_id, &[&2i64, &ids[1].1]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "edited");
+
+    // Inside a transaction on the cloud, reads stay there (they must see its writes).
+    let marker = "SELECT title FROM documents WHERE organization_id = 2 AND title = 'in tx'";
+    c.batch_execute(&format!(
+        "BEGIN; UPDATE documents SET title = 'in tx' WHERE organization_id = 2 AND id = {}",
+        ids[1].1
+    ))
+    .await
+    .unwrap();
+    let rows = c.simple_query(marker).await.unwrap();
+    assert_eq!(
+        rows.iter()
+            .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+            .count(),
+        1
+    );
+    assert_eq!(route_of(&proxy, "query", marker), "\"cloud\"");
+    c.batch_execute("ROLLBACK").await.unwrap();
+
+    // The client's settings reach the direct connection (a new one, after a SET).
+    c.batch_execute("SET TimeZone = 'America/New_York'")
+        .await
+        .unwrap();
+    let tz = "SELECT '2020-01-01 00:00:00+00'::timestamptz::text FROM documents WHERE organization_id = 2 LIMIT 1";
+    let rows = c.simple_query(tz).await.unwrap();
+    let text = rows
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(text, "2019-12-31 19:00:00-05");
+    assert_eq!(route_of(&proxy, "query", "2020-01-01"), "\"direct\"");
+
+    // An error in the organization's database reaches the client; the session goes on.
+    let e = c
+        .simple_query("SELECT no_such_column FROM documents WHERE organization_id = 2")
+        .await
+        .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "42703");
+
+    // Pipelined: direct and cloud statements interleaved keep their order and answers.
+    let (two, one) = ((2i64, ids[1].1), (1i64, ids[0].1));
+    let p2: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&two.0, &two.1];
+    let p1: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&one.0, &one.1];
+    let p3: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&two.0];
+    let (a, b, d) = tokio::join!(
+        c.query_one(&by_id, &p2),
+        c.query_one(&by_id, &p1),
+        c.query_one(
+            "SELECT count(*) FROM document_versions WHERE organization_id = $1",
+            &p3
+        ),
+    );
+    assert_eq!(a.unwrap().get::<_, String>(0), "edited");
+    assert!(b.unwrap().get::<_, String>(0).starts_with("doc "));
+    assert_eq!(d.unwrap().get::<_, i64>(0), 100);
+    drop(c);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_organization_fails_only_its_own_statements() {
+    let (mut w, proxy) = direct_world(json!({ "direct_pool": true }));
+    let c2 = client(&proxy).await;
+    let sql2 = "SELECT count(*) FROM documents WHERE organization_id = 2";
+    assert_eq!(one_i64(&c2.simple_query(sql2).await.unwrap()), 100);
+    drop(c2);
+
+    // The agent goes away: organization 2's database cannot be reached at all.
+    drop(w.agent.take());
+    let c1 = client(&proxy).await;
+    let c2 = client(&proxy).await;
+    let sql1 = "SELECT count(*) FROM documents WHERE organization_id = 1";
+    for _ in 0..3 {
+        assert!(c2.simple_query(sql2).await.is_err());
+        assert_eq!(one_i64(&c1.simple_query(sql1).await.unwrap()), 100);
+    }
+    assert!(
+        proxy
+            .output()
+            .contains("the direct path to this organization's database failed")
+            || proxy
+                .output()
+                .contains("lost the connection to organization 2"),
+        "{}",
+        proxy.output()
+    );
+}
