@@ -81,6 +81,12 @@ enum Dest {
 pub enum Want {
     Cloud,
     Direct(Rc<str>),
+    /// No switch: only wait until the side in use has answered everything (its
+    /// transaction status is then known).
+    Settle,
+    /// A transaction that has only read directly moves to the cloud: the direct one is
+    /// rolled back (its answers dropped) and the cloud's begins with the held message.
+    Migrate,
 }
 
 /// A prepared statement as the client parsed it.
@@ -118,8 +124,24 @@ pub struct Router {
     unnamed_on_cloud: bool,
     /// Statements the client closed while a batch ran direct: the cloud still has them.
     close_on_cloud: HashSet<String>,
+    /// Statements parsed on the direct connection only (inside a direct transaction): a
+    /// Bind on the cloud parses them there first.
+    not_on_cloud: HashSet<String>,
     /// Organizations whose database could not be reached, until when.
     unavailable: HashMap<Rc<str>, Instant>,
+    /// A plain BEGIN the proxy answered itself, sent ahead of the next statement to the
+    /// side that statement goes to (so a transaction of direct reads costs no round trip
+    /// for its BEGIN, and none to the cloud).
+    held_begin: Option<Vec<u8>>,
+    /// The session may not defer BEGIN: the client changed transaction defaults, which a
+    /// direct transaction would not follow.
+    no_defer: bool,
+    /// Set by the session before each step: the server → client stream is between
+    /// messages with nothing unwritten, so the proxy may answer a message itself.
+    pub down_ready: bool,
+    /// What the proxy answers itself, for the session to put in the server → client
+    /// stream right after this step.
+    pub local_out: Vec<u8>,
 }
 
 impl Router {
@@ -143,9 +165,17 @@ impl Router {
         self.on_direct.clear();
     }
 
-    /// Whether the router holds a message of the client's (a held unnamed Parse).
+    /// Whether the router holds a message of the client's (a held unnamed Parse). A held
+    /// BEGIN is not one: nothing was sent for it, and nothing needs undoing.
     pub fn holds_message(&self) -> bool {
         self.held_parse.is_some()
+    }
+
+    /// After [`Want::Migrate`]: the cloud's transaction begins with the next message.
+    pub fn begin_on_next(&mut self) {
+        let mut begin = Vec::new();
+        frontend::query(&mut begin, "BEGIN");
+        self.held_begin = Some(begin);
     }
 
     /// The analysis of a prepared statement (route_log of a Bind).
@@ -157,6 +187,7 @@ impl Router {
     pub(super) fn forget(&mut self, name: &str) {
         self.prepared.remove(name);
         self.on_direct.remove(name);
+        self.not_on_cloud.remove(name);
     }
 
     pub(super) fn remember(&mut self, name: &str, parse: &[u8], analysis: Analysis) {
@@ -181,21 +212,29 @@ impl ClientFrames<'_> {
         if !self.router.enabled {
             return false;
         }
-        // A held Parse is forwarded together with whatever comes next.
+        // A held Parse or BEGIN is forwarded together with whatever comes next.
         self.router.held_parse.is_some()
+            || self.router.held_begin.is_some()
             || matches!(tag, FE_QUERY | FE_PARSE | FE_BIND | FE_CLOSE | FE_DESCRIBE)
     }
 
     /// Routes one client message: where it goes (asking the session to switch first when
     /// that is elsewhere) and what is sent. Counts it on the exchange of the side it goes to.
     pub(super) fn route(&mut self, tag: u8, frame: Option<&[u8]>) -> Action {
-        let dest = match frame {
+        let mut dest = match frame {
             Some(frame) if self.router.enabled => {
                 // A malformed message goes to the cloud, which refuses it.
                 self.destination(tag, frame).unwrap_or(Dest::Cloud)
             }
             _ => Dest::Current,
         };
+        if let (Some(frame), true) = (frame, self.router.enabled) {
+            match self.transaction_step(tag, frame, &dest) {
+                TxStep::Go => {}
+                TxStep::To(d) => dest = d,
+                TxStep::Done(action) => return action,
+            }
+        }
         let current = self.router.target;
         let mid_batch = self.exchanges.get(current).unsynced;
         let same_direct = |org: &Rc<str>| {
@@ -203,7 +242,11 @@ impl ClientFrames<'_> {
         };
         let side = match &dest {
             Dest::Current | Dest::Hold => current,
-            Dest::PreferCloud if current == Side::Cloud || mid_batch => current,
+            Dest::PreferCloud
+                if current == Side::Cloud || mid_batch || self.direct_transaction() =>
+            {
+                current
+            }
             Dest::Cloud if current == Side::Cloud => Side::Cloud,
             Dest::Direct(org) if same_direct(org) => Side::Direct,
             // A batch begun on the cloud stays there: the cloud answers everything.
@@ -220,7 +263,17 @@ impl ClientFrames<'_> {
                 return Action::Hold;
             }
         };
-        let action = match frame {
+        // The client's BEGIN, answered already, goes first (its own answers dropped).
+        let begin = match (dest != Dest::Hold, frame.is_some()) {
+            (true, true) => self.router.held_begin.take(),
+            _ => None,
+        };
+        if begin.is_some() {
+            let ex = self.exchanges.get_mut(side);
+            ex.silence_next();
+            count(ex, FE_QUERY);
+        }
+        let mut action = match frame {
             Some(frame) if self.router.enabled => {
                 match self.apply(tag, frame, side, dest == Dest::Hold) {
                     Ok(a) => a,
@@ -229,10 +282,95 @@ impl ClientFrames<'_> {
             }
             _ => Action::Forward,
         };
+        if let (Some(mut out), Some(frame)) = (begin, frame) {
+            match action {
+                Action::Replace(bytes) => out.extend_from_slice(&bytes),
+                _ => out.extend_from_slice(frame),
+            }
+            action = Action::Replace(out);
+        }
         if dest != Dest::Hold {
             count(self.exchanges.get_mut(side), tag);
         }
         action
+    }
+
+    /// Transactions. A plain BEGIN while nothing is in flight is answered by the proxy and
+    /// sent with the next statement, to that statement's side: a transaction whose
+    /// statements are all direct reads of one organization runs in its database; one that
+    /// starts on the cloud stays there. A direct transaction has only read (only plain
+    /// reads go direct); when it needs the cloud it moves there ([`Want::Migrate`]): under
+    /// READ COMMITTED each statement sees the data as of its own start anyway, and it holds
+    /// no lock a reader needs. Its COMMIT, ROLLBACK and everything after an error go where
+    /// it runs.
+    fn transaction_step(&mut self, tag: u8, frame: &[u8], dest: &Dest) -> TxStep {
+        let sql = if tag == FE_QUERY {
+            Fields::new(&frame[5..], "Query").cstr().ok()
+        } else {
+            None
+        };
+        if let Some(sql) = sql {
+            if changes_transaction_defaults(sql) {
+                self.router.no_defer = true;
+            }
+        }
+        let (ex, router) = (&*self.exchanges, &mut *self.router);
+        if router.held_begin.is_some() {
+            let Some(end) = sql.and_then(transaction_end) else {
+                return TxStep::Go;
+            };
+            // BEGIN then COMMIT or ROLLBACK: nothing was sent, nothing is.
+            if !router.down_ready {
+                router.want = Some(Want::Settle);
+                return TxStep::Done(Action::Hold);
+            }
+            router.held_begin = None;
+            lokadb_shared::wire::backend::command_complete(&mut router.local_out, end);
+            lokadb_shared::wire::backend::ready_for_query(&mut router.local_out, TX_IDLE);
+            return TxStep::Done(Action::Replace(Vec::new()));
+        }
+        let begin = sql.is_some_and(is_plain_begin);
+        if begin
+            && !router.no_defer
+            && router.down_ready
+            && ex.cloud.is_idle()
+            && ex.direct.is_idle()
+            && self.meta.is_some_and(|m| m.has_direct_orgs())
+        {
+            router.held_begin = Some(frame.to_vec());
+            lokadb_shared::wire::backend::command_complete(&mut router.local_out, "BEGIN");
+            lokadb_shared::wire::backend::ready_for_query(&mut router.local_out, TX_IN_BLOCK);
+            return TxStep::Done(Action::Replace(Vec::new()));
+        }
+        // Only statements open or take part in a transaction; the rest of a batch follows
+        // its first message, and a batch's own rule applies while one is open.
+        let statement = matches!(dest, Dest::Cloud | Dest::Direct(_));
+        if router.target != Side::Direct || !statement || ex.direct.unsynced {
+            return TxStep::Go;
+        }
+        let org = router.direct_org.clone();
+        let same_org = matches!(dest, Dest::Direct(o) if Some(o) == org.as_ref());
+        if same_org {
+            return TxStep::Go;
+        }
+        if !ex.direct.is_settled() {
+            // Whether a direct transaction is open is known once its answers are in.
+            router.want = Some(Want::Settle);
+            return TxStep::Done(Action::Hold);
+        }
+        let Some(org) = org else {
+            return TxStep::Go;
+        };
+        match ex.direct.status {
+            TX_IDLE => TxStep::Go,
+            // Failed: the client's ROLLBACK, and the errors until it, come from there.
+            TX_FAILED => TxStep::To(Dest::Direct(org)),
+            _ if sql.is_some_and(|s| transaction_end(s).is_some()) => TxStep::To(Dest::Direct(org)),
+            _ => {
+                router.want = Some(Want::Migrate);
+                TxStep::Done(Action::Hold)
+            }
+        }
     }
 
     /// Where a whole message should go.
@@ -247,6 +385,9 @@ impl ClientFrames<'_> {
                     None => Dest::Cloud,
                 }
             }
+            // Inside a direct transaction a statement is parsed where it runs; where it is
+            // executed is its Bind's to decide.
+            FE_PARSE if self.direct_transaction() => Dest::Current,
             FE_PARSE => {
                 let name = f.cstr()?;
                 let sql = f.cstr()?;
@@ -283,6 +424,11 @@ impl ClientFrames<'_> {
             FE_FUNCTION_CALL => Dest::Cloud,
             _ => Dest::Current,
         })
+    }
+
+    /// A transaction is open on the direct connection (as of its last answer).
+    fn direct_transaction(&self) -> bool {
+        self.router.target == Side::Direct && self.exchanges.direct.status != TX_IDLE
     }
 
     /// The cloud is between requests and outside a transaction: nothing a statement on
@@ -356,6 +502,15 @@ impl ClientFrames<'_> {
                     router.held_parse = Some(frame.to_vec());
                     return Ok(Action::Replace(Vec::new()));
                 }
+                if side == Side::Direct {
+                    router.on_direct.insert(name.to_owned());
+                    router.not_on_cloud.insert(name.to_owned());
+                    if name.is_empty() {
+                        router.unnamed_on_cloud = false;
+                    }
+                    return Ok(Action::Forward);
+                }
+                router.not_on_cloud.remove(name);
                 if side == Side::Cloud {
                     if name.is_empty() {
                         router.unnamed_on_cloud = true;
@@ -387,6 +542,16 @@ impl ClientFrames<'_> {
                     out.extend_from_slice(&p.parse);
                     router.on_direct.insert(name.to_owned());
                     self.exchanges.direct.drop_answers(2);
+                } else if side == Side::Cloud
+                    && router.not_on_cloud.remove(name)
+                    && !name.is_empty()
+                {
+                    // Parsed inside a direct transaction: the cloud needs it now.
+                    if let Some(p) = router.prepared.get(name) {
+                        frontend::close_statement(&mut out, name);
+                        out.extend_from_slice(&p.parse);
+                        self.exchanges.cloud.drop_answers(2);
+                    }
                 } else if side == Side::Cloud && name.is_empty() && !router.unnamed_on_cloud {
                     // The last unnamed Parse ran direct: the cloud needs it again.
                     if let Some(p) = router.prepared.get("") {
@@ -404,9 +569,9 @@ impl ClientFrames<'_> {
             FE_CLOSE => {
                 if f.u8()? == b'S' {
                     let name = f.cstr()?;
-                    router.prepared.remove(name);
-                    router.on_direct.remove(name);
-                    if side == Side::Direct {
+                    let only_direct = router.not_on_cloud.contains(name);
+                    router.forget(name);
+                    if side == Side::Direct && !only_direct {
                         router.close_on_cloud.insert(name.to_owned());
                     }
                 }
@@ -460,6 +625,75 @@ impl ClientFrames<'_> {
     }
 }
 
+/// What [`ClientFrames::transaction_step`] decided.
+enum TxStep {
+    /// Route as usual.
+    Go,
+    /// Route to this destination instead.
+    To(Dest),
+    /// Done: this action.
+    Done(Action),
+}
+
+/// `BEGIN`, `BEGIN WORK|TRANSACTION`, `START TRANSACTION`, with no options (an isolation
+/// level or READ ONLY goes to the cloud as sent).
+fn is_plain_begin(sql: &str) -> bool {
+    let words: Vec<&str> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .collect();
+    match words.as_slice() {
+        [w] => w.eq_ignore_ascii_case("begin"),
+        [a, b] => {
+            (a.eq_ignore_ascii_case("begin")
+                && (b.eq_ignore_ascii_case("work") || b.eq_ignore_ascii_case("transaction")))
+                || (a.eq_ignore_ascii_case("start") && b.eq_ignore_ascii_case("transaction"))
+        }
+        _ => false,
+    }
+}
+
+/// The command tag of a plain transaction end: `COMMIT`/`END` → "COMMIT",
+/// `ROLLBACK`/`ABORT` → "ROLLBACK" (optionally WORK or TRANSACTION; not AND CHAIN, not
+/// TO SAVEPOINT, not PREPARED).
+fn transaction_end(sql: &str) -> Option<&'static str> {
+    let words: Vec<&str> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .collect();
+    let (verb, rest) = words.split_first()?;
+    let plain = match rest {
+        [] => true,
+        [w] => w.eq_ignore_ascii_case("work") || w.eq_ignore_ascii_case("transaction"),
+        _ => false,
+    };
+    if !plain {
+        return None;
+    }
+    if verb.eq_ignore_ascii_case("commit") || verb.eq_ignore_ascii_case("end") {
+        Some("COMMIT")
+    } else if verb.eq_ignore_ascii_case("rollback") || verb.eq_ignore_ascii_case("abort") {
+        Some("ROLLBACK")
+    } else {
+        None
+    }
+}
+
+/// A `SET` of transaction defaults (`default_transaction_isolation`, `SET SESSION
+/// CHARACTERISTICS AS TRANSACTION …`): a deferred BEGIN would open the organization's
+/// transaction with its own defaults, so the session stops deferring.
+fn changes_transaction_defaults(sql: &str) -> bool {
+    let head = sql.trim_start();
+    let is_set = head.get(..3).is_some_and(|h| h.eq_ignore_ascii_case("set"));
+    is_set
+        && head
+            .as_bytes()
+            .windows(11)
+            .any(|w| w.eq_ignore_ascii_case(b"transaction"))
+}
+
 /// Counts a message forwarded to a side on that side's exchange.
 fn count(ex: &mut Exchange, tag: u8) {
     match tag {
@@ -470,5 +704,55 @@ fn count(ex: &mut Exchange, tag: u8) {
         // COPY data belongs to a request already counted.
         FE_COPY_DATA | FE_COPY_DONE | FE_COPY_FAIL => {}
         _ => ex.unsynced = true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transaction_statements_are_told_apart() {
+        for sql in [
+            "BEGIN",
+            "begin;",
+            "  Begin Work ",
+            "START TRANSACTION",
+            "begin transaction;",
+        ] {
+            assert!(is_plain_begin(sql), "{sql}");
+        }
+        for sql in [
+            "BEGIN ISOLATION LEVEL SERIALIZABLE",
+            "BEGIN READ ONLY",
+            "START TRANSACTION READ WRITE",
+            "BEGIN; SELECT 1",
+            "-- c\nBEGIN",
+            "BEGINNING",
+        ] {
+            assert!(!is_plain_begin(sql), "{sql}");
+        }
+        assert_eq!(transaction_end("COMMIT"), Some("COMMIT"));
+        assert_eq!(transaction_end("end transaction;"), Some("COMMIT"));
+        assert_eq!(transaction_end("rollback work"), Some("ROLLBACK"));
+        assert_eq!(transaction_end("ABORT"), Some("ROLLBACK"));
+        for sql in [
+            "ROLLBACK TO SAVEPOINT a",
+            "COMMIT AND CHAIN",
+            "COMMIT PREPARED 'x'",
+            "SELECT 1",
+        ] {
+            assert_eq!(transaction_end(sql), None, "{sql}");
+        }
+        assert!(changes_transaction_defaults(
+            "SET default_transaction_isolation = 'serializable'"
+        ));
+        assert!(changes_transaction_defaults(
+            "set session characteristics as transaction isolation level repeatable read"
+        ));
+        assert!(!changes_transaction_defaults("SET TimeZone = 'UTC'"));
+        assert!(!changes_transaction_defaults(
+            "SELECT 'transaction' FROM documents"
+        ));
     }
 }

@@ -15,7 +15,7 @@ use crate::net::stream::ClientStream;
 use crate::rt::net::TcpStream;
 use crate::scram::{Credentials, Secret};
 use crate::time::with_timeout;
-use futures_lite::AsyncWriteExt;
+use futures_lite::{AsyncWrite, AsyncWriteExt};
 use lokadb_shared::wire::backend;
 use lokadb_shared::wire::startup::StartupMessage;
 use lokadb_shared::wire::tags::*;
@@ -285,6 +285,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 meta = core.meta.borrow().get(&*db.name).cloned();
                 meta_seen = Some(core.meta_version.get());
             }
+            router.down_ready = down.at_frame_boundary() && !down.has_unwritten();
             let target = router.target;
             let to = match (target, direct.as_mut()) {
                 (Side::Direct, Some(d)) => &mut d.conn.stream,
@@ -307,6 +308,12 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                     return Poll::Ready(End::ClientProtocol(e))
                 }
                 Poll::Pending => {}
+            }
+            if !router.local_out.is_empty() {
+                // The proxy's own answers (a deferred BEGIN): nothing is in flight, so
+                // they come in order.
+                down.inject(&std::mem::take(&mut router.local_out));
+                progress = true;
             }
             if up.stopped && up.is_flushed() {
                 return Poll::Ready(End::ClientDone);
@@ -476,11 +483,40 @@ fn switch(
     cloud: &BackendConn,
     cancel_pid: u32,
 ) -> bool {
-    let Some(want) = router.want.clone() else {
+    let Some(mut want) = router.want.clone() else {
         return true;
     };
+    // A transaction open on the direct connection keeps the session there: the message
+    // is shown again, and the transaction rules decide (`Router`'s Migrate).
+    let direct_transaction = router.target == Side::Direct
+        && exchanges.direct.status != lokadb_shared::wire::tags::TX_IDLE;
+    if direct_transaction && want != Want::Migrate {
+        want = Want::Settle;
+    }
     let org = match want {
-        Want::Cloud => {
+        Want::Settle => {
+            router.want = None;
+            return true;
+        }
+        Want::Cloud | Want::Migrate => {
+            if want == Want::Migrate {
+                // The direct transaction has only read: rolled back (answers dropped),
+                // and the cloud's begins with the held message.
+                if let Some(d) = direct.as_mut() {
+                    let mut rollback = Vec::new();
+                    lokadb_shared::wire::frontend::query(&mut rollback, "ROLLBACK");
+                    match Pin::new(&mut d.conn.stream).poll_write(cx, &rollback) {
+                        Poll::Pending => return false,
+                        Poll::Ready(Ok(n)) if n == rollback.len() => {
+                            exchanges.direct.silence_next();
+                            exchanges.direct.pending += 1;
+                        }
+                        // A lost connection shows when it is read.
+                        Poll::Ready(_) => {}
+                    }
+                }
+                router.begin_on_next();
+            }
             router.target = Side::Cloud;
             router.want = None;
             core.cancels

@@ -34,6 +34,9 @@ pub struct Exchange {
     /// re-parsed on this side) to drop: (the request they belong to, counted as
     /// [`Exchange::answered`] when its answers begin; how many), oldest first.
     pub dropping: std::collections::VecDeque<(u64, u32)>,
+    /// Requests the proxy added whose answers are all dropped (a deferred BEGIN, the
+    /// ROLLBACK of a transaction that moved to the cloud), by request number.
+    pub silenced: std::collections::VecDeque<u64>,
 }
 
 impl Default for Exchange {
@@ -45,6 +48,7 @@ impl Default for Exchange {
             terminated: false,
             answered: 0,
             dropping: std::collections::VecDeque::new(),
+            silenced: std::collections::VecDeque::new(),
         }
     }
 }
@@ -65,6 +69,17 @@ impl Exchange {
             Some((r, count)) if *r == request => *count += n,
             _ => self.dropping.push_back((request, n)),
         }
+    }
+
+    /// Notes that the request sent next is the proxy's own: its answers are dropped.
+    pub fn silence_next(&mut self) {
+        self.silenced
+            .push_back(self.answered + u64::from(self.pending));
+    }
+
+    /// Whether the answers coming now belong to a request the proxy added.
+    fn silent_now(&self) -> bool {
+        self.silenced.front() == Some(&self.answered)
     }
 
     /// Whether the next ParseComplete or CloseComplete is one the proxy added.
@@ -417,6 +432,9 @@ impl Reported {
 impl Inspect for ServerFrames<'_> {
     #[inline]
     fn wants_body(&self, tag: u8) -> bool {
+        if self.exchange.silent_now() {
+            return true;
+        }
         match tag {
             BE_READY_FOR_QUERY | BE_PARAMETER_STATUS => true,
             BE_PARSE_COMPLETE | BE_CLOSE_COMPLETE => self.exchange.drops_next(),
@@ -433,7 +451,24 @@ impl Inspect for ServerFrames<'_> {
 
     #[inline]
     fn on_frame(&mut self, header: Header, frame: Option<&[u8]>) -> Action {
-        match header.tag {
+        // Answers to the proxy's own request: dropped, but for what is not an answer.
+        let silent = self.exchange.silent_now()
+            && !matches!(header.tag, BE_NOTIFICATION_RESPONSE | BE_PARAMETER_STATUS);
+        if silent && header.tag == BE_READY_FOR_QUERY {
+            self.exchange.silenced.pop_front();
+        }
+        let action = self.account(header.tag, frame);
+        if silent {
+            Action::Replace(Vec::new())
+        } else {
+            action
+        }
+    }
+}
+
+impl ServerFrames<'_> {
+    fn account(&mut self, tag: u8, frame: Option<&[u8]>) -> Action {
+        match tag {
             BE_READY_FOR_QUERY => {
                 let ex = &mut *self.exchange;
                 ex.pending = ex.pending.saturating_sub(1);

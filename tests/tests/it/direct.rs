@@ -266,3 +266,147 @@ async fn an_unreachable_organization_fails_only_its_own_statements() {
         proxy.output()
     );
 }
+
+fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The organization's statement log from `from` on (bytes), its lines that are statements.
+fn org_statements_since(w: &World, from: usize) -> Vec<String> {
+    w.org.db.log_contents()[from..]
+        .lines()
+        .filter_map(|l| {
+            l.split_once("LOG:  statement: ")
+                .or_else(|| l.split_once("LOG:  execute "))
+                .map(|(_, s)| s.to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_of_direct_reads_run_there_and_move_to_the_cloud_when_needed() {
+    let (w, proxy) = direct_world(json!({}));
+    let c = client(&proxy).await;
+    let id: i64 = c
+        .query_one(
+            "SELECT min(id) FROM documents WHERE organization_id = 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let read = format!("SELECT title FROM documents WHERE organization_id = 2 AND id = {id}");
+    // Warm the direct connection, so the log below is the transaction's alone.
+    c.simple_query(&read).await.unwrap();
+
+    // BEGIN, two reads, COMMIT: all in the organization's database, BEGIN sent with
+    // the first read (the proxy answered it), nothing through the cloud.
+    let mark = w.org.db.log_contents().len();
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()).len(), 1);
+    let count = "SELECT count(*) FROM document_versions WHERE organization_id = 2";
+    assert_eq!(rows(&c.simple_query(count).await.unwrap()), ["100"]);
+    c.batch_execute("COMMIT").await.unwrap();
+    let seen = org_statements_since(&w, mark);
+    assert_eq!(seen, ["BEGIN", read.as_str(), count, "COMMIT"], "{seen:#?}");
+
+    // A read, then a write: the transaction moves to the cloud; the write is its own, the
+    // read after it sees it, and ROLLBACK undoes it.
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()).len(), 1);
+    c.batch_execute(&format!(
+        "UPDATE documents SET title = 'uncommitted' WHERE organization_id = 2 AND id = {id}"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["uncommitted"]);
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_ne!(rows(&c.simple_query(&read).await.unwrap()), ["uncommitted"]);
+    // And COMMIT keeps it.
+    c.batch_execute("BEGIN").await.unwrap();
+    c.simple_query(&read).await.unwrap();
+    c.batch_execute(&format!(
+        "UPDATE documents SET title = 'committed' WHERE organization_id = 2 AND id = {id}"
+    ))
+    .await
+    .unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["committed"]);
+
+    // An error in a direct transaction: the statements after it fail as in Postgres
+    // (25P02) until ROLLBACK; the session goes on.
+    c.batch_execute("BEGIN").await.unwrap();
+    let e = c
+        .simple_query("SELECT no_such_column FROM documents WHERE organization_id = 2")
+        .await
+        .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "42703");
+    let e = c.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "25P02");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(rows(&c.simple_query("SELECT 1").await.unwrap()), ["1"]);
+
+    // An empty transaction, and tokio-postgres' transaction API (extended protocol).
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    let mut c = c;
+    let by_id = c
+        .prepare("SELECT title FROM documents WHERE organization_id = $1 AND id = $2")
+        .await
+        .unwrap();
+    let tx = c.transaction().await.unwrap();
+    let row = tx.query_one(&by_id, &[&2i64, &id]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "committed");
+    let n: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM documents WHERE organization_id = $1",
+            &[&2i64],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 100);
+    // A write prepared inside the direct transaction (parsed there), then executed: the
+    // transaction moves to the cloud, which parses the statement first.
+    let rename = tx
+        .prepare("UPDATE documents SET title = $3 WHERE organization_id = $1 AND id = $2")
+        .await
+        .unwrap();
+    assert_eq!(
+        tx.execute(&rename, &[&2i64, &id, &"in a moved transaction"])
+            .await
+            .unwrap(),
+        1
+    );
+    let row = tx.query_one(&by_id, &[&2i64, &id]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "in a moved transaction");
+    tx.commit().await.unwrap();
+    let row = c.query_one(&by_id, &[&2i64, &id]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "in a moved transaction");
+    assert_eq!(
+        org_ran(
+            &w,
+            "SELECT count(*) FROM documents WHERE organization_id = $1"
+        ),
+        1,
+        "the transaction ran in the organization's database"
+    );
+
+    // A client that changes transaction defaults gets no deferred BEGIN: its transactions
+    // run on the cloud with its isolation level.
+    c.batch_execute("SET default_transaction_isolation = 'repeatable read'")
+        .await
+        .unwrap();
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(
+        rows(&c.simple_query("SHOW transaction_isolation").await.unwrap()),
+        ["repeatable read"]
+    );
+    c.simple_query(&read).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+}

@@ -1,0 +1,1026 @@
+#!/usr/bin/env python3
+"""LokaDB routing benchmark: round trips to an organization per operation, fdw vs fdw+direct.
+
+    /work/main/.venv/bin/python research/bench/routing.py [--quick] [--out DIR]
+
+One world (research/bench/README.md, "Routing benchmark"): a cloud cluster with the test schema of
+tests/tests/it/admin_enable.rs (as moves.py) and a few thousand rows per organization, organization
+2's database behind the relay and its agent, organization 1 staying in the cloud. Organization 2 is
+moved once (`lokadb move-org 2 --profile fdw`); its database then logs every statement
+(`ALTER DATABASE orgdb SET log_statement = 'all'`). For each RTT (full 0, 10, 40 ms; quick 0, 10)
+the relay, a latency link (RTT/2 each way) in front of the relay's agent port, the agent and the
+proxy (`lokadb proxy`, with the direct path's login configured) are started afresh; one psycopg
+client through the proxy runs each operation N times per profile (fdw, then fdw+direct, switched with
+`UPDATE lokadb.org SET profile = ...` in the cloud). Per window of N operations: the statements that
+reached organization 2's database (its log, cut by marker statements), latency p50/p95 and ÷ RTT,
+and the proxy's CPU time.
+
+Writes raw.json, summary.md and PNG charts into research/bench/results/<UTC ts>-routing[-quick]/
+and the numbers behind the charts into research/bench/charts-data.md ("Routing: round trips to an
+organization"). Benchmarks whatever binaries are in $LOKADB_BENCH_TARGET (default
+/work/target-bench/release, as moves.py); it builds nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
+from run import (  # noqa: E402
+    PG_USER, TEMP_DIRS, cleanup, cpu_ticks, free_port, log, on_sigterm, percentile,
+)
+import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
+from tunnel import (  # noqa: E402
+    LineProc, Relay, binary_info, make_certs, new_token, start_agent, start_link, stop_agents, ticks_to_ms,
+)
+import moves  # noqa: E402  (the move benchmark's clusters, admin commands, schema and load)
+from moves import (  # noqa: E402
+    APP_PASSWORD, CLOUD_PG, ORG_DB, ORG_PG, SUPER_PASSWORD, PgCluster, fmt, load_sql, loadavg, lokadb,
+    mask, schema_sql,
+)
+
+import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
+import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
+
+BIN_DIR = tunnel.BIN_DIR
+LOKADB_BIN = BIN_DIR / "lokadb"
+AGENT_BIN = BIN_DIR / "lokadb-agent"
+LINK_BIN = BIN_DIR / "latency-link"
+
+ORG = moves.ORG  # "2": the organization that moves
+OTHER = moves.OTHER  # "1": stays in the cloud
+AUTH_PASSWORD = "lokadb-auth-bench-secret"
+PROFILES = ["fdw", "fdw+direct"]
+PAIRS = 3000  # moves.load_sql: 2 x PAIRS documents (PAIRS per organization), one version each
+MARK_APP = "lokadb-bench-mark"  # application_name of the benchmark's own connections to the org database
+CLIENT_APP = "lokadb-bench-client"  # the client's (a direct connection copies it)
+# The org cluster prefixes every log line with pid, application_name, user and database so the
+# benchmark's own lines can be told apart and each statement attributed to its session.
+ORG_LOG_PREFIX = "%m [%p] %a|%u|%d: "
+EXTRA_INDEXES = [
+    "CREATE INDEX documents_org_id_idx ON documents (organization_id, id)",
+    "CREATE INDEX document_versions_org_doc_idx ON document_versions (organization_id, document_id)",
+]
+
+READ_SQL = f"SELECT id, title FROM documents WHERE organization_id = {ORG} AND id = %s"
+READ_SQL_1 = f"SELECT id, title FROM documents WHERE organization_id = {OTHER} AND id = %s"
+UPDATE_SQL = f"UPDATE documents SET title = %s WHERE organization_id = {ORG} AND id = %s"
+COUNT_SQL = f"SELECT count(*) FROM document_versions WHERE organization_id = {ORG} AND document_id = %s"
+
+
+class Mode:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.name = "quick" if quick else "full"
+        self.rtts_ms = [0, 10] if quick else [0, 10, 40]
+        self.n = 15 if quick else 50  # measured operations per window
+        # Warm-up per window: more than psycopg's prepare_threshold (5), so the measured
+        # operations run psycopg's named prepared statement, as a long-lived application's would.
+        self.warmup = 8
+
+
+# --------------------------------------------------------------------------------------
+# Operations (organization 2, point access by the (organization_id, id) index)
+
+
+class Ops:
+    def __init__(self, ids2: list[int], ids1: list[int]):
+        self.rng = random.Random(20261204)
+        self.ids2, self.ids1 = ids2, ids1
+        self.titles = itertools.count(1)
+
+    def doc(self):
+        return self.rng.choice(self.ids2)
+
+    def title(self):
+        return f"routing bench {next(self.titles)}"  # (organization_id, title) is UNIQUE
+
+    def read(self, c):
+        row = c.execute(READ_SQL, (self.doc(),)).fetchone()
+        if row is None:
+            raise RuntimeError("read: no row")
+
+    def tx_read(self, c):
+        with c.transaction():
+            row = c.execute(READ_SQL, (self.doc(),)).fetchone()
+        if row is None:
+            raise RuntimeError("tx_read: no row")
+
+    def tx_update(self, c):
+        with c.transaction():
+            n = c.execute(UPDATE_SQL, (self.title(), self.doc())).rowcount
+        if n != 1:
+            raise RuntimeError(f"tx_update: {n} rows")
+
+    def update(self, c):
+        n = c.execute(UPDATE_SQL, (self.title(), self.doc())).rowcount
+        if n != 1:
+            raise RuntimeError(f"update: {n} rows")
+
+    def orm_read(self, c):
+        d = self.doc()
+        row = c.execute(READ_SQL, (d,)).fetchone()
+        if row is None:
+            raise RuntimeError("orm_read: no row")
+        cnt = c.execute(COUNT_SQL, (row[0],)).fetchone()[0]
+        if cnt < 1:
+            raise RuntimeError(f"orm_read: {cnt} versions")
+
+    def control_read(self, c):
+        row = c.execute(READ_SQL_1, (self.rng.choice(self.ids1),)).fetchone()
+        if row is None:
+            raise RuntimeError("control_read: no row")
+
+
+OPS = [  # (key, label, what it sends)
+    ("read", "autocommit read", READ_SQL),
+    ("tx_read", "read in a transaction", f"BEGIN; {READ_SQL}; COMMIT"),
+    ("tx_update", "update in a transaction", f"BEGIN; {UPDATE_SQL}; COMMIT"),
+    ("update", "autocommit update", UPDATE_SQL),
+    ("orm_read", "ORM-style read (document + count of its versions)", f"{READ_SQL}; {COUNT_SQL}"),
+    ("control_read", "control: autocommit read of organization 1 (cloud)", READ_SQL_1),
+]
+OP_LABEL = {k: lab for k, lab, _ in OPS}
+OP_SHORT = {"read": "read", "tx_read": "read in tx", "tx_update": "update in tx", "update": "update",
+            "orm_read": "ORM read", "control_read": "org 1 read (control)"}
+
+
+# --------------------------------------------------------------------------------------
+# The organization's statement log, cut by markers
+
+
+LINE_RE = re.compile(r"^\S+ \S+ \S+ \[(?P<pid>\d+)\] (?P<app>[^|]*)\|(?P<user>[^|]*)\|(?P<db>[^:]*): "
+                     r"(?P<level>[A-Z]+):  (?P<msg>.*)$")
+
+
+def parse_line(line: str):
+    m = LINE_RE.match(line)
+    return m.groupdict() if m else None
+
+
+def statement_of(msg: str):
+    """('statement'|'execute', SQL) for a log_statement line's message, else None."""
+    if msg.startswith("statement: "):
+        return "statement", msg[len("statement: "):]
+    if msg.startswith("execute "):
+        return "execute", msg.split(": ", 1)[1] if ": " in msg else msg
+    return None
+
+
+def keyword(sql: str) -> str:
+    w = sql.strip().split()
+    if not w:
+        return "?"
+    k = w[0].upper()
+    if k == "START" and len(w) > 1:
+        return "START TRANSACTION"
+    return k
+
+
+class OrgLog:
+    """Reads organization 2's postgres.log from where it was and cuts it with markers: a marker is
+    `SELECT 'bench-mark-<n>'` run on the org database by the benchmark's own session (its
+    application_name is MARK_APP, its lines are never counted). Postgres writes a statement's line
+    before running it, and every backend writes each message with one write() to the same O_APPEND
+    file, so the lines between two markers are exactly what reached the database in between."""
+
+    def __init__(self, org: PgCluster):
+        self.path = org.dir / "postgres.log"
+        self.pos = self.path.stat().st_size
+        self.partial = ""
+        self.pending: list[str] = []
+        self.n = 0
+        self.conn = org.conn(ORG_DB, application_name=MARK_APP)
+
+    def _read(self):
+        with open(self.path, "rb") as f:
+            f.seek(self.pos)
+            data = f.read()
+        self.pos += len(data)
+        text = self.partial + data.decode(errors="replace")
+        lines = text.split("\n")
+        self.partial = lines.pop()
+        self.pending += lines
+
+    def cut(self, timeout=15.0) -> list[str]:
+        """The log lines since the previous cut (continuation lines included), without the marker."""
+        self.n += 1
+        tag = f"bench-mark-{self.n}"
+        self.conn.execute(f"SELECT '{tag}'")
+        deadline = time.monotonic() + timeout
+        while True:
+            self._read()
+            for i, line in enumerate(self.pending):
+                p = parse_line(line)
+                if p and p["app"] == MARK_APP and f"'{tag}'" in p["msg"]:
+                    out = self.pending[:i]
+                    self.pending = self.pending[i + 1:]
+                    return out
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"marker {tag} not found in {self.path}")
+            time.sleep(0.005)
+
+    def close(self):
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            pass
+
+
+def analyse(lines: list[str], keep=400) -> dict:
+    """Statements (log_statement lines) of other sessions than the benchmark's, by source and kind."""
+    stmts, errors, other = [], [], 0
+    for line in lines:
+        p = parse_line(line)
+        if not p or p["app"] == MARK_APP:
+            continue
+        st = statement_of(p["msg"]) if p["level"] == "LOG" else None
+        if st:
+            kind, sql = st
+            src = "direct" if p["app"] == CLIENT_APP else ("fdw" if p["app"] == "postgres_fdw" else p["app"] or "?")
+            stmts.append({"pid": int(p["pid"]), "app": p["app"], "user": p["user"], "source": src,
+                          "protocol": kind, "kw": keyword(sql), "sql": sql[:300]})
+        elif p["level"] in ("ERROR", "FATAL", "PANIC", "WARNING"):
+            errors.append(line[:500])
+        else:
+            other += 1
+    by_source, by_kw = {}, {}
+    for s in stmts:
+        by_source[s["source"]] = by_source.get(s["source"], 0) + 1
+        by_kw[s["kw"]] = by_kw.get(s["kw"], 0) + 1
+    return {"statements": len(stmts), "by_source": by_source, "by_keyword": by_kw,
+            "backends": len({s["pid"] for s in stmts}), "errors": errors[:20], "error_count": len(errors),
+            "other_log_lines": other, "lines": stmts[:keep]}
+
+
+# --------------------------------------------------------------------------------------
+# /proc: CPU time of a process in ns (all its threads' schedstat), finer than the 10 ms ticks
+
+
+def sched_ns(pid: int):
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return None
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+                seen = True
+        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+            pass
+    return total if seen else None
+
+
+def cpu_reading(ctx) -> dict:
+    return {"proxy_ticks": cpu_ticks(ctx.proxy.proc.pid), "proxy_ns": sched_ns(ctx.proxy.proc.pid),
+            "relay_ticks": cpu_ticks(ctx.relay.pid), "relay_ns": sched_ns(ctx.relay.pid),
+            "agent_ticks": cpu_ticks(ctx.agent.pid), "agent_ns": sched_ns(ctx.agent.pid)}
+
+
+def cpu_per_op(a: dict, b: dict, n: int) -> dict:
+    out = {}
+    for who in ("proxy", "relay", "agent"):
+        t0, t1 = a.get(f"{who}_ticks"), b.get(f"{who}_ticks")
+        n0, n1 = a.get(f"{who}_ns"), b.get(f"{who}_ns")
+        out[f"{who}_ticks"] = (t1 - t0) if t0 is not None and t1 is not None else None
+        out[f"{who}_us_per_op_ticks"] = round(ticks_to_ms(t1 - t0) * 1e3 / n, 1) \
+            if t0 is not None and t1 is not None else None
+        out[f"{who}_us_per_op"] = round((n1 - n0) / 1e3 / n, 1) if n0 is not None and n1 is not None else None
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The world
+
+
+def build_world(ctx) -> dict:
+    info = {"timings_s": {}}
+    T = info["timings_s"]
+    t0 = time.time()
+    root = ctx.tmp / "world"
+    root.mkdir()
+    shutil.chown(root, PG_USER, PG_USER)
+    ctx.org = org = PgCluster(root, "org", ctx.commands)
+    org.initdb()
+    org.start({**ORG_PG, "log_line_prefix": ORG_LOG_PREFIX})
+    with org.conn() as c:
+        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+        c.execute(f"CREATE DATABASE {ORG_DB} OWNER app")
+        info["postgres_version"] = c.execute("SELECT version()").fetchone()[0]
+    ctx.cloud = cloud = PgCluster(root, "cloud", ctx.commands)
+    cloud.initdb()
+    cloud.start(CLOUD_PG)
+    with cloud.conn() as c:
+        c.execute("CREATE DATABASE app")
+        c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
+    ctx.commands.append("(cloud) CREATE DATABASE app; CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '***'")
+    dsn = cloud.dsn()
+    T["clusters"] = round(time.time() - t0, 1)
+    # The relay and the agent (no link) for org add and the move.
+    relay = Relay(ctx.tmp, ctx.certs, {ORG: ctx.token_hash}, {}, ctx.commands,
+                  agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port, tag="relay-setup")
+    agent = start_agent(f"127.0.0.1:{relay.agents_port}", ctx.token, org.addr(), ctx.certs["ca"], {},
+                        ctx.agent_log)
+    try:
+        relay.wait_connected(1)
+        t = time.time()
+        lokadb(ctx, ["init"], dsn)
+        sql = load_sql(PAIRS)
+        with cloud.conn("app") as c:
+            c.execute(schema_sql())
+            for s in EXTRA_INDEXES:
+                c.execute(s)
+            c.execute(sql)
+            c.execute("VACUUM ANALYZE documents")
+            c.execute("VACUUM ANALYZE document_versions")
+        ctx.commands.append("(cloud, database app) the SCHEMA of tests/tests/it/admin_enable.rs; "
+                            + "; ".join(EXTRA_INDEXES) + "; " + " ".join(sql.split()))
+        T["schema_load"] = round(time.time() - t, 1)
+        t = time.time()
+        for tbl in moves.TABLES:
+            lokadb(ctx, ["enable", tbl], dsn)
+        lokadb(ctx, ["org", "add", ORG, "--via-relay", f"127.0.0.1:{ctx.relay_pg_port}", "--dbname", ORG_DB,
+                     "--user", "app", "--password", APP_PASSWORD], dsn)
+        T["enable_org_add"] = round(time.time() - t, 1)
+        with cloud.conn("app") as c:
+            info["rows"] = {tbl: dict(c.execute(
+                f"SELECT organization_id::text, count(*) FROM {tbl} GROUP BY 1 ORDER BY 1").fetchall())
+                for tbl in moves.TABLES}
+            ctx.ids1 = [r[0] for r in c.execute(
+                f"SELECT id FROM documents WHERE organization_id = {OTHER} ORDER BY id").fetchall()]
+        t = time.time()
+        r = lokadb(ctx, ["move-org", ORG, "--profile", "fdw"], dsn, timeout=900)
+        T["move_org"] = round(time.time() - t, 1)
+        info["move_org_output"] = (r.stdout + r.stderr).strip().splitlines()[-30:]
+        log(f"  lokadb move-org {ORG} --profile fdw: {T['move_org']} s")
+    finally:
+        stop_agents([agent])
+        relay.stop()
+    with cloud.conn("app") as c:
+        cur = c.execute(f"SELECT * FROM lokadb.org WHERE id = '{ORG}'")
+        info["lokadb_org"] = [dict(zip([d.name for d in cur.description], map(str, row))) for row in cur.fetchall()]
+    with org.conn(ORG_DB, application_name=MARK_APP) as c:
+        ctx.ids2 = [r[0] for r in c.execute(
+            f"SELECT id FROM documents WHERE organization_id = {ORG} ORDER BY id").fetchall()]
+        info["org_indexes"] = [r[0] for r in c.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY indexname").fetchall()]
+        info["org_rows"] = {tbl: c.execute(f"SELECT count(*) FROM {tbl}").fetchone()[0] for tbl in moves.TABLES}
+    # Every statement reaching the org database from now on is logged (new connections only:
+    # none is open — the move's sessions ended, the relay and agent are stopped).
+    with org.conn() as c:
+        c.execute(f"ALTER DATABASE {ORG_DB} SET log_statement = 'all'")
+    ctx.commands.append(f"(org) ALTER DATABASE {ORG_DB} SET log_statement = 'all'")
+    info["ids"] = {ORG: len(ctx.ids2), OTHER: len(ctx.ids1)}
+    T["total"] = round(time.time() - t0, 1)
+    log(f"  world ready in {T['total']} s: {info['org_rows']} rows of organization {ORG} in its database, "
+        f"{len(ctx.ids1)} documents of organization {OTHER} in the cloud")
+    return info
+
+
+def start_proxy(ctx, tag: str) -> LineProc:
+    cfg = {"listen": "127.0.0.1:0",
+           "databases": {"app": {"cloud": f"host=127.0.0.1 port={ctx.cloud.port} dbname=app",
+                                 "auth_user": "lokadb_auth", "auth_password": AUTH_PASSWORD,
+                                 "direct": {"user": "app", "password": APP_PASSWORD}}}}
+    path = ctx.tmp / f"proxy-{tag}.json"
+    path.write_text(json.dumps(cfg, indent=1))
+    ctx.proxy_config = json.loads(mask(json.dumps(cfg)).replace(AUTH_PASSWORD, "***"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
+    env["LOKADB_LOG"] = "warn"
+    p = LineProc([LOKADB_BIN, "proxy", "--config", path], env, ctx.tmp / f"proxy-{tag}.stderr.log",
+                 ctx.commands, "LOKADB_LOG=warn")
+    _, m = p.wait_line(r"lokadb proxy listening on (\S+):(\d+)")
+    p.port = int(m.group(2))
+    return p
+
+
+def client(ctx):
+    return psycopg.connect(host="127.0.0.1", port=ctx.proxy.port, user="postgres", password=SUPER_PASSWORD,
+                           dbname="app", sslmode="disable", autocommit=True, connect_timeout=30,
+                           application_name=CLIENT_APP)
+
+
+def set_profile(ctx, profile: str):
+    with ctx.cloud.conn("app") as c:
+        c.execute("UPDATE lokadb.org SET profile = %s WHERE id = %s", (profile, ORG))
+        got = c.execute("SELECT profile FROM lokadb.org WHERE id = %s", (ORG,)).fetchone()[0]
+    if got != profile:
+        raise RuntimeError(f"profile is {got!r}, not {profile!r}")
+    time.sleep(0.5)  # the proxy's metadata watcher learns it by NOTIFY
+
+
+def relay_rtt_ms(ctx, n=10) -> float:
+    """Median of `SELECT 1` straight through the relay's Postgres listener, link and agent."""
+    with psycopg.connect(host="127.0.0.1", port=ctx.relay_pg_port, user="app", password=APP_PASSWORD,
+                         dbname=f"{ORG}/{ORG_DB}", sslmode="disable", autocommit=True, connect_timeout=30,
+                         application_name=MARK_APP) as c:
+        c.execute("SELECT 1")
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            c.execute("SELECT 1", prepare=False)
+            ts.append((time.perf_counter() - t) * 1e3)
+    ts.sort()
+    return round(percentile(ts, 0.5), 3)
+
+
+# --------------------------------------------------------------------------------------
+# One window: warm-up, N measured operations, one example operation
+
+
+def window(ctx, conn, rtt: float, profile: str, op: str) -> dict:
+    mode = ctx.mode
+    fn = getattr(ctx.ops, op)
+    rec = {"rtt_ms": rtt, "profile": profile, "op": op, "n": mode.n, "warmup": mode.warmup,
+           "loadavg_before": loadavg(), "errors": []}
+    settle = 0.1 + 2 * rtt / 1e3  # anything the proxy or postgres_fdw sends after the answer lands first
+    between = ctx.log.cut()  # lines since the previous window (should be none)
+    rec["between_windows"] = analyse(between, keep=20)
+    for _ in range(mode.warmup):
+        try:
+            fn(conn)
+        except Exception as e:  # noqa: BLE001
+            rec["errors"].append(f"warm-up: {getattr(e, 'sqlstate', None) or type(e).__name__}: {str(e).strip()[:300]}")
+    rec["warmup_log"] = analyse(ctx.log.cut(), keep=60)
+    lat = []
+    c0 = cpu_reading(ctx)
+    t_win = time.perf_counter()
+    for _ in range(mode.n):
+        t = time.perf_counter()
+        try:
+            fn(conn)
+        except Exception as e:  # noqa: BLE001
+            rec["errors"].append(f"{getattr(e, 'sqlstate', None) or type(e).__name__}: {str(e).strip()[:300]}")
+            continue
+        lat.append((time.perf_counter() - t) * 1e3)
+    rec["window_s"] = round(time.perf_counter() - t_win, 3)
+    time.sleep(settle)
+    c1 = cpu_reading(ctx)
+    measured = analyse(ctx.log.cut())
+    rec["log"] = measured
+    rec["cpu"] = cpu_per_op(c0, c1, mode.n)
+    # One more operation on its own: its statements verbatim, the anatomy of one operation.
+    try:
+        fn(conn)
+    except Exception as e:  # noqa: BLE001
+        rec["errors"].append(f"example: {getattr(e, 'sqlstate', None) or type(e).__name__}: {str(e).strip()[:300]}")
+    time.sleep(settle)
+    rec["example"] = analyse(ctx.log.cut(), keep=60)
+    lat.sort()
+    rec["ok"] = len(lat)
+    rec["latencies_ms"] = [round(x, 3) for x in lat]
+    rec["p50_ms"] = round(percentile(lat, 0.5), 3) if lat else None
+    rec["p95_ms"] = round(percentile(lat, 0.95), 3) if lat else None
+    rec["mean_ms"] = round(sum(lat) / len(lat), 3) if lat else None
+    rec["round_trips_per_op"] = round(measured["statements"] / mode.n, 2)
+    rec["round_trips_by_source"] = {k: round(v / mode.n, 2) for k, v in measured["by_source"].items()}
+    if rtt > 0 and lat:
+        rec["p50_over_rtt"] = round(rec["p50_ms"] / rtt, 2)
+    rec["loadavg_after"] = loadavg()
+    log(f"    RTT {rtt:g} {profile:<10} {op:<12} {rec['round_trips_per_op']:5.2f} round trips/op "
+        f"{dict(measured['by_keyword'])}; p50 {fmt(rec['p50_ms'], 2)} ms p95 {fmt(rec['p95_ms'], 2)} ms; "
+        f"proxy {fmt(rec['cpu']['proxy_us_per_op'])} µs/op" + (f"; {len(rec['errors'])} errors" if rec["errors"] else ""))
+    return rec
+
+
+def rtt_round(ctx, rtt: float, idx: int) -> dict:
+    rec = {"rtt_ms": rtt, "windows": [], "errors": []}
+    ctx.relay = ctx.link = ctx.agent = ctx.proxy = None
+    conn = None
+    try:
+        ctx.relay = Relay(ctx.tmp, ctx.certs, {ORG: ctx.token_hash}, {}, ctx.commands,
+                          agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port, tag=f"relay-rtt{rtt:g}")
+        ctx.link = start_link(ctx.relay.agents_port, rtt / 2, ctx.tmp, ctx.commands)
+        ctx.agent = start_agent(f"127.0.0.1:{ctx.link.port}", ctx.token, ctx.org.addr(), ctx.certs["ca"], {},
+                                ctx.agent_log)
+        ctx.relay.wait_connected(1, timeout=60)
+        rec["relay_select1_ms"] = relay_rtt_ms(ctx)
+        ctx.proxy = start_proxy(ctx, f"rtt{rtt:g}")
+        rec["proxy_pid"] = ctx.proxy.proc.pid
+        log(f"  RTT {rtt:g} ms: link up (SELECT 1 through relay + link {rec['relay_select1_ms']} ms), "
+            f"proxy on port {ctx.proxy.port} (load average {loadavg()})")
+        conn = client(ctx)
+        # Alternate which profile goes first from one RTT to the next.
+        order = PROFILES if idx % 2 == 0 else list(reversed(PROFILES))
+        for profile in order:
+            set_profile(ctx, profile)
+            for op, _, _ in OPS:
+                if conn.closed or conn.broken:
+                    rec["errors"].append(f"{profile} {op}: client connection lost, reconnected")
+                    conn = client(ctx)
+                w = window(ctx, conn, rtt, profile, op)
+                rec["windows"].append(w)
+                ctx.errors += [f"RTT {rtt:g} {profile} {op}: {e}" for e in w["errors"]]
+                if w["log"]["error_count"]:
+                    ctx.errors.append(f"RTT {rtt:g} {profile} {op}: org database logged "
+                                      f"{w['log']['error_count']} errors, e.g. {w['log']['errors'][0]}")
+                if ctx.proxy.proc.poll() is not None:
+                    raise RuntimeError(f"the proxy exited ({ctx.proxy.proc.returncode}):\n"
+                                       + ctx.proxy.stderr_path.read_text(errors="replace")[-2000:])
+        rec["proxy_rss_kib"] = common.rss_kib(ctx.proxy.proc.pid)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = repr(e)
+        rec["traceback"] = traceback.format_exc()
+        ctx.errors.append(f"RTT {rtt:g}: {e!r}")
+        log(f"  RTT {rtt:g} FAILED: {e!r}")
+        traceback.print_exc()
+    finally:
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+        if ctx.proxy is not None:
+            ctx.proxy.stop()
+            rec["proxy_stderr_tail"] = ctx.proxy.stderr_path.read_text(errors="replace")[-3000:]
+        if ctx.agent is not None:
+            stop_agents([ctx.agent])
+        if ctx.link is not None:
+            ctx.link.stop()
+        if ctx.relay is not None:
+            ctx.relay.stop()
+            rec["relay_stderr_tail"] = ctx.relay.stderr_path.read_text(errors="replace")[-1500:]
+        try:
+            rec["after_teardown"] = analyse(ctx.log.cut(), keep=20)
+        except Exception as e:  # noqa: BLE001
+            rec["after_teardown"] = {"error": repr(e)}
+    return rec
+
+
+# --------------------------------------------------------------------------------------
+# Summary
+
+
+def summarize(raw: dict) -> dict:
+    rows = {}
+    base = {}
+    for r in raw.get("rounds", []):
+        for w in r.get("windows", []):
+            rows[(w["rtt_ms"], w["profile"], w["op"])] = w
+            if w["rtt_ms"] == 0:
+                base[(w["profile"], w["op"])] = w.get("p50_ms")
+    rtts = sorted({k[0] for k in rows})
+    out = []
+    for op, _, _ in OPS:
+        for profile in PROFILES:
+            cells = {}
+            for rtt in rtts:
+                w = rows.get((rtt, profile, op))
+                if not w:
+                    continue
+                b = base.get((profile, op))
+                cells[str(rtt)] = {
+                    "round_trips": w["round_trips_per_op"], "by_source": w["round_trips_by_source"],
+                    "by_keyword": {k: round(v / w["n"], 2) for k, v in w["log"]["by_keyword"].items()},
+                    "p50_ms": w["p50_ms"], "p95_ms": w["p95_ms"],
+                    "p50_over_rtt": w.get("p50_over_rtt"),
+                    "added_over_rtt": round((w["p50_ms"] - b) / rtt, 2) if rtt > 0 and b is not None and w["p50_ms"] is not None else None,
+                    "proxy_us_per_op": w["cpu"]["proxy_us_per_op"],
+                    "proxy_us_per_op_ticks": w["cpu"]["proxy_us_per_op_ticks"],
+                    "relay_us_per_op": w["cpu"]["relay_us_per_op"],
+                    "ok": w["ok"], "n": w["n"], "errors": len(w["errors"]),
+                    "example": [f"{s['source']}: {s['kw']}" for s in w["example"]["lines"]],
+                    "example_sql": [f"[{s['source']}, {s['protocol']}] {s['sql']}" for s in w["example"]["lines"]],
+                }
+            out.append({"op": op, "profile": profile, "cells": cells})
+    return {"rtts": rtts, "rows": out}
+
+
+def seq(example: list[str]) -> str:
+    """Compresses an example's statements: 'fdw: START TRANSACTION · fdw: DECLARE …' → kinds by source."""
+    if not example:
+        return "(none)"
+    parts = []
+    for e in example:
+        src, kw = e.split(": ", 1)
+        parts.append(f"{kw}{'ᵈ' if src == 'direct' else ''}")
+    return " · ".join(parts)
+
+
+def tables_md(s: dict) -> list[str]:
+    rtts = s["rtts"]
+    L = ["## Round trips to organization 2's database per operation", "",
+         "Statements in its log (`LOG:  statement:` / `LOG:  execute` lines of every session but the benchmark's "
+         "own) between the markers around the N measured operations, ÷ N. In brackets: how many came by the "
+         "direct path (the client's session in the org database) when not all came through postgres_fdw.", "",
+         "| operation | profile | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |",
+         "|---|---|" + "---:|" * len(rtts)]
+    for row in s["rows"]:
+        cells = []
+        for r in rtts:
+            c = row["cells"].get(str(r))
+            if not c:
+                cells.append("—")
+                continue
+            d = c["by_source"].get("direct")
+            extra = f" ({fmt(d, 2)} direct)" if d and d != c["round_trips"] else (" (all direct)" if d else "")
+            cells.append(f"**{fmt(c['round_trips'], 2)}**{extra}" + (f" ⚠ {c['errors']} errors" if c["errors"] else ""))
+        L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+    L.append("")
+    big = max(rtts)
+    L += [f"### One operation's statements in the org database (the example operation after the window, RTT {big:g} ms)",
+          "", "ᵈ = by the direct path, else through postgres_fdw from the cloud.", "",
+          "| operation | profile | statements |", "|---|---|---|"]
+    for row in s["rows"]:
+        c = row["cells"].get(str(big))
+        if c:
+            L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | {len(c['example'])}: {seq(c['example'])} |")
+    L.append("")
+    pos = [r for r in rtts if r > 0]
+    L += ["## Latency (one client, warm connection)", "",
+          "p50 / p95 in ms; for RTT > 0 also p50 ÷ RTT and (p50 − p50 at RTT 0) ÷ RTT, the round trips the "
+          "latency shows.", "",
+          "| operation | profile | " + " | ".join(f"RTT {r:g}: p50 / p95" + (" · ÷RTT · added÷RTT" if r > 0 else "")
+                                             for r in rtts) + " |",
+          "|---|---|" + "---|" * len(rtts)]
+    for row in s["rows"]:
+        cells = []
+        for r in rtts:
+            c = row["cells"].get(str(r))
+            if not c:
+                cells.append("—")
+                continue
+            t = f"{fmt(c['p50_ms'], 2)} / {fmt(c['p95_ms'], 2)}"
+            if r > 0:
+                t += f" · **{fmt(c['p50_over_rtt'], 2)}** · {fmt(c['added_over_rtt'], 2)}"
+            cells.append(t)
+        L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+    L.append("")
+    if pos:
+        L += ["### fdw+direct ÷ fdw (p50 latency, same run)", "",
+              "| operation | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |", "|---|" + "---:|" * len(rtts)]
+        for op, _, _ in OPS:
+            a = next(x for x in s["rows"] if x["op"] == op and x["profile"] == "fdw")
+            b = next(x for x in s["rows"] if x["op"] == op and x["profile"] == "fdw+direct")
+            cells = []
+            for r in rtts:
+                ca, cb = a["cells"].get(str(r)), b["cells"].get(str(r))
+                cells.append(fmt(cb["p50_ms"] / ca["p50_ms"], 2) if ca and cb and ca["p50_ms"] and cb["p50_ms"] else "—")
+            L.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
+        L.append("")
+    L += ["## CPU time of the proxy per operation (µs)", "",
+          "From the proxy's threads' `/proc/PID/task/*/schedstat` (ns) over the window ÷ N; in brackets the same "
+          "from `/proc/PID/stat` utime+stime (10 ms ticks: coarse at these window lengths). Relay: schedstat.", "",
+          "| operation | profile | " + " | ".join(f"RTT {r:g}: proxy (ticks) · relay" for r in rtts) + " |",
+          "|---|---|" + "---|" * len(rtts)]
+    for row in s["rows"]:
+        cells = []
+        for r in rtts:
+            c = row["cells"].get(str(r))
+            cells.append(f"{fmt(c['proxy_us_per_op'])} ({fmt(c['proxy_us_per_op_ticks'], 0)}) · {fmt(c['relay_us_per_op'])}"
+                         if c else "—")
+        L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+    L.append("")
+    return L
+
+
+def checks_md(raw: dict, s: dict) -> list[str]:
+    """Automatic observations: what the profiles are expected to do, and where they did not."""
+    L = []
+    for row in s["rows"]:
+        for r, c in row["cells"].items():
+            where = f"RTT {float(r):g} ms, {row['profile']}, {OP_SHORT[row['op']]}"
+            if row["op"] == "control_read" and c["round_trips"] != 0:
+                L.append(f"- {where}: {c['round_trips']} statements per operation reached organization 2 (expected 0).")
+            if row["profile"] == "fdw" and c["by_source"].get("direct"):
+                L.append(f"- {where}: {c['by_source']['direct']} statements per operation came by the direct path on fdw.")
+            if c["errors"]:
+                L.append(f"- {where}: {c['errors']} failed operations.")
+    for op, _, _ in OPS:
+        if op == "control_read":
+            continue
+        a = next(x for x in s["rows"] if x["op"] == op and x["profile"] == "fdw")
+        b = next(x for x in s["rows"] if x["op"] == op and x["profile"] == "fdw+direct")
+        for r in s["rtts"]:
+            ca, cb = a["cells"].get(str(r)), b["cells"].get(str(r))
+            if ca and cb and cb["round_trips"] >= ca["round_trips"]:
+                L.append(f"- RTT {r:g} ms, {OP_SHORT[op]}: fdw+direct {cb['round_trips']} round trips per operation, "
+                         f"fdw {ca['round_trips']} — no fewer on fdw+direct"
+                         + (" (none of them by the direct path)" if not cb["by_source"].get("direct") else "") + ".")
+    for r in raw.get("rounds", []):
+        for w in r.get("windows", []):
+            if w["between_windows"]["statements"]:
+                L.append(f"- RTT {w['rtt_ms']:g} ms, before {w['profile']} {w['op']}: "
+                         f"{w['between_windows']['statements']} statements outside any window "
+                         f"({w['between_windows']['by_keyword']}).")
+    return L
+
+
+def summary_markdown(raw: dict, s: dict) -> str:
+    m = raw["meta"]
+    w = raw.get("world") or {}
+    L = [f"# Routing benchmark, {m['mode']} mode — run {m['run_id']}", "",
+         f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
+         f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
+         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{BIN_DIR}` (lokadb sha256 "
+         f"`{m['binaries']['lokadb']['sha256'][:16]}…`, mtime {m['binaries']['lokadb']['mtime_utc']}). "
+         f"Command: `{m['command'].strip()}`.", "",
+         f"World: cloud and organization 2's PostgreSQL 18 clusters; organization 2 moved once with "
+         f"`lokadb move-org 2 --profile fdw` ({fmt((w.get('org_rows') or {}).get('documents'))} documents, "
+         f"{fmt((w.get('org_rows') or {}).get('document_versions'))} versions in its database), organization 1 "
+         f"({fmt((w.get('ids') or {}).get(OTHER))} documents) in the cloud. Per RTT a fresh relay, latency link "
+         f"(RTT/2 each way, agent ↔ relay), agent and `lokadb proxy` (direct path login configured, all else "
+         f"default); one psycopg {m['machine'].get('psycopg')} client through the proxy, autocommit, "
+         f"warm ({m['mode_settings']['warmup']} warm-up operations per window, more than psycopg's "
+         f"prepare_threshold), N = {m['mode_settings']['n']} measured operations per window. Profiles switched "
+         f"with `UPDATE lokadb.org SET profile = …` (+0.5 s).", ""]
+    L.append("| RTT | `SELECT 1` through relay + link (p50 of 10) | proxy RSS at the end |")
+    L.append("|---:|---:|---:|")
+    for r in raw.get("rounds", []):
+        L.append(f"| {r['rtt_ms']:g} ms | {fmt(r.get('relay_select1_ms'), 2)} ms | "
+                 f"{fmt((r.get('proxy_rss_kib') or 0) / 1024, 1)} MiB |")
+    L.append("")
+    L.append("Operations (organization 2 unless said):\n")
+    for k, lab, sql in OPS:
+        L.append(f"- **{OP_SHORT[k]}** — {lab}: `{sql}`")
+    L.append("")
+    L += tables_md(s)
+    obs = checks_md(raw, s)
+    L.append("## Automatic checks\n")
+    L += obs if obs else ["- nothing unexpected: control 0, no direct statements on fdw, no failed operations."]
+    L.append("")
+    if m["errors"]:
+        L.append("## Errors\n")
+        for e in m["errors"]:
+            L.append(f"- {e[:1000]}")
+        L.append("")
+    L.append("Every window's statements (source, protocol, SQL), latencies and CPU readings: `raw.json`. "
+             "Method: `research/bench/README.md`, \"Routing benchmark\".\n")
+    return "\n".join(L)
+
+
+COLORS = {"fdw": "#8b949e", "fdw+direct": "#1f6feb"}
+
+
+def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
+    made = []
+    pos = [r for r in s["rtts"] if r > 0]
+    ops = [op for op, _, _ in OPS]
+    x = list(range(len(ops)))
+    names = [OP_SHORT[o].replace(" (control)", "\n(control)") for o in ops]
+    if pos:
+        fig, axes = plt.subplots(1, len(pos), figsize=(6.2 * len(pos), 4.6), squeeze=False)
+        for ax, rtt in zip(axes[0], pos):
+            for j, profile in enumerate(PROFILES):
+                vals = []
+                for op in ops:
+                    row = next(r for r in s["rows"] if r["op"] == op and r["profile"] == profile)
+                    c = row["cells"].get(str(rtt))
+                    vals.append(c["p50_over_rtt"] if c else None)
+                xs = [i + (j - 0.5) * 0.38 for i in x]
+                ax.bar(xs, [v or 0 for v in vals], 0.38, label=profile, color=COLORS[profile])
+                for xx, v in zip(xs, vals):
+                    if v is not None:
+                        ax.text(xx, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(x, names, fontsize=7)
+            ax.set_ylabel("p50 latency ÷ RTT")
+            ax.set_title(f"RTT {rtt:g} ms", fontsize=10)
+            ax.margins(y=0.15)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"Latency ÷ RTT per operation, fdw vs fdw+direct ({raw['meta']['mode']} mode, one client)",
+                     fontsize=10)
+        fig.tight_layout()
+        fig.savefig(outdir / "routing-latency-per-rtt.png", dpi=110)
+        plt.close(fig)
+        made.append("routing-latency-per-rtt.png")
+    big = max(s["rtts"])
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    for j, profile in enumerate(PROFILES):
+        vals = []
+        for op in ops:
+            row = next(r for r in s["rows"] if r["op"] == op and r["profile"] == profile)
+            c = row["cells"].get(str(big))
+            vals.append(c["round_trips"] if c else None)
+        xs = [i + (j - 0.5) * 0.38 for i in x]
+        ax.bar(xs, [v or 0 for v in vals], 0.38, label=profile, color=COLORS[profile])
+        for xx, v in zip(xs, vals):
+            if v is not None:
+                ax.text(xx, v, f"{v:g}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, names, fontsize=7)
+    ax.set_ylabel("statements in the org's log per operation")
+    ax.set_title(f"Round trips to the organization per operation (RTT {big:g} ms, {raw['meta']['mode']} mode)",
+                 fontsize=10)
+    ax.margins(y=0.15)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(outdir / "routing-round-trips.png", dpi=110)
+    plt.close(fig)
+    made.append("routing-round-trips.png")
+    return made
+
+
+def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> None:
+    m = raw["meta"]
+    mode = m["mode"]
+    rel = f"results/{outdir.name}"
+    rtts = s["rtts"]
+    pos = [r for r in rtts if r > 0]
+    body = ["## Routing: round trips to an organization" + (", quick mode — indicative only" if mode == "quick" else ""),
+            "",
+            f"Run `{outdir.name}` (folder `{rel}/`), commit `{m['git']['commit'][:12]}`"
+            f"{' (dirty tree)' if m['git']['dirty'] else ''}, lokadb sha256 `{m['binaries']['lokadb']['sha256'][:12]}`, "
+            f"{m['machine']['nproc']} cores, written by `research/bench/routing.py` (`{m['command'].strip()}`), "
+            f"N = {m['mode_settings']['n']} operations per window, one client. Charts: "
+            + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", ""]
+    if pos:
+        body += ["### routing-latency-per-rtt.png — p50 latency ÷ RTT", "",
+                 "| operation | " + " | ".join(f"{p}, RTT {r:g} ms" for r in pos for p in PROFILES) + " |",
+                 "|---|" + "---:|" * (len(pos) * len(PROFILES))]
+        for op, _, _ in OPS:
+            cells = []
+            for r in pos:
+                for p in PROFILES:
+                    row = next(x for x in s["rows"] if x["op"] == op and x["profile"] == p)
+                    c = row["cells"].get(str(r))
+                    cells.append(fmt(c["p50_over_rtt"], 2) if c else "—")
+            body.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
+        body.append("")
+    body += [f"### routing-round-trips.png — statements in organization 2's log per operation (all RTTs; the chart shows RTT {max(rtts):g} ms)", "",
+             "| operation | " + " | ".join(f"{p}, RTT {r:g} ms" for r in rtts for p in PROFILES) + " |",
+             "|---|" + "---:|" * (len(rtts) * len(PROFILES))]
+    for op, _, _ in OPS:
+        cells = []
+        for r in rtts:
+            for p in PROFILES:
+                row = next(x for x in s["rows"] if x["op"] == op and x["profile"] == p)
+                c = row["cells"].get(str(r))
+                cells.append(fmt(c["round_trips"], 2) if c else "—")
+        body.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
+    body += ["", "### p50 latency (ms)", "",
+             "| operation | " + " | ".join(f"{p}, RTT {r:g} ms" for r in rtts for p in PROFILES) + " |",
+             "|---|" + "---:|" * (len(rtts) * len(PROFILES))]
+    for op, _, _ in OPS:
+        cells = []
+        for r in rtts:
+            for p in PROFILES:
+                row = next(x for x in s["rows"] if x["op"] == op and x["profile"] == p)
+                c = row["cells"].get(str(r))
+                cells.append(fmt(c["p50_ms"], 2) if c else "—")
+        body.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
+    section = "\n".join(body).rstrip("\n")
+    path = HERE / "charts-data.md"
+    begin, end = f"<!-- BEGIN routing {mode} -->", f"<!-- END routing {mode} -->"
+    block = f"{begin}\n{section}\n{end}\n"
+    text = path.read_text()
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        _, post = rest.split(end, 1)
+        text = pre + block + post.lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    s = summarize(raw)
+    raw["summary"] = s
+    if not s["rows"] or not s["rtts"]:
+        md = f"# Routing benchmark — run {raw['meta']['run_id']}\n\nNo window completed.\n\n" + "\n".join(
+            f"- {e[:2000]}" for e in raw["meta"]["errors"]) + "\n"
+        (outdir / "summary.md").write_text(md)
+        return md
+    md = summary_markdown(raw, s)
+    (outdir / "summary.md").write_text(md)
+    charts = []
+    try:
+        charts = draw_charts(outdir, raw, s)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+    if charts_data:
+        update_charts_data(raw, s, outdir, charts)
+    return md
+
+
+# --------------------------------------------------------------------------------------
+
+
+class Ctx:
+    pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="RTT 0 and 10 ms, 15 operations per window (≈ 2 min)")
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-routing[-quick]); "
+                                             "a trial run: charts-data.md is left alone")
+    ap.add_argument("--rtts", help="comma-separated RTTs in ms (default: quick 0,10, full 0,10,40)")
+    ap.add_argument("--n", type=int, help="measured operations per window (default: quick 15, full 50)")
+    ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json")
+    args = ap.parse_args()
+    if args.render:
+        raw = json.loads(args.render.read_text())
+        md = render(raw, args.render.parent, not args.no_charts_data)
+        args.render.write_text(json.dumps(raw, indent=1, default=str))
+        print(md)
+        return 0
+    if os.geteuid() != 0:
+        sys.exit("routing.py must run as root (it starts Postgres as the user lokadb-pg)")
+    for p in (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN):
+        if not Path(p).exists():
+            sys.exit(f"missing {p}: run scripts/setup.sh and the cargo build in the README first")
+    mode = Mode(args.quick)
+    if args.rtts:
+        mode.rtts_ms = [float(x) for x in args.rtts.split(",")]
+    if args.n:
+        mode.n = args.n
+    started = dt.datetime.now(dt.timezone.utc)
+    run_id = started.strftime("%Y%m%dT%H%M%SZ") + "-routing" + ("-quick" if mode.quick else "")
+    outdir = args.out or (HERE / "results" / run_id)
+    outdir.mkdir(parents=True, exist_ok=True)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_sigterm)
+
+    ctx = Ctx()
+    ctx.mode = mode
+    ctx.commands = []
+    ctx.errors = []
+    ctx.log = None
+    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+            "command": ("/work/main/.venv/bin/python research/bench/routing.py " + shlex.join(sys.argv[1:])).strip(),
+            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
+            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
+            "postgres_settings": {"cloud": CLOUD_PG, "org": {**ORG_PG, "log_line_prefix": ORG_LOG_PREFIX},
+                                  "org_database": {"log_statement": "all"}, "fsync": "on (default)"},
+            "operations": {k: {"label": lab, "sql": sql} for k, lab, sql in OPS},
+            "client": {"driver": f"psycopg {psycopg.__version__}", "role": "postgres (SCRAM through the proxy)",
+                       "autocommit": True, "application_name": CLIENT_APP, "prepare_threshold": 5},
+            "setup_commands": ctx.commands, "errors": ctx.errors}
+    raw = {"meta": meta, "world": None, "rounds": []}
+    t_start = time.time()
+    rc = 0
+    try:
+        ctx.tmp = Path(tempfile.mkdtemp(prefix="lokadb-routing-bench-"))
+        TEMP_DIRS.append(ctx.tmp)
+        os.chmod(ctx.tmp, 0o755)
+        ctx.certs = make_certs(ctx.tmp, ctx.commands)
+        ctx.token, ctx.token_hash = new_token(ORG)
+        ctx.relay_agents_port, ctx.relay_pg_port = free_port(), free_port()
+        ctx.agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
+        log(f"mode={mode.name} RTTs={mode.rtts_ms} ms N={mode.n} binaries={BIN_DIR} out={outdir}")
+        log("building the world (cloud + organization clusters, move-org)")
+        raw["world"] = build_world(ctx)
+        ctx.ops = Ops(ctx.ids2, ctx.ids1)
+        ctx.log = OrgLog(ctx.org)
+        meta["proxy_config"] = None
+        for i, rtt in enumerate(mode.rtts_ms):
+            r = rtt_round(ctx, float(rtt), i)
+            meta["proxy_config"] = getattr(ctx, "proxy_config", None)
+            raw["rounds"].append(r)
+            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+            if r.get("error"):
+                rc = 1
+        if ctx.errors:
+            rc = 1
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        ctx.errors.append(f"fatal: {e!r}\n{traceback.format_exc()}")
+        log(f"FAILED: {e!r}")
+        traceback.print_exc()
+        for c in (getattr(ctx, "cloud", None), getattr(ctx, "org", None)):
+            if c is not None:
+                raw.setdefault("log_tails", {})[c.name] = c.log_tail()
+        rc = 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        if ctx.log is not None:
+            ctx.log.close()
+        try:
+            cleanup()
+        except Exception as e:  # noqa: BLE001
+            log(f"cleanup problem: {e}")
+        meta["wall_seconds"] = round(time.time() - t_start, 1)
+        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
+        md = render(raw, outdir, not args.no_charts_data and not args.out)
+        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+        print(md)
+        log(f"results in {outdir}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
