@@ -1014,6 +1014,13 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             log(f"cleanup problem: {e}")
         meta["wall_seconds"] = round(time.time() - t_start, 1)
+        try:  # the binaries may be rebuilt while the benchmark runs: say so
+            meta["binaries_at_end"] = {b.name: binary_info(b)["sha256"] for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)}
+            changed = [b for b, h in meta["binaries_at_end"].items() if h != meta["binaries"][b]["sha256"]]
+            if changed:
+                ctx.errors.append(f"binaries changed during the run: {', '.join(changed)} (sha256 at the end differs)")
+        except OSError as e:
+            ctx.errors.append(f"binaries at the end: {e!r}")
         meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
         md = render(raw, outdir, not args.no_charts_data and not args.out)
         (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))

@@ -104,11 +104,52 @@ const MAX_PREPARED: usize = 1000;
 /// database could not be reached directly.
 pub const UNAVAILABLE_FOR: Duration = Duration::from_secs(5);
 
+/// What the client's role may do to the LokaDB tables (read, update), by schema and name,
+/// and by index in the current catalog.
+#[derive(Debug, Default)]
+pub struct Privileges {
+    by_name: HashMap<(String, String), (bool, bool)>,
+    /// By catalog index: (read, update).
+    indexed: Vec<(bool, bool)>,
+}
+
+impl Privileges {
+    pub fn new(by_name: HashMap<(String, String), (bool, bool)>) -> Privileges {
+        Privileges {
+            by_name,
+            indexed: Vec::new(),
+        }
+    }
+
+    /// Re-indexes by a new generation's catalog.
+    pub fn index(&mut self, catalog: &crate::route::analysis::Catalog) {
+        self.indexed = catalog
+            .tables()
+            .iter()
+            .map(|t| {
+                self.by_name
+                    .get(&(t.schema.clone(), t.name.clone()))
+                    .copied()
+                    .unwrap_or_default()
+            })
+            .collect();
+    }
+
+    /// Whether the role may read every table of `tables` (catalog indexes).
+    pub fn may_read(&self, tables: &[usize]) -> bool {
+        tables
+            .iter()
+            .all(|&i| self.indexed.get(i).is_some_and(|p| p.0))
+    }
+}
+
 /// A session's routing state.
 #[derive(Default)]
 pub struct Router {
     /// The direct path is configured for this database (`direct` in its config).
     pub enabled: bool,
+    /// What the client's role may do to the LokaDB tables.
+    pub privileges: Privileges,
     /// Where client messages go now.
     pub target: Side,
     /// The organization of the session's direct connection.
@@ -146,9 +187,10 @@ pub struct Router {
 
 impl Router {
     /// A session's router; `enabled` when the database has the direct path configured.
-    pub fn new(enabled: bool) -> Router {
+    pub fn new(enabled: bool, privileges: Privileges) -> Router {
         Router {
             enabled,
+            privileges,
             ..Router::default()
         }
     }
@@ -445,12 +487,14 @@ impl ClientFrames<'_> {
         bind: Option<&mut Fields<'_>>,
     ) -> Result<Dest, FrameError> {
         let Analysis::Org {
-            org, read: true, ..
+            org,
+            read: true,
+            tables,
         } = analysis
         else {
             return Ok(Dest::Cloud);
         };
-        if !self.cloud_is_idle() {
+        if !self.cloud_is_idle() || !self.router.privileges.may_read(tables) {
             return Ok(Dest::Cloud);
         }
         let value = match (org, bind) {

@@ -3,7 +3,7 @@
 
 use super::auth::{authenticate, Authenticated};
 use super::pump::{Pipe, PipeError};
-use super::router::{Exchanges, Router, Side, Want};
+use super::router::{Exchanges, Privileges, Router, Side, Want};
 use super::startup::{negotiate, Negotiated};
 use super::statement::{ClientFrames, Exchange, Reported, ServerFrames};
 use crate::backend::conn::{BackendConn, ConnError};
@@ -120,11 +120,16 @@ async fn attach(
     } else {
         None
     };
-    let backend = match pooled {
+    let mut backend = match pooled {
         Some(b) => b,
         None => connect_backend(db, &key, &credentials).await?,
     };
 
+    let privileges = if db.config.direct.is_some() {
+        direct_privileges(core, db, &mut backend).await
+    } else {
+        Privileges::default()
+    };
     let cancel = core.cancels.borrow_mut().register(
         core.id,
         CancelTarget {
@@ -145,6 +150,7 @@ async fn attach(
         backend,
         cancel_pid: cancel.pid,
         db: db.clone(),
+        privileges,
     };
     let written = async {
         stream.write_all(&out).await?;
@@ -188,6 +194,52 @@ struct Attached {
     backend: BackendConn,
     cancel_pid: u32,
     db: Rc<Database>,
+    privileges: Privileges,
+}
+
+/// What the client's role may do to each LokaDB table, as the cloud says when it logs in.
+const PRIVILEGES_SQL: &str = "SELECT string_agg(CASE WHEN c.relrowsecurity THEN '--' ELSE \
+     CASE WHEN has_table_privilege(c.oid, 'SELECT') THEN 'r' ELSE '-' END || \
+     CASE WHEN has_table_privilege(c.oid, 'UPDATE') THEN 'u' ELSE '-' END END, ',' ORDER BY t.n) \
+     FROM unnest(string_to_array($1, E'\\n')) WITH ORDINALITY AS t(name, n) \
+     LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(t.name)";
+
+/// The direct path runs as one role in every organization's database, so a statement may
+/// take it only if the client's own role could run it in the cloud: SELECT (or UPDATE) on
+/// every table it touches, and no row-level security there. Asked once per session, as the
+/// client's role, on its cloud backend (one round trip at login, only when the database has
+/// the direct path configured); a table enabled later is not in it and goes to the cloud.
+async fn direct_privileges(core: &Core, db: &Database, backend: &mut BackendConn) -> Privileges {
+    let tables = match core.meta.borrow().get(&*db.name) {
+        Some(m) if m.has_tables() => m.meta.catalog.tables().to_vec(),
+        _ => return Privileges::default(),
+    };
+    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let names: Vec<String> = tables
+        .iter()
+        .map(|t| format!("{}.{}", quote(&t.schema), quote(&t.name)))
+        .collect();
+    match backend
+        .query_one("", PRIVILEGES_SQL, true, &names.join("\n"))
+        .await
+    {
+        Ok(Some(Some(flags))) => Privileges::new(
+            tables
+                .iter()
+                .zip(flags.split(','))
+                .map(|(t, f)| {
+                    (
+                        (t.schema.clone(), t.name.clone()),
+                        (f.starts_with('r'), f.ends_with('u')),
+                    )
+                })
+                .collect(),
+        ),
+        other => {
+            tracing::info!(result = ?other.map(|_| ()), "could not read the client's privileges on LokaDB tables; its statements go through the cloud");
+            Privileges::default()
+        }
+    }
 }
 
 /// How forwarding ended.
@@ -227,6 +279,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         mut backend,
         cancel_pid,
         db,
+        privileges,
     } = attached;
     let max = core.shared.config.max_message_bytes;
     let route_log = core.shared.config.route_log;
@@ -237,7 +290,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         },
         direct: Exchange::default(),
     };
-    let mut router = Router::new(db.config.direct.is_some());
+    let mut router = Router::new(db.config.direct.is_some(), privileges);
     let mut reported = Reported::default();
     for (name, value) in &backend.params {
         reported.note(&parameter_status_body(name, value));
@@ -284,6 +337,9 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             if meta_seen != Some(core.meta_version.get()) {
                 meta = core.meta.borrow().get(&*db.name).cloned();
                 meta_seen = Some(core.meta_version.get());
+                if let Some(m) = &meta {
+                    router.privileges.index(&m.meta.catalog);
+                }
             }
             router.down_ready = down.at_frame_boundary() && !down.has_unwritten();
             let target = router.target;

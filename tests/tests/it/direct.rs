@@ -238,6 +238,42 @@ async fn plain_reads_of_a_moved_organization_run_in_its_database() {
     drop(proxy);
 }
 
+/// The direct path logs in as one role everywhere; a client whose own role may not read a
+/// table in the cloud does not get to read it there either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_the_privilege_is_refused_as_in_the_cloud() {
+    let (w, proxy) = direct_world(json!({}));
+    w.cloud
+        .psql(
+            "app",
+            "CREATE ROLE nosy LOGIN PASSWORD 'nosy-secret'; GRANT SELECT ON projects TO nosy;",
+        )
+        .unwrap();
+    let c = crate::world::connect(&format!(
+        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
+        proxy.port()
+    ))
+    .await
+    .unwrap();
+    let sql = "SELECT count(*) FROM documents WHERE organization_id = 2 AND id > 0";
+    let e = c.simple_query(sql).await.unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "42501", "{e:?}");
+    assert_eq!(route_of(&proxy, "query", "AND id > 0"), "\"cloud\"");
+    assert_eq!(org_ran(&w, sql), 0);
+    // After a GRANT, a new session reads directly.
+    w.cloud
+        .psql("app", "GRANT SELECT ON documents TO nosy")
+        .unwrap();
+    let c = crate::world::connect(&format!(
+        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
+        proxy.port()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(one_i64(&c.simple_query(sql).await.unwrap()), 100);
+    assert_eq!(org_ran(&w, sql), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_organization_fails_only_its_own_statements() {
     let (mut w, proxy) = direct_world(json!({ "direct_pool": true }));
