@@ -32,6 +32,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "moves: a clean-up step in the journal; refs_fill under a given table and at any depth",
         include_str!("sql/0005_moves_cleanup.sql"),
     ),
+    (
+        6,
+        "the direct path's writes: what they may not change, the gate before them",
+        include_str!("sql/0006_direct.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

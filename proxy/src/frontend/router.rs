@@ -72,8 +72,12 @@ enum Dest {
     Cloud,
     /// This organization's database.
     Direct(Rc<str>),
+    /// This organization's database, a write: behind the cloud's gate ([`Gate`]).
+    DirectWrite(Rc<str>),
     /// Nowhere yet: an unnamed Parse held until its Bind.
     Hold,
+    /// Not decided until the cloud has answered what was sent before.
+    Settle,
 }
 
 /// A switch of destination the session is asked to make.
@@ -81,6 +85,8 @@ enum Dest {
 pub enum Want {
     Cloud,
     Direct(Rc<str>),
+    /// The direct connection, with the gate open for this organization.
+    DirectWrite(Rc<str>),
     /// No switch: only wait until the side in use has answered everything (its
     /// transaction status is then known).
     Settle,
@@ -103,6 +109,23 @@ const MAX_PREPARED: usize = 1000;
 /// How long a session sends an organization's statements through the cloud after its
 /// database could not be reached directly.
 pub const UNAVAILABLE_FOR: Duration = Duration::from_secs(5);
+
+/// The cloud-side gate of direct writes: a transaction on the client's cloud backend that
+/// passed `lokadb.direct_gate(org)` (the pause gate, and the organization still moved
+/// with fdw+direct) and stays open until the organization's transaction ends, so a pause
+/// waits for the write and the write waits for a pause.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Gate {
+    #[default]
+    Closed,
+    /// Asked: the request number of the gate on the cloud.
+    Opening(Rc<str>, u64),
+    Open(Rc<str>),
+}
+
+/// How long direct writes of an organization go through the cloud after its gate refused
+/// (a pause that timed out, a move back under way).
+pub const GATE_REFUSED_FOR: Duration = Duration::from_secs(1);
 
 /// What the client's role may do to the LokaDB tables (read, update), by schema and name,
 /// and by index in the current catalog.
@@ -133,6 +156,13 @@ impl Privileges {
                     .unwrap_or_default()
             })
             .collect();
+    }
+
+    /// Whether the role may update (and read) every table of `tables`.
+    pub fn may_update(&self, tables: &[usize]) -> bool {
+        tables
+            .iter()
+            .all(|&i| self.indexed.get(i).is_some_and(|p| p.0 && p.1))
     }
 
     /// Whether the role may read every table of `tables` (catalog indexes).
@@ -183,6 +213,12 @@ pub struct Router {
     /// What the proxy answers itself, for the session to put in the server → client
     /// stream right after this step.
     pub local_out: Vec<u8>,
+    /// The gate of direct writes.
+    pub gate: Gate,
+    /// The direct connection's transaction has written: it cannot move to the cloud.
+    pub direct_wrote: bool,
+    /// Organizations whose gate refused, until when (their writes go through the cloud).
+    gate_refused: HashMap<Rc<str>, Instant>,
 }
 
 impl Router {
@@ -200,6 +236,12 @@ impl Router {
     pub fn mark_unavailable(&mut self, org: Rc<str>) {
         self.unavailable
             .insert(org, Instant::now() + UNAVAILABLE_FOR);
+    }
+
+    /// Notes that `org`'s gate refused: its writes go through the cloud for a while.
+    pub fn gate_refused(&mut self, org: Rc<str>) {
+        self.gate_refused
+            .insert(org, Instant::now() + GATE_REFUSED_FOR);
     }
 
     /// A new direct connection knows none of the client's statements.
@@ -282,6 +324,24 @@ impl ClientFrames<'_> {
         let same_direct = |org: &Rc<str>| {
             current == Side::Direct && self.router.direct_org.as_deref() == Some(&**org)
         };
+        if dest == Dest::Settle {
+            self.router.want = Some(Want::Settle);
+            return Action::Hold;
+        }
+        let gate_open = |org: &Rc<str>| matches!(&self.router.gate, Gate::Open(o) if o == org);
+        if let Dest::DirectWrite(org) = &dest {
+            if same_direct(org) && gate_open(org) {
+                self.router.direct_wrote = true;
+                dest = Dest::Direct(org.clone());
+            } else if !mid_batch {
+                self.router.want = Some(Want::DirectWrite(org.clone()));
+                return Action::Hold;
+            } else if current == Side::Cloud {
+                dest = Dest::Cloud;
+            } else {
+                return self.refuse_mixed(tag);
+            }
+        }
         let side = match &dest {
             Dest::Current | Dest::Hold => current,
             Dest::PreferCloud
@@ -304,6 +364,7 @@ impl ClientFrames<'_> {
                 self.router.want = Some(Want::Cloud);
                 return Action::Hold;
             }
+            Dest::DirectWrite(_) | Dest::Settle => unreachable!("handled above"),
         };
         // The client's BEGIN, answered already, goes first (its own answers dropped).
         let begin = match (dest != Dest::Hold, frame.is_some()) {
@@ -375,8 +436,9 @@ impl ClientFrames<'_> {
         if begin
             && !router.no_defer
             && router.down_ready
-            && ex.cloud.is_idle()
-            && ex.direct.is_idle()
+            && router.gate == Gate::Closed
+            && ex.cloud.idle_but_own()
+            && ex.direct.idle_but_own()
             && self.meta.is_some_and(|m| m.has_direct_orgs())
         {
             router.held_begin = Some(frame.to_vec());
@@ -386,12 +448,13 @@ impl ClientFrames<'_> {
         }
         // Only statements open or take part in a transaction; the rest of a batch follows
         // its first message, and a batch's own rule applies while one is open.
-        let statement = matches!(dest, Dest::Cloud | Dest::Direct(_));
+        let statement = matches!(dest, Dest::Cloud | Dest::Direct(_) | Dest::DirectWrite(_));
         if router.target != Side::Direct || !statement || ex.direct.unsynced {
             return TxStep::Go;
         }
         let org = router.direct_org.clone();
-        let same_org = matches!(dest, Dest::Direct(o) if Some(o) == org.as_ref());
+        let same_org =
+            matches!(dest, Dest::Direct(o) | Dest::DirectWrite(o) if Some(o) == org.as_ref());
         if same_org {
             return TxStep::Go;
         }
@@ -408,6 +471,9 @@ impl ClientFrames<'_> {
             // Failed: the client's ROLLBACK, and the errors until it, come from there.
             TX_FAILED => TxStep::To(Dest::Direct(org)),
             _ if sql.is_some_and(|s| transaction_end(s).is_some()) => TxStep::To(Dest::Direct(org)),
+            // It wrote in the organization's database: it cannot move, and the statement
+            // cannot join it there. The transaction fails, clearly, as Postgres would fail it.
+            _ if router.direct_wrote => TxStep::Done(self.refuse_in_transaction(tag, &org)),
             _ => {
                 router.want = Some(Want::Migrate);
                 TxStep::Done(Action::Hold)
@@ -476,7 +542,12 @@ impl ClientFrames<'_> {
     /// The cloud is between requests and outside a transaction: nothing a statement on
     /// the direct side could fail to see.
     fn cloud_is_idle(&self) -> bool {
-        self.exchanges.cloud.is_idle()
+        let cloud = &self.exchanges.cloud;
+        match self.router.gate {
+            Gate::Closed => cloud.idle_but_own(),
+            // The gate's transaction is the proxy's, not the client's.
+            _ => !cloud.unsynced && cloud.pending as usize == cloud.silenced.len(),
+        }
     }
 
     /// `Direct(org)` when `analysis` is a plain read of a direct organization (`bind`:
@@ -488,39 +559,55 @@ impl ClientFrames<'_> {
     ) -> Result<Dest, FrameError> {
         let Analysis::Org {
             org,
-            read: true,
+            read,
             tables,
+            set,
         } = analysis
         else {
             return Ok(Dest::Cloud);
         };
-        if !self.cloud_is_idle() || !self.router.privileges.may_read(tables) {
+        let Some(meta) = self.meta else {
             return Ok(Dest::Cloud);
+        };
+        let privileges = &self.router.privileges;
+        let write = match (read, set) {
+            (true, _) if privileges.may_read(tables) => false,
+            (false, Some(columns))
+                if privileges.may_update(tables) && meta.meta.may_update(tables[0], columns) =>
+            {
+                true
+            }
+            _ => return Ok(Dest::Cloud),
+        };
+        if !self.cloud_is_idle() {
+            // The client sent on before the cloud's last answer was in: whether it is in
+            // a transaction there is known once it is.
+            let cloud = &self.exchanges.cloud;
+            let busy = cloud.pending > 0 && !cloud.unsynced;
+            return Ok(if busy { Dest::Settle } else { Dest::Cloud });
         }
         let value = match (org, bind) {
             (Org::Literal(v), _) => std::borrow::Cow::Borrowed(v.as_str()),
             (Org::Param(n), Some(f)) => std::borrow::Cow::Owned(bind_param(f, *n)?),
             (Org::Param(_), None) => return Ok(Dest::Cloud),
         };
-        let Some(meta) = self.meta else {
-            return Ok(Dest::Cloud);
-        };
         if !meta.meta.orgs.get(&*value).is_some_and(|o| o.is_direct()) {
             return Ok(Dest::Cloud);
         }
-        if let Some(org) = self.router.direct_org.as_ref().filter(|o| ***o == *value) {
-            return Ok(Dest::Direct(org.clone()));
-        }
-        let org: Rc<str> = Rc::from(&*value);
-        if self
-            .router
-            .unavailable
-            .get(&org)
-            .is_some_and(|until| Instant::now() < *until)
-        {
+        let org: Rc<str> = match self.router.direct_org.as_ref().filter(|o| ***o == *value) {
+            Some(o) => o.clone(),
+            None => Rc::from(&*value),
+        };
+        let now = Instant::now();
+        let refused = |m: &HashMap<Rc<str>, Instant>| m.get(&org).is_some_and(|t| now < *t);
+        if refused(&self.router.unavailable) || (write && refused(&self.router.gate_refused)) {
             return Ok(Dest::Cloud);
         }
-        Ok(Dest::Direct(org))
+        Ok(if write {
+            Dest::DirectWrite(org)
+        } else {
+            Dest::Direct(org)
+        })
     }
 
     /// Sends a message to `side`, with what that side needs first.
@@ -644,7 +731,28 @@ impl ClientFrames<'_> {
             "this pipeline mixes a statement that ran directly in organization {org}'s database with one for the cloud before a Sync"
         );
         let hint = "Send a Sync between them (end the batch), or run them in a transaction";
-        let sql = super::statement::raise_sql("0A000", &message, hint);
+        self.refuse_on_direct(tag, &message, hint)
+    }
+
+    /// A transaction that wrote in `org`'s database directly asks for the cloud (another
+    /// organization, a cloud table, a write the cloud must check): refused, failing the
+    /// transaction there.
+    fn refuse_in_transaction(&mut self, tag: u8, org: &str) -> Action {
+        let message = format!(
+            "this transaction wrote directly in organization {org}'s database; this statement needs the cloud, and one transaction cannot span both"
+        );
+        let hint = "Roll back, and run the statement in a transaction of its own, or run the whole transaction through the cloud (start it with a statement the cloud runs, e.g. SELECT 1)";
+        let action = self.refuse_on_direct(tag, &message, hint);
+        // Sent to the direct side, where the transaction is.
+        action
+    }
+
+    /// Replaces a message with one that makes the side in use raise `message` when executed.
+    fn refuse_on_direct(&mut self, tag: u8, message: &str, hint: &str) -> Action {
+        if self.route_log {
+            tracing::info!(target: "lokadb::route", route = "refused", %message);
+        }
+        let sql = super::statement::raise_sql("0A000", message, hint);
         let mut out = Vec::new();
         let side = self.router.target;
         // The batch fails whole; a held Parse of it is not sent anywhere.

@@ -3,7 +3,7 @@
 
 use super::auth::{authenticate, Authenticated};
 use super::pump::{Pipe, PipeError};
-use super::router::{Exchanges, Privileges, Router, Side, Want};
+use super::router::{Exchanges, Gate, Privileges, Router, Side, Want};
 use super::startup::{negotiate, Negotiated};
 use super::statement::{ClientFrames, Exchange, Reported, ServerFrames};
 use crate::backend::conn::{BackendConn, ConnError};
@@ -18,6 +18,7 @@ use crate::time::with_timeout;
 use futures_lite::{AsyncWrite, AsyncWriteExt};
 use lokadb_shared::wire::backend;
 use lokadb_shared::wire::startup::StartupMessage;
+use lokadb_shared::wire::tags::TX_IDLE;
 use lokadb_shared::wire::tags::*;
 use std::future::Future;
 use std::pin::Pin;
@@ -197,6 +198,9 @@ struct Attached {
     privileges: Privileges,
 }
 
+/// How long a login waits for the first metadata after the proxy started.
+const METADATA_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What the client's role may do to each LokaDB table, as the cloud says when it logs in.
 const PRIVILEGES_SQL: &str = "SELECT string_agg(CASE WHEN c.relrowsecurity THEN '--' ELSE \
      CASE WHEN has_table_privilege(c.oid, 'SELECT') THEN 'r' ELSE '-' END || \
@@ -210,6 +214,11 @@ const PRIVILEGES_SQL: &str = "SELECT string_agg(CASE WHEN c.relrowsecurity THEN 
 /// client's role, on its cloud backend (one round trip at login, only when the database has
 /// the direct path configured); a table enabled later is not in it and goes to the cloud.
 async fn direct_privileges(core: &Core, db: &Database, backend: &mut BackendConn) -> Privileges {
+    // Right after the proxy starts, the metadata may still be on its way to this core.
+    let deadline = Instant::now() + METADATA_WAIT;
+    while core.meta.borrow().get(&*db.name).is_none() && Instant::now() < deadline {
+        crate::rt::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let tables = match core.meta.borrow().get(&*db.name) {
         Some(m) if m.has_tables() => m.meta.catalog.tables().to_vec(),
         _ => return Privileges::default(),
@@ -375,6 +384,17 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 return Poll::Ready(End::ClientDone);
             }
 
+            // The gate of direct writes closes once the organization's transaction ended.
+            if router.gate != Gate::Closed && exchanges.direct.is_idle() {
+                router.direct_wrote = false;
+                if matches!(router.gate, Gate::Open(_))
+                    && send_own(cx, &mut backend, &mut exchanges.cloud, "COMMIT").is_ready()
+                {
+                    router.gate = Gate::Closed;
+                    progress = true;
+                }
+            }
+
             // A message waits for another destination: switch once everything sent
             // before it is answered.
             if up.held {
@@ -393,7 +413,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                         &reported,
                         &mut direct,
                         &mut connecting,
-                        &backend,
+                        &mut backend,
                         cancel_pid,
                     )
                 {
@@ -522,9 +542,10 @@ fn parameter_status_body(name: &str, value: &str) -> Vec<u8> {
 }
 
 /// Makes the switch the router asks for, once the side in use has answered everything.
-/// True when done (the held message may go); false while a direct connection is still
-/// being opened. A direct connection that cannot be opened marks the organization
-/// unavailable for a while, so the message goes to the cloud.
+/// True when done (the held message may go); false while waiting (a direct connection
+/// being opened, the gate of direct writes being asked or closed). A direct connection
+/// that cannot be opened marks the organization unavailable for a while, a gate that
+/// refuses marks its writes so: the message, shown again, then goes to the cloud.
 #[allow(clippy::too_many_arguments)]
 fn switch(
     cx: &mut std::task::Context<'_>,
@@ -536,7 +557,7 @@ fn switch(
     reported: &Reported,
     direct: &mut Option<DirectConn>,
     connecting: &mut Option<Connecting>,
-    cloud: &BackendConn,
+    cloud: &mut BackendConn,
     cancel_pid: u32,
 ) -> bool {
     let Some(mut want) = router.want.clone() else {
@@ -544,29 +565,30 @@ fn switch(
     };
     // A transaction open on the direct connection keeps the session there: the message
     // is shown again, and the transaction rules decide (`Router`'s Migrate).
-    let direct_transaction = router.target == Side::Direct
-        && exchanges.direct.status != lokadb_shared::wire::tags::TX_IDLE;
-    if direct_transaction && want != Want::Migrate {
-        want = Want::Settle;
+    let direct_transaction = router.target == Side::Direct && exchanges.direct.status != TX_IDLE;
+    let same_org = |org: &Rc<str>| router.direct_org.as_deref() == Some(&**org);
+    match &want {
+        Want::Migrate => {}
+        Want::Direct(org) | Want::DirectWrite(org) if direct_transaction && same_org(org) => {}
+        _ if direct_transaction => want = Want::Settle,
+        _ => {}
     }
-    let org = match want {
+    let (org, write) = match want {
         Want::Settle => {
             router.want = None;
             return true;
         }
         Want::Cloud | Want::Migrate => {
+            if router.gate != Gate::Closed {
+                // The gate's transaction closes first (the session loop does it).
+                return false;
+            }
             if want == Want::Migrate {
                 // The direct transaction has only read: rolled back (answers dropped),
                 // and the cloud's begins with the held message.
                 if let Some(d) = direct.as_mut() {
-                    let mut rollback = Vec::new();
-                    lokadb_shared::wire::frontend::query(&mut rollback, "ROLLBACK");
-                    match Pin::new(&mut d.conn.stream).poll_write(cx, &rollback) {
+                    match send_own(cx, &mut d.conn, &mut exchanges.direct, "ROLLBACK") {
                         Poll::Pending => return false,
-                        Poll::Ready(Ok(n)) if n == rollback.len() => {
-                            exchanges.direct.silence_next();
-                            exchanges.direct.pending += 1;
-                        }
                         // A lost connection shows when it is read.
                         Poll::Ready(_) => {}
                     }
@@ -580,44 +602,52 @@ fn switch(
                 .retarget(cancel_pid, cancel_target(cloud));
             return true;
         }
-        Want::Direct(org) => org,
+        Want::Direct(org) => (org, false),
+        Want::DirectWrite(org) => (org, true),
     };
-    let usable = direct
-        .as_ref()
-        .is_some_and(|d| d.version == reported.version && d.key.org.as_deref() == Some(&*org));
-    if !usable {
-        if let Some(old) = direct.take() {
-            // Another organization's, or opened with settings the client has changed
-            // since (then not pooled: its key says the old settings, which is right).
-            router.direct_org = None;
-            let idle = exchanges.direct.is_idle();
-            crate::rt::spawn(put_back_direct(core.clone(), db.clone(), old, idle)).detach();
-        }
-        if connecting.as_ref().is_none_or(|(o, _)| *o != org) {
-            let params = direct_params(key, reported);
-            let fut = open_direct(core, db, key, &org, params);
-            *connecting = Some((org.clone(), fut));
-        }
-        let (_, fut) = connecting.as_mut().expect("set above");
-        match fut.as_mut().poll(cx) {
-            Poll::Pending => return false,
-            Poll::Ready(Err(e)) => {
-                *connecting = None;
-                tracing::warn!(org = %org, error = %e, "the direct path to this organization's database failed; its statements go through the cloud for {:?}", super::router::UNAVAILABLE_FOR);
-                router.mark_unavailable(org);
-                router.want = None;
-                return true;
+    if !direct_connection(
+        cx, core, db, key, router, exchanges, reported, direct, connecting, &org,
+    ) {
+        return false;
+    }
+    if router.want.is_none() {
+        // The connection failed: the message goes to the cloud.
+        return true;
+    }
+    if write {
+        match router.gate.clone() {
+            Gate::Open(o) if o == org => {}
+            // Another organization's gate closes first (the session loop does it).
+            Gate::Open(_) => return false,
+            Gate::Closed => {
+                let sql = format!(
+                    "BEGIN; SELECT lokadb.direct_gate('{}')",
+                    org.replace('\'', "''")
+                );
+                let request = exchanges.cloud.answered + u64::from(exchanges.cloud.pending);
+                if send_own(cx, cloud, &mut exchanges.cloud, &sql).is_pending() {
+                    return false;
+                }
+                router.gate = Gate::Opening(org, request);
+                return false;
             }
-            Poll::Ready(Ok(mut d)) => {
-                *connecting = None;
-                d.version = reported.version;
-                exchanges.direct = Exchange {
-                    status: d.conn.status,
-                    ..Exchange::default()
-                };
-                router.direct_org = Some(org.clone());
-                router.direct_replaced();
-                *direct = Some(d);
+            Gate::Opening(o, request) => {
+                if exchanges.cloud.answered <= request {
+                    return false;
+                }
+                if exchanges.cloud.silenced_failed == Some(request) {
+                    // Paused past its timeout, moving back, or an old cloud schema: this
+                    // write goes through the cloud, which decides.
+                    tracing::info!(org = %o, "the gate of direct writes refused; the write goes through the cloud");
+                    if send_own(cx, cloud, &mut exchanges.cloud, "ROLLBACK").is_pending() {
+                        return false;
+                    }
+                    router.gate = Gate::Closed;
+                    router.gate_refused(o);
+                    router.want = None;
+                    return true;
+                }
+                router.gate = Gate::Open(o);
             }
         }
     }
@@ -629,6 +659,87 @@ fn switch(
             .retarget(cancel_pid, cancel_target(&d.conn));
     }
     true
+}
+
+/// Makes sure the session's direct connection is `org`'s, opening one (or taking one from
+/// `direct_pool`) when not. False while it is being opened; on failure the organization is
+/// marked unavailable and `router.want` cleared.
+#[allow(clippy::too_many_arguments)]
+fn direct_connection(
+    cx: &mut std::task::Context<'_>,
+    core: &Rc<Core>,
+    db: &Rc<Database>,
+    key: &PoolKey,
+    router: &mut Router,
+    exchanges: &mut Exchanges,
+    reported: &Reported,
+    direct: &mut Option<DirectConn>,
+    connecting: &mut Option<Connecting>,
+    org: &Rc<str>,
+) -> bool {
+    let usable = direct
+        .as_ref()
+        .is_some_and(|d| d.version == reported.version && d.key.org.as_deref() == Some(&**org));
+    if usable {
+        return true;
+    }
+    if let Some(old) = direct.take() {
+        // Another organization's, or opened with settings the client has changed
+        // since (then not pooled: its key says the old settings, which is right).
+        router.direct_org = None;
+        let idle = exchanges.direct.is_idle();
+        crate::rt::spawn(put_back_direct(core.clone(), db.clone(), old, idle)).detach();
+    }
+    if connecting.as_ref().is_none_or(|(o, _)| o != org) {
+        let params = direct_params(key, reported);
+        let fut = open_direct(core, db, key, org, params);
+        *connecting = Some((org.clone(), fut));
+    }
+    let (_, fut) = connecting.as_mut().expect("set above");
+    match fut.as_mut().poll(cx) {
+        Poll::Pending => false,
+        Poll::Ready(Err(e)) => {
+            *connecting = None;
+            tracing::warn!(org = %org, error = %e, "the direct path to this organization's database failed; its statements go through the cloud for {:?}", super::router::UNAVAILABLE_FOR);
+            router.mark_unavailable(org.clone());
+            router.want = None;
+            true
+        }
+        Poll::Ready(Ok(mut d)) => {
+            *connecting = None;
+            d.version = reported.version;
+            exchanges.direct = Exchange {
+                status: d.conn.status,
+                ..Exchange::default()
+            };
+            router.direct_org = Some(org.clone());
+            router.direct_replaced();
+            *direct = Some(d);
+            true
+        }
+    }
+}
+
+/// Sends a simple query of the proxy's own on `conn` (which has answered everything the
+/// client sent), its answers to be dropped. Pending while an earlier send is in flight.
+fn send_own(
+    cx: &mut std::task::Context<'_>,
+    conn: &mut BackendConn,
+    exchange: &mut Exchange,
+    sql: &str,
+) -> Poll<std::io::Result<()>> {
+    let mut q = Vec::with_capacity(sql.len() + 6);
+    lokadb_shared::wire::frontend::query(&mut q, sql);
+    match Pin::new(&mut conn.stream).poll_write(cx, &q) {
+        Poll::Pending => Poll::Pending,
+        Poll::Ready(Ok(n)) if n == q.len() => {
+            exchange.silence_next();
+            exchange.pending += 1;
+            Poll::Ready(Ok(()))
+        }
+        Poll::Ready(Ok(_)) => Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+    }
 }
 
 fn cancel_target(b: &BackendConn) -> CancelTarget {

@@ -37,6 +37,9 @@ pub struct Exchange {
     /// Requests the proxy added whose answers are all dropped (a deferred BEGIN, the
     /// ROLLBACK of a transaction that moved to the cloud), by request number.
     pub silenced: std::collections::VecDeque<u64>,
+    /// The last request of the proxy's own that failed (its number), for the direct
+    /// path's gate.
+    pub silenced_failed: Option<u64>,
 }
 
 impl Default for Exchange {
@@ -49,6 +52,7 @@ impl Default for Exchange {
             answered: 0,
             dropping: std::collections::VecDeque::new(),
             silenced: std::collections::VecDeque::new(),
+            silenced_failed: None,
         }
     }
 }
@@ -69,6 +73,15 @@ impl Exchange {
             Some((r, count)) if *r == request => *count += n,
             _ => self.dropping.push_back((request, n)),
         }
+    }
+
+    /// Whether only requests of the proxy's own are unanswered (a gate's COMMIT or
+    /// ROLLBACK, a direct transaction's ROLLBACK), which all end outside a transaction,
+    /// or nothing is: the client's next statement finds the backend idle.
+    pub fn idle_but_own(&self) -> bool {
+        !self.unsynced
+            && self.pending as usize == self.silenced.len()
+            && (self.pending > 0 || self.status == TX_IDLE)
     }
 
     /// Notes that the request sent next is the proxy's own: its answers are dropped.
@@ -279,16 +292,18 @@ impl ClientFrames<'_> {
                     org: Org::Param(n),
                     tables,
                     read,
+                    set,
                 }) = self.router.prepared_analysis(name)
                 else {
                     return Ok(());
                 };
-                let (n, tables, read) = (*n, tables.clone(), *read);
+                let (n, tables, read, set) = (*n, tables.clone(), *read, set.clone());
                 let value = bind_param(&mut f, n)?;
                 let org = Analysis::Org {
                     org: Org::Literal(value),
                     tables,
                     read,
+                    set,
                 };
                 ("bind", name, org)
             }
@@ -456,6 +471,9 @@ impl Inspect for ServerFrames<'_> {
             && !matches!(header.tag, BE_NOTIFICATION_RESPONSE | BE_PARAMETER_STATUS);
         if silent && header.tag == BE_READY_FOR_QUERY {
             self.exchange.silenced.pop_front();
+        }
+        if silent && header.tag == BE_ERROR_RESPONSE {
+            self.exchange.silenced_failed = Some(self.exchange.answered);
         }
         let action = self.account(header.tag, frame);
         if silent {

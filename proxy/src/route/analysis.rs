@@ -139,11 +139,13 @@ pub enum Analysis {
     NoLokaTable,
     /// Touches LokaDB tables (indexes into the catalog), all limited to one organization.
     /// `read` when it is one plain read of LokaDB tables only, which the organization's
-    /// database can answer alone (the direct path); see [`plain_read`].
+    /// database can answer alone (the direct path); see [`plain_read`]. `set` when it is
+    /// one plain UPDATE of `tables[0]`: the columns it sets (see [`plain_update`]).
     Org {
         org: Org,
         tables: Vec<usize>,
         read: bool,
+        set: Option<Vec<String>>,
     },
     /// Touches LokaDB tables but cannot be placed in one organization; why.
     Unplaced(&'static str),
@@ -170,8 +172,9 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
     match w.finish() {
         Analysis::Org { org, tables, .. } => Analysis::Org {
             org,
-            tables,
             read: plain_read(&statements, catalog),
+            set: plain_update(&statements, catalog).filter(|_| tables.len() == 1),
+            tables,
         },
         other => other,
     }
@@ -239,61 +242,94 @@ fn plain_read(statements: &[Statement], catalog: &Catalog) -> bool {
     let [Statement::Query(q)] = statements else {
         return false;
     };
-    struct Check<'a> {
-        catalog: &'a Catalog,
-    }
-    impl Visitor for Check<'_> {
-        type Break = ();
-        fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
-            let plain = q.with.is_none()
-                && q.locks.is_empty()
-                && q.for_clause.is_none()
-                && plain_body(&q.body);
-            if plain {
-                ControlFlow::Continue(())
-            } else {
-                ControlFlow::Break(())
-            }
-        }
-        fn pre_visit_relation(&mut self, r: &ObjectName) -> ControlFlow<()> {
-            match self.catalog.lookup(r) {
-                Some(_) => ControlFlow::Continue(()),
-                None => ControlFlow::Break(()),
-            }
-        }
-        fn pre_visit_table_factor(&mut self, f: &TableFactor) -> ControlFlow<()> {
-            match f {
-                TableFactor::Table { args: None, .. } | TableFactor::Derived { .. } => {
-                    ControlFlow::Continue(())
-                }
-                _ => ControlFlow::Break(()),
-            }
-        }
-        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
-            if let Expr::Function(f) = e {
-                let known = match f.name.0.as_slice() {
-                    [ObjectNamePart::Identifier(n)] => {
-                        n.quote_style.is_none()
-                            && READ_FUNCTIONS.contains(&n.value.to_ascii_lowercase().as_str())
-                    }
-                    _ => false,
-                };
-                if !known {
-                    return ControlFlow::Break(());
-                }
-            }
-            ControlFlow::Continue(())
-        }
-    }
-    fn plain_body(body: &SetExpr) -> bool {
-        match body {
-            SetExpr::Select(s) => s.into.is_none(),
-            SetExpr::Query(_) => true,
-            SetExpr::SetOperation { left, right, .. } => plain_body(left) && plain_body(right),
-            _ => false,
-        }
-    }
     q.visit(&mut Check { catalog }).is_continue()
+}
+
+/// The columns a plain UPDATE sets: one statement, one LokaDB table without FROM or joins,
+/// single-column assignments, and (like [`plain_read`]) no other relation and only
+/// [`READ_FUNCTIONS`] anywhere in it. Whether those columns may change directly depends
+/// on the cloud's constraints (`Meta::may_update`), not on the text.
+fn plain_update(statements: &[Statement], catalog: &Catalog) -> Option<Vec<String>> {
+    let [s @ Statement::Update(u)] = statements else {
+        return None;
+    };
+    if u.from.is_some() || !u.table.joins.is_empty() || u.or.is_some() {
+        return None;
+    }
+    let TableFactor::Table { name, .. } = &u.table.relation else {
+        return None;
+    };
+    catalog.lookup(name)?;
+    let mut columns = Vec::new();
+    for a in &u.assignments {
+        let sqlparser::ast::AssignmentTarget::ColumnName(c) = &a.target else {
+            return None;
+        };
+        let [ObjectNamePart::Identifier(i)] = c.0.last().map(std::slice::from_ref)? else {
+            return None;
+        };
+        columns.push(fold(&i.value, i.quote_style.is_some()));
+    }
+    s.visit(&mut Check { catalog })
+        .is_continue()
+        .then_some(columns)
+}
+
+/// A statement the organization's database answers alone: every relation a LokaDB table,
+/// every query plain (no WITH, locking clause, INTO), every function a [`READ_FUNCTIONS`].
+struct Check<'a> {
+    catalog: &'a Catalog,
+}
+
+impl Visitor for Check<'_> {
+    type Break = ();
+    fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
+        let plain =
+            q.with.is_none() && q.locks.is_empty() && q.for_clause.is_none() && plain_body(&q.body);
+        if plain {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
+        }
+    }
+    fn pre_visit_relation(&mut self, r: &ObjectName) -> ControlFlow<()> {
+        match self.catalog.lookup(r) {
+            Some(_) => ControlFlow::Continue(()),
+            None => ControlFlow::Break(()),
+        }
+    }
+    fn pre_visit_table_factor(&mut self, f: &TableFactor) -> ControlFlow<()> {
+        match f {
+            TableFactor::Table { args: None, .. } | TableFactor::Derived { .. } => {
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Break(()),
+        }
+    }
+    fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+        if let Expr::Function(f) = e {
+            let known = match f.name.0.as_slice() {
+                [ObjectNamePart::Identifier(n)] => {
+                    n.quote_style.is_none()
+                        && READ_FUNCTIONS.contains(&n.value.to_ascii_lowercase().as_str())
+                }
+                _ => false,
+            };
+            if !known {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn plain_body(body: &SetExpr) -> bool {
+    match body {
+        SetExpr::Select(s) => s.into.is_none(),
+        SetExpr::Query(_) => true,
+        SetExpr::SetOperation { left, right, .. } => plain_body(left) && plain_body(right),
+        _ => false,
+    }
 }
 
 /// One reference to a LokaDB table in the statement.
@@ -359,6 +395,7 @@ impl Walk<'_> {
             org: org.expect("at least one reference"),
             tables,
             read: false,
+            set: None,
         }
     }
 
@@ -836,6 +873,32 @@ mod tests {
         ("SELECT * FROM documents WHERE organization_id = 2 AND project_id IN (SELECT id FROM projects)", false),
         ("SELECT * FROM documents WHERE organization_id = 2; SELECT 1", false),
     ];
+
+    /// Placed statements → the columns a plain UPDATE sets (None: not one).
+    const UPDATES: &[(&str, Option<&[&str]>)] = &[
+        ("UPDATE document_versions SET body = 'x' WHERE organization_id = 2 AND id = 5", Some(&["body"])),
+        ("UPDATE documents SET title = $3, \"Project_Id\" = 1 WHERE organization_id = $1 AND id = $2", Some(&["title", "Project_Id"])),
+        ("UPDATE documents d SET title = upper(d.title) WHERE d.organization_id = 2 RETURNING id", Some(&["title"])),
+        ("UPDATE documents SET title = 'x' FROM projects p WHERE documents.organization_id = 2 AND p.id = documents.project_id", None),
+        ("UPDATE documents SET title = (SELECT name FROM projects LIMIT 1) WHERE organization_id = 2", None),
+        ("UPDATE documents SET title = my_func(title) WHERE organization_id = 2", None),
+        ("UPDATE documents SET (title, project_id) = ('x', 1) WHERE organization_id = 2", None),
+        ("DELETE FROM documents WHERE organization_id = 2 AND id = 1", None),
+        ("SELECT * FROM documents WHERE organization_id = 2", None),
+    ];
+
+    #[test]
+    fn plain_updates_give_the_columns_they_set() {
+        let c = catalog();
+        for (sql, want) in UPDATES {
+            let got = match analyze(sql, &c) {
+                Analysis::Org { set, .. } => set,
+                other => panic!("{sql}: {other:?}"),
+            };
+            let want = want.map(|w| w.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+            assert_eq!(got, want, "{sql}");
+        }
+    }
 
     #[test]
     fn plain_reads_of_one_organization_are_told_apart() {

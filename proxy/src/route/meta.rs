@@ -40,7 +40,32 @@ pub struct Meta {
     pub catalog: Catalog,
     /// Organizations by id.
     pub orgs: HashMap<String, OrgMeta>,
+    /// Per LokaDB table (catalog index), what a direct UPDATE may not change; empty when
+    /// the cloud's schema predates direct writes (version 6): then none go direct.
+    pub writes: Vec<DirectWrites>,
 }
+
+/// What a direct UPDATE of one LokaDB table may not change.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DirectWrites {
+    /// Columns the cloud keeps a constraint on, as named in the catalog.
+    pub constrained: std::collections::HashSet<String>,
+    /// A user's UPDATE trigger runs in the cloud: no direct UPDATE at all.
+    pub blocked: bool,
+}
+
+impl Meta {
+    /// Whether an UPDATE of table `table` (catalog index) setting `columns` may go direct.
+    pub fn may_update(&self, table: usize, columns: &[String]) -> bool {
+        self.writes.get(table).is_some_and(|w| {
+            !w.blocked && !columns.is_empty() && columns.iter().all(|c| !w.constrained.contains(c))
+        })
+    }
+}
+
+/// The direct path's write rules (schema version 6), read in the same snapshot.
+const DIRECT_META_SQL: &str =
+    "SELECT kind, schema_name, table_name, column_name FROM lokadb.direct_meta()";
 
 /// Reads the whole metadata in one snapshot, so the generation and the rows agree.
 pub const LOAD_SQL: &str = "\
@@ -105,10 +130,36 @@ impl Meta {
             }
         }
         tables.sort_by(|x, y| (&x.schema, &x.name).cmp(&(&y.schema, &y.name)));
+        let has_direct_meta: bool = client
+            .query_one(
+                "SELECT to_regprocedure('lokadb.direct_meta()') IS NOT NULL",
+                &[],
+            )?
+            .get(0);
+        let mut writes = Vec::new();
+        if has_direct_meta {
+            writes = vec![DirectWrites::default(); tables.len()];
+            let index = |s: &str, n: &str| tables.iter().position(|t| t.schema == s && t.name == n);
+            for row in client.query(DIRECT_META_SQL, &[])? {
+                let (kind, schema, name): (&str, &str, &str) = (row.get(0), row.get(1), row.get(2));
+                let Some(i) = index(schema, name) else {
+                    continue;
+                };
+                match kind {
+                    "c" => {
+                        if let Some(column) = row.get::<_, Option<String>>(3) {
+                            writes[i].constrained.insert(column);
+                        }
+                    }
+                    _ => writes[i].blocked = true,
+                }
+            }
+        }
         Ok(Meta {
             generation,
             catalog: Catalog::new(tables),
             orgs,
+            writes,
         })
     }
 }
@@ -204,6 +255,7 @@ mod tests {
                 org_column: "organization_id".into(),
             }]),
             orgs: HashMap::new(),
+            writes: Vec::new(),
         }))
     }
 
@@ -238,6 +290,7 @@ mod tests {
             generation: 4,
             catalog: m.meta.catalog.clone(),
             orgs,
+            writes: Vec::new(),
         }));
         assert_eq!(moved.cached(), 1);
         // A table enabled: the indexes in the analyses may mean other tables now.
@@ -254,6 +307,7 @@ mod tests {
             generation: 5,
             catalog: Catalog::new(tables),
             orgs: HashMap::new(),
+            writes: Vec::new(),
         }));
         assert_eq!(enabled.cached(), 0);
     }

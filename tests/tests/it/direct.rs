@@ -312,8 +312,17 @@ fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
         .collect()
 }
 
-/// The organization's statement log from `from` on (bytes), its lines that are statements.
+/// The statements the organization's database logged from `from` on (bytes), but for
+/// postgres_fdw's (the test's own reads through the cloud).
 fn org_statements_since(w: &World, from: usize) -> Vec<String> {
+    const FDW: &[&str] = &[
+        "SET ",
+        "START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        "<unnamed>: DECLARE c",
+        "FETCH ",
+        "CLOSE c",
+        "COMMIT TRANSACTION",
+    ];
     w.org.db.log_contents()[from..]
         .lines()
         .filter_map(|l| {
@@ -321,6 +330,7 @@ fn org_statements_since(w: &World, from: usize) -> Vec<String> {
                 .or_else(|| l.split_once("LOG:  execute "))
                 .map(|(_, s)| s.to_owned())
         })
+        .filter(|s| !FDW.iter().any(|f| s.starts_with(f)))
         .collect()
 }
 
@@ -445,4 +455,105 @@ async fn transactions_of_direct_reads_run_there_and_move_to_the_cloud_when_neede
     );
     c.simple_query(&read).await.unwrap();
     c.batch_execute("COMMIT").await.unwrap();
+}
+
+/// An UPDATE of columns the cloud keeps no constraint on, by a role that may, runs in the
+/// organization's database, behind the cloud's gate: a pause holds it, and it never joins
+/// a cloud transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_of_unconstrained_columns_run_in_its_database_behind_the_pause() {
+    let (w, proxy) = direct_world(json!({}));
+    let c = client(&proxy).await;
+    let id: i64 = c
+        .query_one(
+            "SELECT min(id) FROM document_versions WHERE organization_id = 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let body = |v: &str| {
+        format!("UPDATE document_versions SET body = '{v}' WHERE organization_id = 2 AND id = {id}")
+    };
+    let read =
+        format!("SELECT body FROM document_versions WHERE organization_id = 2 AND id = {id}");
+    let cloud_read = || {
+        w.cloud
+            .psql(
+                "app",
+                &format!(
+                    "SELECT body FROM document_versions WHERE organization_id = 2 AND id = {id}"
+                ),
+            )
+            .unwrap()
+    };
+
+    // Autocommit: one statement in the organization's database.
+    let mark = w.org.db.log_contents().len();
+    c.batch_execute(&body("direct 1")).await.unwrap();
+    assert_eq!(
+        org_statements_since(&w, mark),
+        [body("direct 1")],
+        "{}",
+        proxy.output()
+    );
+    assert_eq!(cloud_read(), "direct 1", "the cloud reads it through fdw");
+
+    // In a transaction: BEGIN goes with the UPDATE, the read sees it, COMMIT keeps it.
+    let mark = w.org.db.log_contents().len();
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&body("direct 2")).await.unwrap();
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["direct 2"]);
+    assert_eq!(cloud_read(), "direct 1", "not committed yet");
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(cloud_read(), "direct 2");
+    let seen = org_statements_since(&w, mark);
+    assert_eq!(
+        seen,
+        ["BEGIN", body("direct 2").as_str(), read.as_str(), "COMMIT"],
+        "{seen:#?}"
+    );
+    // ROLLBACK undoes it.
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&body("rolled back")).await.unwrap();
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(cloud_read(), "direct 2");
+
+    // A constrained column (project_id: a foreign key the cloud checks) goes through the
+    // cloud.
+    let title = "UPDATE documents SET project_id = 20 WHERE organization_id = 2 AND id IN (SELECT min(id) FROM documents WHERE organization_id = 2)";
+    c.batch_execute(title).await.unwrap();
+    assert_eq!(org_ran(&w, title), 0);
+
+    // A transaction that wrote directly cannot take a statement for the cloud: refused,
+    // and ROLLBACK undoes the direct write.
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&body("mixed")).await.unwrap();
+    let e = c.batch_execute(title).await.unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "0A000", "{e:?}");
+    let e = c.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "25P02");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(cloud_read(), "direct 2");
+
+    // A pause holds a direct write until resume; reads go on.
+    ok(&lokadb(&w.dsn, &["pause", "2", "--timeout", "20s"]));
+    let dsn = format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=app",
+        proxy.port(),
+        lokadb_tests::pg::SUPERUSER,
+        lokadb_tests::pg::SUPERUSER_PASSWORD
+    );
+    let writer = crate::world::timed_write(&dsn, Box::leak(body("after pause").into_boxed_str()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished(),
+        "the direct write did not wait for the pause"
+    );
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["direct 2"]);
+    ok(&lokadb(&w.dsn, &["resume", "2"]));
+    let waited = writer.await.unwrap();
+    assert!(waited >= Duration::from_millis(400), "{waited:?}");
+    assert_eq!(cloud_read(), "after pause");
+    assert!(org_ran(&w, &body("after pause")) == 1, "it ran directly");
 }
