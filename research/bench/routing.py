@@ -6,14 +6,14 @@
 One world (research/bench/README.md, "Routing benchmark"): a cloud cluster with the test schema of
 tests/tests/it/admin_enable.rs (as moves.py) and a few thousand rows per organization, organization
 2's database behind the relay and its agent, organization 1 staying in the cloud. Organization 2 is
-moved once (`lokadb move-org 2 --profile fdw`); its database then logs every statement
-(`ALTER DATABASE orgdb SET log_statement = 'all'`). For each RTT (full 0, 10, 40 ms; quick 0, 10)
+moved once (`lokadb move-org 2 --profile fdw`); its database then logs every statement and every
+Parse (`ALTER DATABASE orgdb SET log_statement = 'all'`, `... log_min_duration_statement = 0`). For each RTT (full 0, 10, 40 ms; quick 0, 10)
 the relay, a latency link (RTT/2 each way) in front of the relay's agent port, the agent and the
 proxy (`lokadb proxy`, with the direct path's login configured) are started afresh; one psycopg
 client through the proxy runs each operation N times per profile (fdw, then fdw+direct, switched with
 `UPDATE lokadb.org SET profile = ...` in the cloud). Per window of N operations: the statements that
-reached organization 2's database (its log, cut by marker statements), latency p50/p95 and ÷ RTT,
-and the proxy's CPU time.
+reached organization 2's database (its log, cut by marker statements; round trips from the log's
+timestamps at RTT > 0), latency p50/p95 and ÷ RTT, and the proxy's CPU time.
 
 Writes raw.json, summary.md and PNG charts into research/bench/results/<UTC ts>-routing[-quick]/
 and the numbers behind the charts into research/bench/charts-data.md ("Routing: round trips to an
@@ -72,7 +72,12 @@ MARK_APP = "lokadb-bench-mark"  # application_name of the benchmark's own connec
 CLIENT_APP = "lokadb-bench-client"  # the client's (a direct connection copies it)
 # The org cluster prefixes every log line with pid, application_name, user and database so the
 # benchmark's own lines can be told apart and each statement attributed to its session.
-ORG_LOG_PREFIX = "%m [%p] %a|%u|%d: "
+ORG_LOG_PREFIX = "%n [%p] %a|%u|%d: "  # %n: Unix epoch with milliseconds
+# Set on the org database after the move (new connections only). log_statement logs each simple
+# query and each Execute; log_min_duration_statement = 0 adds a "duration: … parse NAME: …" line
+# per Parse message, which log_statement does not log: postgres_fdw prepares its UPDATE … WHERE
+# ctid = $1 with a Parse of its own (PQprepare), a round trip that has no statement line.
+ORG_DB_SETTINGS = {"log_statement": "all", "log_min_duration_statement": "0"}
 EXTRA_INDEXES = [
     "CREATE INDEX documents_org_id_idx ON documents (organization_id, id)",
     "CREATE INDEX document_versions_org_doc_idx ON document_versions (organization_id, document_id)",
@@ -165,8 +170,9 @@ OP_SHORT = {"read": "read", "tx_read": "read in tx", "tx_update": "update in tx"
 # The organization's statement log, cut by markers
 
 
-LINE_RE = re.compile(r"^\S+ \S+ \S+ \[(?P<pid>\d+)\] (?P<app>[^|]*)\|(?P<user>[^|]*)\|(?P<db>[^:]*): "
+LINE_RE = re.compile(r"^(?P<ts>\d+\.\d+) \[(?P<pid>\d+)\] (?P<app>[^|]*)\|(?P<user>[^|]*)\|(?P<db>[^:]*): "
                      r"(?P<level>[A-Z]+):  (?P<msg>.*)$")
+PARSE_RE = re.compile(r"^duration: [\d.]+ ms  parse (?P<name>\S+): (?P<sql>.*)$")
 
 
 def parse_line(line: str):
@@ -219,7 +225,9 @@ class OrgLog:
         self.pending += lines
 
     def cut(self, timeout=15.0) -> list[str]:
-        """The log lines since the previous cut (continuation lines included), without the marker."""
+        """The log lines since the previous cut (continuation lines included), up to the marker's
+        statement line. The marker's own lines (its duration line comes after it) are dropped by
+        analyse() as the benchmark's."""
         self.n += 1
         tag = f"bench-mark-{self.n}"
         self.conn.execute(f"SELECT '{tag}'")
@@ -243,30 +251,79 @@ class OrgLog:
             pass
 
 
-def analyse(lines: list[str], keep=400) -> dict:
-    """Statements (log_statement lines) of other sessions than the benchmark's, by source and kind."""
-    stmts, errors, other = [], [], 0
+def round_trips_from_times(events: list[dict], rtt_ms: float):
+    """Requests that reached the org database together (a pipeline: e.g. a held BEGIN sent with the
+    next statement, or Parse+Bind+Execute) are logged within a fraction of a millisecond; the next
+    request of the same operation arrives at least one RTT later (the answer goes back, the next
+    request comes). So at RTT > 0 the number of groups of log events separated by more than RTT/2
+    is the number of round trips. Not defined at RTT 0."""
+    if rtt_ms <= 0:
+        return None
+    ts = sorted(e["ts"] for e in events)
+    if not ts:
+        return 0
+    groups = 1
+    for a, b in zip(ts, ts[1:]):
+        if (b - a) * 1e3 > rtt_ms / 2:
+            groups += 1
+    return groups
+
+
+def analyse(lines: list[str], rtt_ms: float = 0.0, keep=400) -> dict:
+    """Statements (log_statement lines) and Parse messages (duration lines) of every session but the
+    benchmark's own, by source and kind; round trips from their timestamps (RTT > 0)."""
+    stmts, parses, errors, other = [], [], [], 0
+    last = None  # the statement a continuation line (no prefix: a multi-line SQL text) belongs to
     for line in lines:
         p = parse_line(line)
-        if not p or p["app"] == MARK_APP:
+        if not p:
+            if last is not None and line.strip():
+                last["sql"] = (last["sql"] + " " + line.strip())[:400]
             continue
+        last = None
+        if p["app"] == MARK_APP:
+            continue
+        src = "direct" if p["app"] == CLIENT_APP else ("fdw" if p["app"] == "postgres_fdw" else p["app"] or "?")
         st = statement_of(p["msg"]) if p["level"] == "LOG" else None
+        pm = PARSE_RE.match(p["msg"]) if p["level"] == "LOG" else None
         if st:
             kind, sql = st
-            src = "direct" if p["app"] == CLIENT_APP else ("fdw" if p["app"] == "postgres_fdw" else p["app"] or "?")
-            stmts.append({"pid": int(p["pid"]), "app": p["app"], "user": p["user"], "source": src,
-                          "protocol": kind, "kw": keyword(sql), "sql": sql[:300]})
+            last = {"ts": float(p["ts"]), "pid": int(p["pid"]), "app": p["app"], "user": p["user"],
+                    "source": src, "protocol": kind, "kw": keyword(sql), "sql": sql[:400]}
+            stmts.append(last)
+        elif pm:
+            last = {"ts": float(p["ts"]), "pid": int(p["pid"]), "app": p["app"], "source": src,
+                    "protocol": "parse", "name": pm.group("name"), "kw": "Parse " + keyword(pm.group("sql")),
+                    "sql": pm.group("sql")[:400]}
+            parses.append(last)
         elif p["level"] in ("ERROR", "FATAL", "PANIC", "WARNING"):
             errors.append(line[:500])
         else:
-            other += 1
+            other += 1  # duration lines of executes, DETAIL lines (parameters), connection lines
     by_source, by_kw = {}, {}
-    for s in stmts:
-        by_source[s["source"]] = by_source.get(s["source"], 0) + 1
-        by_kw[s["kw"]] = by_kw.get(s["kw"], 0) + 1
-    return {"statements": len(stmts), "by_source": by_source, "by_keyword": by_kw,
-            "backends": len({s["pid"] for s in stmts}), "errors": errors[:20], "error_count": len(errors),
-            "other_log_lines": other, "lines": stmts[:keep]}
+    for x in stmts:
+        by_source[x["source"]] = by_source.get(x["source"], 0) + 1
+        by_kw[x["kw"]] = by_kw.get(x["kw"], 0) + 1
+    named = [x for x in parses if x["name"] != "<unnamed>"]
+    by_parse = {}
+    for x in parses:
+        k = f"{x['source']}: {'named' if x['name'] != '<unnamed>' else 'unnamed'}"
+        by_parse[k] = by_parse.get(k, 0) + 1
+    events = sorted(stmts + parses, key=lambda x: (x["ts"], x["protocol"] != "parse"))
+    groups = []  # at RTT > 0: the events of each round trip (see round_trips_from_times)
+    if rtt_ms > 0:
+        prev = None
+        for x in events:
+            if prev is None or (x["ts"] - prev) * 1e3 > rtt_ms / 2:
+                groups.append([])
+            groups[-1].append(("ᵈ" if x["source"] == "direct" else "") + x["kw"] if x["protocol"] != "parse"
+                              else ("ᵈ" if x["source"] == "direct" else "") + x["kw"] + ("" if x["name"] != "<unnamed>" else " (unnamed)"))
+            prev = x["ts"]
+    return {"groups": groups[:60], "statements": len(stmts), "by_source": by_source, "by_keyword": by_kw,
+            "parses": len(parses), "named_parses": len(named), "by_parse": by_parse,
+            "round_trips_from_times": round_trips_from_times(stmts + parses, rtt_ms),
+            "backends": len({x["pid"] for x in stmts}), "errors": errors[:20], "error_count": len(errors),
+            "other_log_lines": other, "lines": events[:keep]}
 
 
 # --------------------------------------------------------------------------------------
@@ -386,8 +443,9 @@ def build_world(ctx) -> dict:
     # Every statement reaching the org database from now on is logged (new connections only:
     # none is open — the move's sessions ended, the relay and agent are stopped).
     with org.conn() as c:
-        c.execute(f"ALTER DATABASE {ORG_DB} SET log_statement = 'all'")
-    ctx.commands.append(f"(org) ALTER DATABASE {ORG_DB} SET log_statement = 'all'")
+        for k, v in ORG_DB_SETTINGS.items():
+            c.execute(f"ALTER DATABASE {ORG_DB} SET {k} = '{v}'")
+            ctx.commands.append(f"(org) ALTER DATABASE {ORG_DB} SET {k} = '{v}'")
     info["ids"] = {ORG: len(ctx.ids2), OTHER: len(ctx.ids1)}
     T["total"] = round(time.time() - t0, 1)
     log(f"  world ready in {T['total']} s: {info['org_rows']} rows of organization {ORG} in its database, "
@@ -453,16 +511,16 @@ def window(ctx, conn, rtt: float, profile: str, op: str) -> dict:
            "loadavg_before": loadavg(), "errors": []}
     settle = 0.1 + 2 * rtt / 1e3  # anything the proxy or postgres_fdw sends after the answer lands first
     between = ctx.log.cut()  # lines since the previous window (should be none)
-    rec["between_windows"] = analyse(between, keep=20)
+    rec["between_windows"] = analyse(between, rtt, keep=20)
     for _ in range(mode.warmup):
         try:
             fn(conn)
         except Exception as e:  # noqa: BLE001
             rec["errors"].append(f"warm-up: {getattr(e, 'sqlstate', None) or type(e).__name__}: {str(e).strip()[:300]}")
-    rec["warmup_log"] = analyse(ctx.log.cut(), keep=60)
+    rec["warmup_log"] = analyse(ctx.log.cut(), rtt, keep=60)
     lat = []
     c0 = cpu_reading(ctx)
-    t_win = time.perf_counter()
+    t_win = t_cpu = time.perf_counter()
     for _ in range(mode.n):
         t = time.perf_counter()
         try:
@@ -474,7 +532,8 @@ def window(ctx, conn, rtt: float, profile: str, op: str) -> dict:
     rec["window_s"] = round(time.perf_counter() - t_win, 3)
     time.sleep(settle)
     c1 = cpu_reading(ctx)
-    measured = analyse(ctx.log.cut())
+    rec["cpu_window_s"] = round(time.perf_counter() - t_cpu, 3)
+    measured = analyse(ctx.log.cut(), rtt, keep=150)
     rec["log"] = measured
     rec["cpu"] = cpu_per_op(c0, c1, mode.n)
     # One more operation on its own: its statements verbatim, the anatomy of one operation.
@@ -483,19 +542,25 @@ def window(ctx, conn, rtt: float, profile: str, op: str) -> dict:
     except Exception as e:  # noqa: BLE001
         rec["errors"].append(f"example: {getattr(e, 'sqlstate', None) or type(e).__name__}: {str(e).strip()[:300]}")
     time.sleep(settle)
-    rec["example"] = analyse(ctx.log.cut(), keep=60)
+    rec["example"] = analyse(ctx.log.cut(), rtt, keep=60)
     lat.sort()
     rec["ok"] = len(lat)
     rec["latencies_ms"] = [round(x, 3) for x in lat]
     rec["p50_ms"] = round(percentile(lat, 0.5), 3) if lat else None
     rec["p95_ms"] = round(percentile(lat, 0.95), 3) if lat else None
     rec["mean_ms"] = round(sum(lat) / len(lat), 3) if lat else None
-    rec["round_trips_per_op"] = round(measured["statements"] / mode.n, 2)
-    rec["round_trips_by_source"] = {k: round(v / mode.n, 2) for k, v in measured["by_source"].items()}
+    # The brief's count: statement lines ÷ N ("statements"); postgres_fdw's Parse-only round trips
+    # (named Parse lines of its sessions) on top; at RTT > 0 also round trips from the timestamps.
+    rec["statements_per_op"] = round(measured["statements"] / mode.n, 2)
+    rec["statements_by_source"] = {k: round(v / mode.n, 2) for k, v in measured["by_source"].items()}
+    rec["fdw_parse_per_op"] = round(measured["by_parse"].get("fdw: named", 0) / mode.n, 2)
+    rt = measured["round_trips_from_times"]
+    rec["round_trips_per_op"] = round(rt / mode.n, 2) if rt is not None else None
     if rtt > 0 and lat:
         rec["p50_over_rtt"] = round(rec["p50_ms"] / rtt, 2)
     rec["loadavg_after"] = loadavg()
-    log(f"    RTT {rtt:g} {profile:<10} {op:<12} {rec['round_trips_per_op']:5.2f} round trips/op "
+    log(f"    RTT {rtt:g} {profile:<10} {op:<12} {rec['statements_per_op']:5.2f} statements/op "
+        f"(+{rec['fdw_parse_per_op']:g} fdw Parse; round trips {fmt(rec['round_trips_per_op'], 2)}) "
         f"{dict(measured['by_keyword'])}; p50 {fmt(rec['p50_ms'], 2)} ms p95 {fmt(rec['p95_ms'], 2)} ms; "
         f"proxy {fmt(rec['cpu']['proxy_us_per_op'])} µs/op" + (f"; {len(rec['errors'])} errors" if rec["errors"] else ""))
     return rec
@@ -518,6 +583,12 @@ def rtt_round(ctx, rtt: float, idx: int) -> dict:
         log(f"  RTT {rtt:g} ms: link up (SELECT 1 through relay + link {rec['relay_select1_ms']} ms), "
             f"proxy on port {ctx.proxy.port} (load average {loadavg()})")
         conn = client(ctx)
+        conn.execute("SELECT 1")
+        # The proxy's CPU while nothing happens (its per-operation CPU includes that share of a window).
+        a = (sched_ns(ctx.proxy.proc.pid), sched_ns(ctx.relay.pid))
+        time.sleep(2.0)
+        b = (sched_ns(ctx.proxy.proc.pid), sched_ns(ctx.relay.pid))
+        rec["idle_us_per_s"] = {"proxy": round((b[0] - a[0]) / 1e3 / 2.0, 1), "relay": round((b[1] - a[1]) / 1e3 / 2.0, 1)}
         # Alternate which profile goes first from one RTT to the next.
         order = PROFILES if idx % 2 == 0 else list(reversed(PROFILES))
         for profile in order:
@@ -561,7 +632,7 @@ def rtt_round(ctx, rtt: float, idx: int) -> dict:
             ctx.relay.stop()
             rec["relay_stderr_tail"] = ctx.relay.stderr_path.read_text(errors="replace")[-1500:]
         try:
-            rec["after_teardown"] = analyse(ctx.log.cut(), keep=20)
+            rec["after_teardown"] = analyse(ctx.log.cut(), rtt, keep=20)
         except Exception as e:  # noqa: BLE001
             rec["after_teardown"] = {"error": repr(e)}
     return rec
@@ -589,42 +660,77 @@ def summarize(raw: dict) -> dict:
                 if not w:
                     continue
                 b = base.get((profile, op))
+                ex = w["example"]
                 cells[str(rtt)] = {
-                    "round_trips": w["round_trips_per_op"], "by_source": w["round_trips_by_source"],
+                    "statements": w["statements_per_op"], "by_source": w["statements_by_source"],
+                    "fdw_parse": w["fdw_parse_per_op"], "round_trips": w["round_trips_per_op"],
                     "by_keyword": {k: round(v / w["n"], 2) for k, v in w["log"]["by_keyword"].items()},
                     "p50_ms": w["p50_ms"], "p95_ms": w["p95_ms"],
                     "p50_over_rtt": w.get("p50_over_rtt"),
-                    "added_over_rtt": round((w["p50_ms"] - b) / rtt, 2) if rtt > 0 and b is not None and w["p50_ms"] is not None else None,
+                    "added_over_rtt": round((w["p50_ms"] - b) / rtt, 2)
+                    if rtt > 0 and b is not None and w["p50_ms"] is not None else None,
                     "proxy_us_per_op": w["cpu"]["proxy_us_per_op"],
                     "proxy_us_per_op_ticks": w["cpu"]["proxy_us_per_op_ticks"],
                     "relay_us_per_op": w["cpu"]["relay_us_per_op"],
                     "ok": w["ok"], "n": w["n"], "errors": len(w["errors"]),
-                    "example": [f"{s['source']}: {s['kw']}" for s in w["example"]["lines"]],
-                    "example_sql": [f"[{s['source']}, {s['protocol']}] {s['sql']}" for s in w["example"]["lines"]],
+                    "example_groups": ex.get("groups") or [],
+                    "example": [(("ᵈ" if x["source"] == "direct" else "") + x["kw"]) for x in ex["lines"]
+                                if x["protocol"] != "parse" or (x["source"] == "fdw" and x.get("name") != "<unnamed>")],
+                    "example_sql": [f"[{x['source']}, {x['protocol']}] {x['sql']}" for x in ex["lines"]],
                 }
             out.append({"op": op, "profile": profile, "cells": cells})
-    return {"rtts": rtts, "rows": out}
+    idle = {str(r["rtt_ms"]): r.get("idle_us_per_s") for r in raw.get("rounds", [])}
+    for row in out:  # the proxy's CPU net of what it spends idle over the same time
+        for r, c in row["cells"].items():
+            w = rows[(float(r), row["profile"], row["op"])]
+            i = (idle.get(r) or {}).get("proxy")
+            c["proxy_us_per_op_net"] = round(c["proxy_us_per_op"] - i * w["cpu_window_s"] / w["n"], 1) \
+                if i is not None and c["proxy_us_per_op"] is not None and w.get("cpu_window_s") else None
+    return {"rtts": rtts, "rows": out, "idle_us_per_s": idle}
 
 
-def seq(example: list[str]) -> str:
-    """Compresses an example's statements: 'fdw: START TRANSACTION · fdw: DECLARE …' → kinds by source."""
-    if not example:
-        return "(none)"
-    parts = []
-    for e in example:
-        src, kw = e.split(": ", 1)
-        parts.append(f"{kw}{'ᵈ' if src == 'direct' else ''}")
-    return " · ".join(parts)
+def anatomy(cell: dict) -> str:
+    """One operation's requests to the org database: round trips in brackets (requests that arrived
+    together joined by +; a Parse shown only when it was a round trip of its own)."""
+    groups = cell.get("example_groups")
+    if groups:
+        parts = []
+        for g in groups:
+            keep = [x for x in g if not x.lstrip("ᵈ").startswith("Parse ")] or g
+            parts.append("[" + " + ".join(keep) + "]")
+        return f"{len(groups)} round trips: " + " ".join(parts)
+    ex = cell.get("example") or []
+    return f"{len(ex)}: " + " · ".join(ex) if ex else "(none)"
+
+
+def _row(s, op, profile):
+    return next(x for x in s["rows"] if x["op"] == op and x["profile"] == profile)
 
 
 def tables_md(s: dict) -> list[str]:
     rtts = s["rtts"]
-    L = ["## Round trips to organization 2's database per operation", "",
-         "Statements in its log (`LOG:  statement:` / `LOG:  execute` lines of every session but the benchmark's "
-         "own) between the markers around the N measured operations, ÷ N. In brackets: how many came by the "
-         "direct path (the client's session in the org database) when not all came through postgres_fdw.", "",
-         "| operation | profile | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |",
-         "|---|---|" + "---:|" * len(rtts)]
+    pos = [r for r in rtts if r > 0]
+    L = ["## Round trips to organization 2's database per operation", ""]
+    if pos:
+        L += ["Round trips, from the timestamps of its log: requests that arrive together (a pipeline) are logged "
+              "within a millisecond, the next request of an operation at least one RTT later, so the number of groups "
+              "of log events more than RTT/2 apart, ÷ N. Not defined at RTT 0.", "",
+              "| operation | profile | " + " | ".join(f"RTT {r:g} ms" for r in pos) + " |",
+              "|---|---|" + "---:|" * len(pos)]
+        for row in s["rows"]:
+            cells = []
+            for r in pos:
+                c = row["cells"].get(str(r))
+                cells.append(f"**{fmt(c['round_trips'], 2)}**" + (f" ⚠ {c['errors']} errors" if c["errors"] else "")
+                             if c else "—")
+            L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+        L.append("")
+    L += ["Statements in its log (`LOG:  statement:` / `LOG:  execute` lines of every session but the benchmark's "
+          "own, between the markers around the N measured operations) ÷ N. `+1 Parse`: postgres_fdw's Parse of its "
+          "prepared UPDATE (PQprepare), a round trip with no statement line (seen as a `duration: … parse` line). "
+          "`direct`: how many came by the direct path (the client's own session in the org database).", "",
+          "| operation | profile | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |",
+          "|---|---|" + "---:|" * len(rtts)]
     for row in s["rows"]:
         cells = []
         for r in rtts:
@@ -633,23 +739,26 @@ def tables_md(s: dict) -> list[str]:
                 cells.append("—")
                 continue
             d = c["by_source"].get("direct")
-            extra = f" ({fmt(d, 2)} direct)" if d and d != c["round_trips"] else (" (all direct)" if d else "")
-            cells.append(f"**{fmt(c['round_trips'], 2)}**{extra}" + (f" ⚠ {c['errors']} errors" if c["errors"] else ""))
+            t = fmt(c["statements"], 2)
+            if c["fdw_parse"]:
+                t += f" +{c['fdw_parse']:g} Parse"
+            if d:
+                t += " (all direct)" if d == c["statements"] else f" ({fmt(d, 2)} direct)"
+            cells.append(t)
         L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
     L.append("")
     big = max(rtts)
-    L += [f"### One operation's statements in the org database (the example operation after the window, RTT {big:g} ms)",
-          "", "ᵈ = by the direct path, else through postgres_fdw from the cloud.", "",
-          "| operation | profile | statements |", "|---|---|---|"]
+    L += [f"### One operation's requests to the org database (the example operation after the window, RTT {big:g} ms)",
+          "", "ᵈ = by the direct path, else postgres_fdw's session from the cloud. Verbatim SQL: `raw.json`, "
+          "`rounds[].windows[].example.lines`.", "",
+          "| operation | profile | requests |", "|---|---|---|"]
     for row in s["rows"]:
         c = row["cells"].get(str(big))
         if c:
-            L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | {len(c['example'])}: {seq(c['example'])} |")
+            L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | {anatomy(c)} |")
     L.append("")
-    pos = [r for r in rtts if r > 0]
     L += ["## Latency (one client, warm connection)", "",
-          "p50 / p95 in ms; for RTT > 0 also p50 ÷ RTT and (p50 − p50 at RTT 0) ÷ RTT, the round trips the "
-          "latency shows.", "",
+          "p50 / p95 in ms; for RTT > 0 also **p50 ÷ RTT** and (p50 − p50 at RTT 0) ÷ RTT.", "",
           "| operation | profile | " + " | ".join(f"RTT {r:g}: p50 / p95" + (" · ÷RTT · added÷RTT" if r > 0 else "")
                                              for r in rtts) + " |",
           "|---|---|" + "---|" * len(rtts)]
@@ -666,30 +775,33 @@ def tables_md(s: dict) -> list[str]:
             cells.append(t)
         L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
     L.append("")
-    if pos:
-        L += ["### fdw+direct ÷ fdw (p50 latency, same run)", "",
-              "| operation | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |", "|---|" + "---:|" * len(rtts)]
-        for op, _, _ in OPS:
-            a = next(x for x in s["rows"] if x["op"] == op and x["profile"] == "fdw")
-            b = next(x for x in s["rows"] if x["op"] == op and x["profile"] == "fdw+direct")
-            cells = []
-            for r in rtts:
-                ca, cb = a["cells"].get(str(r)), b["cells"].get(str(r))
-                cells.append(fmt(cb["p50_ms"] / ca["p50_ms"], 2) if ca and cb and ca["p50_ms"] and cb["p50_ms"] else "—")
-            L.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
-        L.append("")
+    L += ["### fdw+direct ÷ fdw (p50 latency, same run)", "",
+          "| operation | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |", "|---|" + "---:|" * len(rtts)]
+    for op, _, _ in OPS:
+        a, b = _row(s, op, "fdw"), _row(s, op, "fdw+direct")
+        cells = []
+        for r in rtts:
+            ca, cb = a["cells"].get(str(r)), b["cells"].get(str(r))
+            cells.append(fmt(cb["p50_ms"] / ca["p50_ms"], 2) if ca and cb and ca["p50_ms"] and cb["p50_ms"] else "—")
+        L.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
+    L.append("")
     L += ["## CPU time of the proxy per operation (µs)", "",
           "From the proxy's threads' `/proc/PID/task/*/schedstat` (ns) over the window ÷ N; in brackets the same "
-          "from `/proc/PID/stat` utime+stime (10 ms ticks: coarse at these window lengths). Relay: schedstat.", "",
-          "| operation | profile | " + " | ".join(f"RTT {r:g}: proxy (ticks) · relay" for r in rtts) + " |",
+          "from `/proc/PID/stat` utime+stime (10 ms clock ticks: coarse for windows this short); net = minus what the "
+          "proxy spends idle over the same time (last row: µs of CPU per second with the client connected and idle, "
+          "measured for 2 s before the windows of that RTT). Relay: schedstat, not net.", "",
+          "| operation | profile | " + " | ".join(f"RTT {r:g}: proxy · net (ticks) · relay" for r in rtts) + " |",
           "|---|---|" + "---|" * len(rtts)]
     for row in s["rows"]:
         cells = []
         for r in rtts:
             c = row["cells"].get(str(r))
-            cells.append(f"{fmt(c['proxy_us_per_op'])} ({fmt(c['proxy_us_per_op_ticks'], 0)}) · {fmt(c['relay_us_per_op'])}"
-                         if c else "—")
+            cells.append(f"{fmt(c['proxy_us_per_op'])} · {fmt(c.get('proxy_us_per_op_net'))} "
+                         f"({fmt(c['proxy_us_per_op_ticks'], 0)}) · {fmt(c['relay_us_per_op'])}" if c else "—")
         L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+    idle = s.get("idle_us_per_s") or {}
+    L.append("| idle, µs per second | — | " + " | ".join(
+        f"{fmt((idle.get(str(r)) or {}).get('proxy'))} · {fmt((idle.get(str(r)) or {}).get('relay'))}" for r in rtts) + " |")
     L.append("")
     return L
 
@@ -700,8 +812,8 @@ def checks_md(raw: dict, s: dict) -> list[str]:
     for row in s["rows"]:
         for r, c in row["cells"].items():
             where = f"RTT {float(r):g} ms, {row['profile']}, {OP_SHORT[row['op']]}"
-            if row["op"] == "control_read" and c["round_trips"] != 0:
-                L.append(f"- {where}: {c['round_trips']} statements per operation reached organization 2 (expected 0).")
+            if row["op"] == "control_read" and (c["statements"] or c["fdw_parse"]):
+                L.append(f"- {where}: {c['statements']} statements per operation reached organization 2 (expected 0).")
             if row["profile"] == "fdw" and c["by_source"].get("direct"):
                 L.append(f"- {where}: {c['by_source']['direct']} statements per operation came by the direct path on fdw.")
             if c["errors"]:
@@ -709,20 +821,28 @@ def checks_md(raw: dict, s: dict) -> list[str]:
     for op, _, _ in OPS:
         if op == "control_read":
             continue
-        a = next(x for x in s["rows"] if x["op"] == op and x["profile"] == "fdw")
-        b = next(x for x in s["rows"] if x["op"] == op and x["profile"] == "fdw+direct")
+        a, b = _row(s, op, "fdw"), _row(s, op, "fdw+direct")
         for r in s["rtts"]:
             ca, cb = a["cells"].get(str(r)), b["cells"].get(str(r))
-            if ca and cb and cb["round_trips"] >= ca["round_trips"]:
-                L.append(f"- RTT {r:g} ms, {OP_SHORT[op]}: fdw+direct {cb['round_trips']} round trips per operation, "
-                         f"fdw {ca['round_trips']} — no fewer on fdw+direct"
-                         + (" (none of them by the direct path)" if not cb["by_source"].get("direct") else "") + ".")
+            if not (ca and cb):
+                continue
+            ka = ca["round_trips"] if ca["round_trips"] is not None else ca["statements"] + ca["fdw_parse"]
+            kb = cb["round_trips"] if cb["round_trips"] is not None else cb["statements"] + cb["fdw_parse"]
+            if kb >= ka:
+                what = "round trips" if cb["round_trips"] is not None else "statements + Parse"
+                L.append(f"- RTT {r:g} ms, {OP_SHORT[op]}: fdw+direct {fmt(kb, 2)} {what} per operation, fdw "
+                         f"{fmt(ka, 2)} — no fewer on fdw+direct"
+                         + (" (none of them by the direct path: it went through the cloud)"
+                            if not cb["by_source"].get("direct") else "") + ".")
     for r in raw.get("rounds", []):
         for w in r.get("windows", []):
             if w["between_windows"]["statements"]:
                 L.append(f"- RTT {w['rtt_ms']:g} ms, before {w['profile']} {w['op']}: "
                          f"{w['between_windows']['statements']} statements outside any window "
                          f"({w['between_windows']['by_keyword']}).")
+            if w["log"]["error_count"]:
+                L.append(f"- RTT {w['rtt_ms']:g} ms, {w['profile']} {w['op']}: the org database logged "
+                         f"{w['log']['error_count']} errors, e.g. `{w['log']['errors'][0]}`.")
     return L
 
 
@@ -764,12 +884,25 @@ def summary_markdown(raw: dict, s: dict) -> str:
         for e in m["errors"]:
             L.append(f"- {e[:1000]}")
         L.append("")
-    L.append("Every window's statements (source, protocol, SQL), latencies and CPU readings: `raw.json`. "
+    L.append("Every window's statements (source, protocol, SQL, timestamp), latencies and CPU readings: `raw.json`. "
              "Method: `research/bench/README.md`, \"Routing benchmark\".\n")
     return "\n".join(L)
 
 
 COLORS = {"fdw": "#8b949e", "fdw+direct": "#1f6feb"}
+
+
+def _bars(ax, s, key, rtt, x, ops, label_fmt="{:.1f}"):
+    for j, profile in enumerate(PROFILES):
+        vals = []
+        for op in ops:
+            c = _row(s, op, profile)["cells"].get(str(rtt))
+            vals.append(c[key] if c else None)
+        xs = [i + (j - 0.5) * 0.38 for i in x]
+        ax.bar(xs, [v or 0 for v in vals], 0.38, label=profile, color=COLORS[profile])
+        for xx, v in zip(xs, vals):
+            if v is not None:
+                ax.text(xx, v, label_fmt.format(v), ha="center", va="bottom", fontsize=7)
 
 
 def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
@@ -778,48 +911,29 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     ops = [op for op, _, _ in OPS]
     x = list(range(len(ops)))
     names = [OP_SHORT[o].replace(" (control)", "\n(control)") for o in ops]
-    if pos:
-        fig, axes = plt.subplots(1, len(pos), figsize=(6.2 * len(pos), 4.6), squeeze=False)
-        for ax, rtt in zip(axes[0], pos):
-            for j, profile in enumerate(PROFILES):
-                vals = []
-                for op in ops:
-                    row = next(r for r in s["rows"] if r["op"] == op and r["profile"] == profile)
-                    c = row["cells"].get(str(rtt))
-                    vals.append(c["p50_over_rtt"] if c else None)
-                xs = [i + (j - 0.5) * 0.38 for i in x]
-                ax.bar(xs, [v or 0 for v in vals], 0.38, label=profile, color=COLORS[profile])
-                for xx, v in zip(xs, vals):
-                    if v is not None:
-                        ax.text(xx, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
-            ax.set_xticks(x, names, fontsize=7)
-            ax.set_ylabel("p50 latency ÷ RTT")
-            ax.set_title(f"RTT {rtt:g} ms", fontsize=10)
-            ax.margins(y=0.15)
-            ax.legend(fontsize=8)
-        fig.suptitle(f"Latency ÷ RTT per operation, fdw vs fdw+direct ({raw['meta']['mode']} mode, one client)",
-                     fontsize=10)
-        fig.tight_layout()
-        fig.savefig(outdir / "routing-latency-per-rtt.png", dpi=110)
-        plt.close(fig)
-        made.append("routing-latency-per-rtt.png")
-    big = max(s["rtts"])
-    fig, ax = plt.subplots(figsize=(8, 4.4))
-    for j, profile in enumerate(PROFILES):
-        vals = []
-        for op in ops:
-            row = next(r for r in s["rows"] if r["op"] == op and r["profile"] == profile)
-            c = row["cells"].get(str(big))
-            vals.append(c["round_trips"] if c else None)
-        xs = [i + (j - 0.5) * 0.38 for i in x]
-        ax.bar(xs, [v or 0 for v in vals], 0.38, label=profile, color=COLORS[profile])
-        for xx, v in zip(xs, vals):
-            if v is not None:
-                ax.text(xx, v, f"{v:g}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(x, names, fontsize=7)
-    ax.set_ylabel("statements in the org's log per operation")
-    ax.set_title(f"Round trips to the organization per operation (RTT {big:g} ms, {raw['meta']['mode']} mode)",
+    if not pos:
+        return made
+    fig, axes = plt.subplots(1, len(pos), figsize=(6.2 * len(pos), 4.6), squeeze=False)
+    for ax, rtt in zip(axes[0], pos):
+        _bars(ax, s, "p50_over_rtt", rtt, x, ops)
+        ax.set_xticks(x, names, fontsize=7)
+        ax.set_ylabel("p50 latency ÷ RTT")
+        ax.set_title(f"RTT {rtt:g} ms", fontsize=10)
+        ax.margins(y=0.15)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Latency ÷ RTT per operation, fdw vs fdw+direct ({raw['meta']['mode']} mode, one client)",
                  fontsize=10)
+    fig.tight_layout()
+    fig.savefig(outdir / "routing-latency-per-rtt.png", dpi=110)
+    plt.close(fig)
+    made.append("routing-latency-per-rtt.png")
+    big = max(pos)
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    _bars(ax, s, "round_trips", big, x, ops, "{:g}")
+    ax.set_xticks(x, names, fontsize=7)
+    ax.set_ylabel("round trips to the organization per operation")
+    ax.set_title(f"Round trips to organization 2's database per operation (RTT {big:g} ms, from its log; "
+                 f"{raw['meta']['mode']} mode)", fontsize=9)
     ax.margins(y=0.15)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -827,6 +941,19 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     plt.close(fig)
     made.append("routing-round-trips.png")
     return made
+
+
+def _grid(s, rtts, key, nd=2):
+    L = ["| operation | " + " | ".join(f"{p}, RTT {r:g} ms" for r in rtts for p in PROFILES) + " |",
+         "|---|" + "---:|" * (len(rtts) * len(PROFILES))]
+    for op, _, _ in OPS:
+        cells = []
+        for r in rtts:
+            for p in PROFILES:
+                c = _row(s, op, p)["cells"].get(str(r))
+                cells.append(fmt(c[key], nd) if c else "—")
+        L.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
+    return L
 
 
 def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> None:
@@ -843,40 +970,12 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
             f"N = {m['mode_settings']['n']} operations per window, one client. Charts: "
             + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", ""]
     if pos:
-        body += ["### routing-latency-per-rtt.png — p50 latency ÷ RTT", "",
-                 "| operation | " + " | ".join(f"{p}, RTT {r:g} ms" for r in pos for p in PROFILES) + " |",
-                 "|---|" + "---:|" * (len(pos) * len(PROFILES))]
-        for op, _, _ in OPS:
-            cells = []
-            for r in pos:
-                for p in PROFILES:
-                    row = next(x for x in s["rows"] if x["op"] == op and x["profile"] == p)
-                    c = row["cells"].get(str(r))
-                    cells.append(fmt(c["p50_over_rtt"], 2) if c else "—")
-            body.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
-        body.append("")
-    body += [f"### routing-round-trips.png — statements in organization 2's log per operation (all RTTs; the chart shows RTT {max(rtts):g} ms)", "",
-             "| operation | " + " | ".join(f"{p}, RTT {r:g} ms" for r in rtts for p in PROFILES) + " |",
-             "|---|" + "---:|" * (len(rtts) * len(PROFILES))]
-    for op, _, _ in OPS:
-        cells = []
-        for r in rtts:
-            for p in PROFILES:
-                row = next(x for x in s["rows"] if x["op"] == op and x["profile"] == p)
-                c = row["cells"].get(str(r))
-                cells.append(fmt(c["round_trips"], 2) if c else "—")
-        body.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
-    body += ["", "### p50 latency (ms)", "",
-             "| operation | " + " | ".join(f"{p}, RTT {r:g} ms" for r in rtts for p in PROFILES) + " |",
-             "|---|" + "---:|" * (len(rtts) * len(PROFILES))]
-    for op, _, _ in OPS:
-        cells = []
-        for r in rtts:
-            for p in PROFILES:
-                row = next(x for x in s["rows"] if x["op"] == op and x["profile"] == p)
-                c = row["cells"].get(str(r))
-                cells.append(fmt(c["p50_ms"], 2) if c else "—")
-        body.append(f"| {OP_SHORT[op]} | " + " | ".join(cells) + " |")
+        body += ["### routing-latency-per-rtt.png — p50 latency ÷ RTT", ""] + _grid(s, pos, "p50_over_rtt") + [""]
+        body += [f"### routing-round-trips.png — round trips to organization 2 per operation, from its log's "
+                 f"timestamps (the chart: RTT {max(pos):g} ms)", ""] + _grid(s, pos, "round_trips") + [""]
+    body += ["### statement lines in organization 2's log per operation (log_statement; without postgres_fdw's "
+             "Parse of its prepared UPDATE)", ""] + _grid(s, rtts, "statements") + [""]
+    body += ["### p50 latency (ms)", ""] + _grid(s, rtts, "p50_ms")
     section = "\n".join(body).rstrip("\n")
     path = HERE / "charts-data.md"
     begin, end = f"<!-- BEGIN routing {mode} -->", f"<!-- END routing {mode} -->"
@@ -920,7 +1019,7 @@ class Ctx:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="RTT 0 and 10 ms, 15 operations per window (≈ 2 min)")
+    ap.add_argument("--quick", action="store_true", help="RTT 0 and 10 ms, 15 operations per window (≈ 35 s)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-routing[-quick]); "
                                              "a trial run: charts-data.md is left alone")
     ap.add_argument("--rtts", help="comma-separated RTTs in ms (default: quick 0,10, full 0,10,40)")
@@ -962,7 +1061,7 @@ def main() -> int:
             "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
             "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
             "postgres_settings": {"cloud": CLOUD_PG, "org": {**ORG_PG, "log_line_prefix": ORG_LOG_PREFIX},
-                                  "org_database": {"log_statement": "all"}, "fsync": "on (default)"},
+                                  "org_database": ORG_DB_SETTINGS, "fsync": "on (default)"},
             "operations": {k: {"label": lab, "sql": sql} for k, lab, sql in OPS},
             "client": {"driver": f"psycopg {psycopg.__version__}", "role": "postgres (SCRAM through the proxy)",
                        "autocommit": True, "application_name": CLIENT_APP, "prepare_threshold": 5},
