@@ -503,7 +503,11 @@ impl ClientFrames<'_> {
                     && self.cloud_is_idle()
                     && self.meta.is_some_and(|m| {
                         m.has_direct_orgs()
-                            && matches!(m.analyze(sql), Analysis::Org { read: true, .. })
+                            && matches!(
+                                m.analyze(sql),
+                                Analysis::Org { read: true, .. }
+                                    | Analysis::Org { set: Some(_), .. }
+                            )
                     });
                 if may_go_direct {
                     Dest::Hold

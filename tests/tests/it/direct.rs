@@ -519,6 +519,33 @@ async fn updates_of_unconstrained_columns_run_in_its_database_behind_the_pause()
     c.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(cloud_read(), "direct 2");
 
+    // Unnamed statements (Parse, Bind, Execute, Sync in one batch, as psycopg 3 and JDBC
+    // send them): the Parse is held until its Bind places it.
+    use tokio_postgres::types::Type;
+    let typed = "UPDATE document_versions SET body = $1 WHERE organization_id = $2 AND id = $3";
+    let n = c
+        .query_typed(
+            typed,
+            &[
+                (&"typed", Type::TEXT),
+                (&2i64, Type::INT8),
+                (&id, Type::INT8),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(n.is_empty());
+    assert_eq!(cloud_read(), "typed");
+    assert_eq!(org_ran(&w, typed), 1, "{}", w.org.db.log_contents());
+    let typed_read = "SELECT body FROM document_versions WHERE organization_id = $1 AND id = $2";
+    let r = c
+        .query_typed(typed_read, &[(&2i64, Type::INT8), (&id, Type::INT8)])
+        .await
+        .unwrap();
+    assert_eq!(r[0].get::<_, String>(0), "typed");
+    assert_eq!(org_ran(&w, typed_read), 1);
+    c.batch_execute(&body("direct 2")).await.unwrap();
+
     // A constrained column (project_id: a foreign key the cloud checks) goes through the
     // cloud.
     let title = "UPDATE documents SET project_id = 20 WHERE organization_id = 2 AND id IN (SELECT min(id) FROM documents WHERE organization_id = 2)";
