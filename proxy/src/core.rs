@@ -17,6 +17,15 @@ use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use std::task::{Context, Waker};
 
+/// A new connection's freshness check: the cloud's metadata generation then, and the
+/// role's (read, update) privileges on the LokaDB tables by schema and name.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub at: std::time::Instant,
+    pub generation: i64,
+    pub by_name: HashMap<(String, String), (bool, bool)>,
+}
+
 /// A configured database with its cloud address resolved.
 #[derive(Debug)]
 pub struct Database {
@@ -159,6 +168,9 @@ pub struct Core {
     pub meta: RefCell<HashMap<String, Rc<CoreMeta>>>,
     /// Bumped with every new generation in `meta`, so sessions look it up again only then.
     pub meta_version: Cell<u64>,
+    /// New connections' freshness checks by (database, role), reused within
+    /// `meta_cache.verify`.
+    pub checks: RefCell<HashMap<(Rc<str>, String), Check>>,
     /// This core's traffic recording (`--record`).
     pub record: Option<Recorder>,
 }
@@ -208,6 +220,7 @@ impl Core {
             sessions: Cell::new(0),
             meta: RefCell::new(HashMap::new()),
             meta_version: Cell::new(0),
+            checks: RefCell::new(HashMap::new()),
             record: None,
         }
     }

@@ -123,6 +123,20 @@ pub struct DatabaseConfig {
     /// Keep direct connections warm between clients (per core, per organization).
     #[serde(default)]
     pub direct_pool: bool,
+    /// The new-connection freshness check of the routing metadata.
+    #[serde(default)]
+    pub meta_cache: MetaCacheConfig,
+}
+
+/// `meta_cache`: how new connections check the routing metadata.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaCacheConfig {
+    /// A new connection of a role may reuse the check (the metadata generation and the
+    /// role's privileges on the LokaDB tables) another connection of that role made on the
+    /// same core within this interval. Absent: every new connection checks.
+    #[serde(default, with = "opt_duration")]
+    pub verify: Option<Duration>,
 }
 
 /// The direct path's login in organizations' databases.
@@ -192,6 +206,16 @@ mod duration {
         let s = String::deserialize(d)?;
         humantime::parse_duration(&s)
             .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}")))
+    }
+}
+
+/// An optional duration, written as for [`duration`].
+mod opt_duration {
+    use serde::Deserializer;
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        super::duration::deserialize(d).map(Some)
     }
 }
 
@@ -429,6 +453,41 @@ mod tests {
         let db = &c.databases["app"];
         assert!(db.upstream_pool);
         assert_eq!(db.auth_query, DEFAULT_AUTH_QUERY);
+        assert!(db.direct.is_none() && !db.direct_pool);
+        assert_eq!(db.meta_cache.verify, None);
+    }
+
+    #[test]
+    fn the_direct_path_and_meta_cache_are_read_and_checked() {
+        let c = Config::from_json(&MIN.replace(
+            r#""auth_user": "lokadb_auth""#,
+            r#""auth_user": "lokadb_auth", "direct": {"user": "d"}, "direct_pool": true, "meta_cache": {"verify": "1s"}"#,
+        ))
+        .unwrap();
+        let db = &c.databases["app"];
+        assert_eq!(db.direct.as_ref().unwrap().user, "d");
+        assert!(db.direct.as_ref().unwrap().password.is_none());
+        assert!(db.direct_pool);
+        assert_eq!(db.meta_cache.verify, Some(Duration::from_secs(1)));
+        for (bad, says) in [
+            (r#""meta_cache": {"verify": "soon"}"#, "invalid duration"),
+            (
+                r#""meta_cache": {"verfiy": "1s"}"#,
+                "unknown field `verfiy`",
+            ),
+            (
+                r#""direct": {"user": "d", "pass": "x"}"#,
+                "unknown field `pass`",
+            ),
+            (r#""direct": {}"#, "missing field `user`"),
+        ] {
+            let e = Config::from_json(&MIN.replace(
+                r#""auth_user": "lokadb_auth""#,
+                &format!(r#""auth_user": "lokadb_auth", {bad}"#),
+            ))
+            .unwrap_err();
+            assert!(e.to_string().contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -111,7 +111,7 @@ const MAX_PREPARED: usize = 1000;
 pub const UNAVAILABLE_FOR: Duration = Duration::from_secs(5);
 
 /// The cloud-side gate of direct writes: a transaction on the client's cloud backend that
-/// passed `lokadb.direct_gate(org)` (the pause gate, and the organization still moved
+/// passed `lokadb_client.direct_gate(org)` (the pause gate, and the organization still moved
 /// with fdw+direct) and stays open until the organization's transaction ends, so a pause
 /// waits for the write and the write waits for a pause.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

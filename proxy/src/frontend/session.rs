@@ -20,6 +20,7 @@ use lokadb_shared::wire::backend;
 use lokadb_shared::wire::startup::StartupMessage;
 use lokadb_shared::wire::tags::TX_IDLE;
 use lokadb_shared::wire::tags::*;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -127,7 +128,7 @@ async fn attach(
     };
 
     let privileges = if db.config.direct.is_some() {
-        direct_privileges(core, db, &mut backend).await
+        direct_privileges(core, db, user, &mut backend).await
     } else {
         Privileges::default()
     };
@@ -198,25 +199,48 @@ struct Attached {
     privileges: Privileges,
 }
 
-/// How long a login waits for the first metadata after the proxy started.
+/// How long a login waits for this core's metadata to reach the cloud's generation.
 const METADATA_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// What the client's role may do to each LokaDB table, as the cloud says when it logs in.
-const PRIVILEGES_SQL: &str = "SELECT string_agg(CASE WHEN c.relrowsecurity THEN '--' ELSE \
+/// The cloud's metadata generation and what the client's role may do to each LokaDB table
+/// (read, update), as the cloud says when it logs in: `GENERATION:flags,flags,…`.
+const CHECK_SQL: &str = "SELECT lokadb_client.generation()::text || ':' || coalesce((\
+     SELECT string_agg(CASE WHEN c.relrowsecurity THEN '--' ELSE \
      CASE WHEN has_table_privilege(c.oid, 'SELECT') THEN 'r' ELSE '-' END || \
      CASE WHEN has_table_privilege(c.oid, 'UPDATE') THEN 'u' ELSE '-' END END, ',' ORDER BY t.n) \
      FROM unnest(string_to_array($1, E'\\n')) WITH ORDINALITY AS t(name, n) \
-     LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(t.name)";
+     LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(t.name)), '')";
 
-/// The direct path runs as one role in every organization's database, so a statement may
-/// take it only if the client's own role could run it in the cloud: SELECT (or UPDATE) on
-/// every table it touches, and no row-level security there. Asked once per session, as the
-/// client's role, on its cloud backend (one round trip at login, only when the database has
-/// the direct path configured); a table enabled later is not in it and goes to the cloud.
-async fn direct_privileges(core: &Core, db: &Database, backend: &mut BackendConn) -> Privileges {
+/// The freshness check of a new connection, when the database has the direct path (the
+/// only route that depends on the metadata for correctness of reads): one round trip on the
+/// client's own backend, as its role, that returns the cloud's metadata generation — the
+/// login waits until this core has it, so a statement right after a move is routed by it —
+/// and the role's privileges on the LokaDB tables. The direct path runs as one role in every
+/// organization's database, so a statement takes it only if the client's role could run it
+/// in the cloud (SELECT, or UPDATE; no row-level security). With `meta_cache.verify`, a
+/// check of the same role on this core within that interval is reused instead.
+async fn direct_privileges(
+    core: &Core,
+    db: &Database,
+    user: &str,
+    backend: &mut BackendConn,
+) -> Privileges {
+    let now = Instant::now();
+    let key = (db.name.clone(), user.to_owned());
+    let core_generation = || core.meta.borrow().get(&*db.name).map(|m| m.meta.generation);
+    if let Some(verify) = db.config.meta_cache.verify {
+        let cached = core.checks.borrow().get(&key).and_then(|c| {
+            let fresh =
+                now.duration_since(c.at) < verify && Some(c.generation) <= core_generation();
+            fresh.then(|| c.by_name.clone())
+        });
+        if let Some(by_name) = cached {
+            return Privileges::new(by_name);
+        }
+    }
     // Right after the proxy starts, the metadata may still be on its way to this core.
-    let deadline = Instant::now() + METADATA_WAIT;
-    while core.meta.borrow().get(&*db.name).is_none() && Instant::now() < deadline {
+    let deadline = now + METADATA_WAIT;
+    while core_generation().is_none() && Instant::now() < deadline {
         crate::rt::sleep(std::time::Duration::from_millis(5)).await;
     }
     let tables = match core.meta.borrow().get(&*db.name) {
@@ -228,27 +252,50 @@ async fn direct_privileges(core: &Core, db: &Database, backend: &mut BackendConn
         .iter()
         .map(|t| format!("{}.{}", quote(&t.schema), quote(&t.name)))
         .collect();
-    match backend
-        .query_one("", PRIVILEGES_SQL, true, &names.join("\n"))
+    let answer = match backend
+        .query_one("", CHECK_SQL, true, &names.join("\n"))
         .await
     {
-        Ok(Some(Some(flags))) => Privileges::new(
-            tables
-                .iter()
-                .zip(flags.split(','))
-                .map(|(t, f)| {
-                    (
-                        (t.schema.clone(), t.name.clone()),
-                        (f.starts_with('r'), f.ends_with('u')),
-                    )
-                })
-                .collect(),
-        ),
+        Ok(Some(Some(answer))) => answer,
         other => {
-            tracing::info!(result = ?other.map(|_| ()), "could not read the client's privileges on LokaDB tables; its statements go through the cloud");
-            Privileges::default()
+            tracing::info!(result = ?other.map(|_| ()), "could not check the routing metadata and the client's privileges (is the cloud's schema at version 6? lokadb init); its statements go through the cloud");
+            return Privileges::default();
         }
+    };
+    let Some((generation, flags)) = answer
+        .split_once(':')
+        .and_then(|(g, f)| Some((g.parse::<i64>().ok()?, f)))
+    else {
+        return Privileges::default();
+    };
+    while core_generation().is_some_and(|g| g < generation) && Instant::now() < deadline {
+        crate::rt::sleep(std::time::Duration::from_millis(2)).await;
     }
+    if core_generation().is_some_and(|g| g < generation) {
+        tracing::warn!(generation, "this core's routing metadata is behind the cloud's; the session's statements go through the cloud");
+        return Privileges::default();
+    }
+    let by_name: HashMap<(String, String), (bool, bool)> = tables
+        .iter()
+        .zip(flags.split(','))
+        .map(|(t, f)| {
+            (
+                (t.schema.clone(), t.name.clone()),
+                (f.starts_with('r'), f.ends_with('u')),
+            )
+        })
+        .collect();
+    if db.config.meta_cache.verify.is_some() {
+        core.checks.borrow_mut().insert(
+            key,
+            crate::core::Check {
+                at: now,
+                generation,
+                by_name: by_name.clone(),
+            },
+        );
+    }
+    Privileges::new(by_name)
 }
 
 /// How forwarding ended.
@@ -621,7 +668,7 @@ fn switch(
             Gate::Open(_) => return false,
             Gate::Closed => {
                 let sql = format!(
-                    "BEGIN; SELECT lokadb.direct_gate('{}')",
+                    "BEGIN; SELECT lokadb_client.direct_gate('{}')",
                     org.replace('\'', "''")
                 );
                 let request = exchanges.cloud.answered + u64::from(exchanges.cloud.pending);

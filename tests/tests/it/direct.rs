@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 /// statement, and a proxy with the direct path configured (`db` merged into its database
 /// block).
 fn direct_world(db: Value) -> (World, Proxy) {
+    direct_world_env(db, &[])
+}
+
+fn direct_world_env(db: Value, env: &[(&str, &str)]) -> (World, Proxy) {
     let w = world_at(0, false, None);
     w.org
         .db
@@ -40,13 +44,15 @@ fn direct_world(db: Value) -> (World, Proxy) {
     if let (Some(base), Value::Object(extra)) = (database.as_object_mut(), db) {
         base.extend(extra);
     }
-    let proxy = Proxy::builder(json!({
+    let mut builder = Proxy::builder(json!({
         "listen": "127.0.0.1:0",
         "route_log": true,
         "databases": { "app": database },
-    }))
-    .start()
-    .unwrap();
+    }));
+    for (k, v) in env {
+        builder = builder.env(k, v);
+    }
+    let proxy = builder.start().unwrap();
     assert!(
         proxy.wait_for_output("organizations=1", Duration::from_secs(10)),
         "{}",
@@ -272,6 +278,26 @@ async fn a_role_without_the_privilege_is_refused_as_in_the_cloud() {
     .unwrap();
     assert_eq!(one_i64(&c.simple_query(sql).await.unwrap()), 100);
     assert_eq!(org_ran(&w, sql), 1);
+    // A plain role's direct write: it may call the gate (schema lokadb_client), and needs
+    // UPDATE in the cloud.
+    let write =
+        "UPDATE document_versions SET body = 'by nosy' WHERE organization_id = 2 AND id > 0";
+    assert_eq!(
+        crate::world::sqlstate(&c.batch_execute(write).await.unwrap_err()),
+        "42501"
+    );
+    assert_eq!(org_ran(&w, write), 0);
+    w.cloud
+        .psql("app", "GRANT SELECT, UPDATE ON document_versions TO nosy")
+        .unwrap();
+    let c = crate::world::connect(&format!(
+        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
+        proxy.port()
+    ))
+    .await
+    .unwrap();
+    c.batch_execute(write).await.unwrap();
+    assert_eq!(org_ran(&w, write), 1, "{}", proxy.output());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -583,4 +609,72 @@ async fn updates_of_unconstrained_columns_run_in_its_database_behind_the_pause()
     assert!(waited >= Duration::from_millis(400), "{waited:?}");
     assert_eq!(cloud_read(), "after pause");
     assert!(org_ran(&w, &body("after pause")) == 1, "it ran directly");
+}
+
+/// A new connection is routed by the cloud's current metadata: one made right after the
+/// profile changed routes by the change (the check at login waits for the new generation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_routes_by_the_clouds_current_metadata() {
+    let (w, proxy) = direct_world(json!({}));
+    for (profile, direct) in [
+        ("fdw", false),
+        ("fdw+direct", true),
+        ("fdw", false),
+        ("fdw+direct", true),
+    ] {
+        w.cloud
+            .psql(
+                "app",
+                &format!("UPDATE lokadb.org SET profile = '{profile}' WHERE id = '2'"),
+            )
+            .unwrap();
+        let c = client(&proxy).await;
+        let q = format!(
+            "SELECT count(*) FROM documents WHERE organization_id = 2 AND '{profile}' <> ''"
+        );
+        let before = org_ran(&w, &q);
+        assert_eq!(one_i64(&c.simple_query(&q).await.unwrap()), 100);
+        assert_eq!(org_ran(&w, &q) - before, usize::from(direct), "{profile}");
+    }
+}
+
+/// With `meta_cache.verify`, a new connection of the same role on the same core within the
+/// interval reuses another's check (the documented trade-off: a REVOKE reaches it that much
+/// later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meta_cache_verify_lets_new_connections_reuse_a_recent_check() {
+    let (w, proxy) = direct_world_env(
+        json!({ "meta_cache": { "verify": "60s" } }),
+        &[("LOKADB_CORES", "1")],
+    );
+    w.cloud
+        .psql(
+            "app",
+            "CREATE ROLE nosy LOGIN PASSWORD 'nosy-secret'; GRANT SELECT ON documents TO nosy;",
+        )
+        .unwrap();
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
+        proxy.port()
+    );
+    let sql = "SELECT count(*) FROM documents WHERE organization_id = 2 AND id > 1";
+    let c1 = crate::world::connect(&dsn).await.unwrap();
+    assert_eq!(one_i64(&c1.simple_query(sql).await.unwrap()), 99);
+    assert_eq!(org_ran(&w, sql), 1);
+    w.cloud
+        .psql("app", "REVOKE SELECT ON documents FROM nosy")
+        .unwrap();
+    let c2 = crate::world::connect(&dsn).await.unwrap();
+    assert_eq!(one_i64(&c2.simple_query(sql).await.unwrap()), 99);
+    assert_eq!(
+        org_ran(&w, sql),
+        2,
+        "the second connection reused the check"
+    );
+    // Through the cloud the REVOKE holds at once.
+    let e = c2
+        .simple_query("SELECT count(*) FROM documents WHERE organization_id = 1")
+        .await
+        .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "42501");
 }

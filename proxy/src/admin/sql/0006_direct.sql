@@ -1,9 +1,10 @@
 -- Version 6: writes on the direct path (fdw+direct).
 --
 -- The proxy may send an UPDATE of a moved fdw+direct organization straight to its database
--- when nothing the cloud keeps for that table depends on what it changes. These functions
--- are SECURITY DEFINER so that any role may call them: the proxy's metadata watcher reads
--- direct_meta() as its auth role, and direct_gate() runs on a client's own cloud backend.
+-- when nothing the cloud keeps for that table depends on what it changes. The proxy's
+-- metadata watcher reads lokadb.direct_meta() as its auth role; lokadb_client.direct_gate()
+-- runs on a client's own cloud backend, as the client's role, so it lives in a schema of its
+-- own that every role may use (lokadb itself is not open to them).
 
 -- Per LokaDB table, what a direct UPDATE may not change ('c': a column the cloud keeps a
 -- constraint on — the organization column, key-map keys, both sides of every foreign key,
@@ -48,7 +49,11 @@ $$;
 -- paused organization's direct writes wait too, and a pause waits for them), then the
 -- organization must still be moved with the fdw+direct profile (else the proxy sends the
 -- write through the cloud).
-CREATE FUNCTION lokadb.direct_gate(org text) RETURNS void
+CREATE SCHEMA lokadb_client;
+COMMENT ON SCHEMA lokadb_client IS 'LokaDB: the functions client roles call through the proxy (managed by lokadb init)';
+GRANT USAGE ON SCHEMA lokadb_client TO PUBLIC;
+
+CREATE FUNCTION lokadb_client.direct_gate(org text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
     PERFORM lokadb.write_gate(org);
@@ -58,4 +63,11 @@ BEGIN
             USING ERRCODE = '55000';
     END IF;
 END
+$$;
+
+-- The metadata generation, for the proxy's freshness check of a new client connection (on
+-- the client's own backend, in the same round trip as its privileges).
+CREATE FUNCTION lokadb_client.generation() RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $$
+    SELECT generation FROM lokadb.meta
 $$;
