@@ -228,7 +228,9 @@ cat >"$DEMO/lokadb.json" <<JSON
     "app": {
       "cloud": "host=127.0.0.1 port=$PG_PORT dbname=app",
       "auth_user": "lokadb_auth",
-      "auth_password": "$AUTH_PASSWORD"
+      "auth_password": "$AUTH_PASSWORD",
+      "direct": { "user": "app", "password": "$APP_PASSWORD" },
+      "direct_pool": true
     }
   },
   "relay": {
@@ -373,7 +375,7 @@ app_sql "SELECT count(*) FROM notes WHERE body LIKE 'note 1%'" >/dev/null
 sleep 0.2
 grep 'lokadb::route' "$DEMO/proxy.log" | grep -E "n.organization_id = 'acme' AND n.id > 0|body LIKE 'note 1%'" |
     sed -E 's/.* (kind=.*)/    \1/' | tail -n 2
-echo "    (route_log shows the analysis; routing by it comes next — today every statement goes to the cloud)"
+echo "    (route_log shows the route and the analysis; acme is still in the cloud, so both go there)"
 echo "  a COPY of a whole LokaDB table out is refused, with the form that works:"
 app_sql "COPY notes TO STDOUT" 2>&1 | grep -E '^(ERROR|HINT)' | sed 's/^/    /' || true
 echo "    COPY (SELECT * FROM notes WHERE organization_id = 'acme') TO STDOUT -> $(app_sql "COPY (SELECT * FROM notes WHERE organization_id = 'acme') TO STDOUT" | wc -l) rows"
@@ -420,15 +422,47 @@ echo "  lokadb verify acme:"
 "$LOKADB" verify acme --cloud "$CLOUD_DSN" | sed 's/^/    /'
 say "lokadb move-back acme: and back into the cloud (its own partition now; no split next time)"
 "$LOKADB" move-back acme --cloud "$CLOUD_DSN" 2>&1 | grep -E 'switched|verify|done' | sed 's/^/    /'
-say "lokadb move-org acme --mode logical: out again, through a subscription this time"
+say "lokadb move-org acme --mode logical --profile fdw+direct: out again, through a subscription this time"
 # The subscription in acme's database connects to the cloud as a REPLICATION role, never a
 # superuser (its password is stored there); move-org grants it SELECT on what it copies.
 org_psql -d acme -q -c "GRANT pg_create_subscription TO app"
 SUB_PASSWORD="sub-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 su_psql -d app -q -c "CREATE ROLE lokadb_sub LOGIN REPLICATION PASSWORD '$SUB_PASSWORD'"
-"$LOKADB" move-org acme --mode logical --cloud "$CLOUD_DSN" \
+"$LOKADB" move-org acme --mode logical --profile fdw+direct --cloud "$CLOUD_DSN" \
     --cloud-from-org "host=127.0.0.1 port=$PG_PORT dbname=app user=lokadb_sub password=$SUB_PASSWORD" 2>&1 |
     grep -E 'subscription|switched|verify|done' | sed 's/^/    /'
+
+say "the direct path: acme's plain reads and simple updates go straight to its database"
+for _ in $(seq 50); do grep -q 'metadata loaded.*organizations=1 ' "$DEMO/proxy.log" && break; sleep 0.1; done
+ACME_ID=$(app_sql "SELECT min(id) FROM notes WHERE organization_id = 'acme'")
+"$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" >"$DEMO/direct.out" <<SQL
+SELECT count(*) FROM notes WHERE organization_id = 'acme' AND id > 0;
+BEGIN;
+SELECT body FROM notes WHERE organization_id = 'acme' AND id = $ACME_ID;
+UPDATE notes SET body = 'written directly' WHERE organization_id = 'acme' AND id = $ACME_ID;
+COMMIT;
+SELECT count(*) FROM notes n JOIN pg_class c ON c.relname = 'notes' WHERE n.organization_id = 'acme';
+SQL
+sleep 0.2
+grep 'lokadb::route' "$DEMO/proxy.log" | grep -E "AND id > 0|AND id = $ACME_ID|JOIN pg_class c ON" |
+    sed -E 's/.*route="([a-z]*)".* kind="([a-z]*)".* statement=(.*)/    \1  \3/' | tail -n 4
+echo "    in acme's database: $(org_psql -d acme -At -c "SELECT body FROM notes WHERE id = $ACME_ID")"
+echo "    (BEGIN went with the SELECT, the UPDATE passed the cloud's pause gate; the join names a"
+echo "     cloud catalog table, so it went through the cloud. Rules: docs/routing.md)"
+echo "  acme's point reads, fdw against fdw+direct (pgbench, 1 client, 3 s each, simple protocol):"
+cat >"$DEMO/acme-read.sql" <<'SQL'
+\set id random(1, 10000)
+SELECT body FROM notes WHERE organization_id = 'acme' AND id = :id;
+SQL
+for profile in fdw fdw+direct; do
+    su_psql -d app -q -c "UPDATE lokadb.org SET profile = '$profile' WHERE id = 'acme'"
+    sleep 0.3
+    "$PG_BIN/pgbench" -n -f "$DEMO/acme-read.sql" -c 1 -T 3 "$PROXY_DSN" >"$DEMO/pgbench-acme-$profile.log" 2>&1 ||
+        { cat "$DEMO/pgbench-acme-$profile.log" >&2; die "pgbench of acme's reads ($profile) failed"; }
+    printf '    %-10s %s, latency average %s ms\n' "$profile" \
+        "$(sed -n 's/^tps = \([0-9.]*\) .*/\1 tps/p' "$DEMO/pgbench-acme-$profile.log")" \
+        "$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' "$DEMO/pgbench-acme-$profile.log")"
+done
 echo
 
 FAILED=0
