@@ -459,8 +459,8 @@ for profile in fdw fdw+direct; do
     sleep 0.3
     "$PG_BIN/pgbench" -n -f "$DEMO/acme-read.sql" -c 1 -T 3 "$PROXY_DSN" >"$DEMO/pgbench-acme-$profile.log" 2>&1 ||
         { cat "$DEMO/pgbench-acme-$profile.log" >&2; die "pgbench of acme's reads ($profile) failed"; }
-    printf '    %-10s %s, latency average %s ms\n' "$profile" \
-        "$(sed -n 's/^tps = \([0-9.]*\) .*/\1 tps/p' "$DEMO/pgbench-acme-$profile.log")" \
+    printf '    %-10s %.0f tps, latency average %s ms\n' "$profile" \
+        "$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$DEMO/pgbench-acme-$profile.log")" \
         "$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' "$DEMO/pgbench-acme-$profile.log")"
 done
 echo
