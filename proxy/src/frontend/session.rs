@@ -727,8 +727,18 @@ fn direct_connection(
     let usable = direct
         .as_ref()
         .is_some_and(|d| d.version == reported.version && d.key.org.as_deref() == Some(&**org));
-    if usable {
+    // An idle connection the organization's side closed meanwhile (a restarted agent or
+    // relay, an idle timeout there) is replaced here rather than failing the next statement.
+    let alive = direct
+        .as_ref()
+        .is_some_and(|d| !exchanges.direct.is_idle() || d.conn.is_idle_and_open());
+    if usable && alive {
         return true;
+    }
+    if usable {
+        tracing::info!(org = %org, "the direct connection was closed while idle; opening another");
+        drop(direct.take());
+        router.direct_org = None;
     }
     if let Some(old) = direct.take() {
         // Another organization's, or opened with settings the client has changed

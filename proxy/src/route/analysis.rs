@@ -234,13 +234,22 @@ const READ_FUNCTIONS: &[&str] = &[
     "upper",
 ];
 
-/// Whether `statements` is one plain read of LokaDB tables only: a SELECT (no INTO, no
+/// Whether `statements` is one plain read of LokaDB tables only (or a `COPY` of one to the
+/// client): a SELECT (no INTO, no
 /// locking clause, no WITH) whose every relation is a LokaDB table and whose functions are
 /// [`READ_FUNCTIONS`]. Such a statement gives the same answer in the organization's
 /// database as through the cloud; anything else could not (a cloud table, a side effect).
 fn plain_read(statements: &[Statement], catalog: &Catalog) -> bool {
-    let [Statement::Query(q)] = statements else {
-        return false;
+    let q = match statements {
+        [Statement::Query(q)] => q,
+        // `COPY (plain read) TO STDOUT`: the organization's database streams it the same.
+        [Statement::Copy {
+            source: CopySource::Query(q),
+            to: true,
+            target: sqlparser::ast::CopyTarget::Stdout,
+            ..
+        }] => q,
+        _ => return false,
     };
     q.visit(&mut Check { catalog }).is_continue()
 }
@@ -872,6 +881,9 @@ mod tests {
         ("SELECT public.lower(title) FROM documents WHERE organization_id = 2", false),
         ("SELECT * FROM documents WHERE organization_id = 2 AND project_id IN (SELECT id FROM projects)", false),
         ("SELECT * FROM documents WHERE organization_id = 2; SELECT 1", false),
+        ("COPY (SELECT * FROM documents WHERE organization_id = 2) TO STDOUT WITH (FORMAT csv)", true),
+        ("COPY (SELECT * FROM documents d JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 2) TO STDOUT", false),
+        ("COPY (SELECT * FROM documents WHERE organization_id = 2) TO '/tmp/x'", false),
     ];
 
     /// Placed statements → the columns a plain UPDATE sets (None: not one).

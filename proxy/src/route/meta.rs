@@ -43,6 +43,9 @@ pub struct Meta {
     /// Per LokaDB table (catalog index), what a direct UPDATE may not change; empty when
     /// the cloud's schema predates direct writes (version 6): then none go direct.
     pub writes: Vec<DirectWrites>,
+    /// How many organizations take the direct path (counted once per generation, so no
+    /// statement scans the organizations).
+    pub direct_orgs: usize,
 }
 
 /// What a direct UPDATE of one LokaDB table may not change.
@@ -158,6 +161,7 @@ impl Meta {
         Ok(Meta {
             generation,
             catalog: Catalog::new(tables),
+            direct_orgs: orgs.values().filter(|o| o.is_direct()).count(),
             orgs,
             writes,
         })
@@ -227,7 +231,7 @@ impl CoreMeta {
     /// Whether any organization takes the direct path (else no statement is held to
     /// decide it).
     pub fn has_direct_orgs(&self) -> bool {
-        self.meta.orgs.values().any(OrgMeta::is_direct)
+        self.meta.direct_orgs > 0
     }
 
     /// Whether the database has LokaDB tables at all.
@@ -256,6 +260,7 @@ mod tests {
             }]),
             orgs: HashMap::new(),
             writes: Vec::new(),
+            direct_orgs: 0,
         }))
     }
 
@@ -291,6 +296,7 @@ mod tests {
             catalog: m.meta.catalog.clone(),
             orgs,
             writes: Vec::new(),
+            direct_orgs: 0,
         }));
         assert_eq!(moved.cached(), 1);
         // A table enabled: the indexes in the analyses may mean other tables now.
@@ -308,6 +314,7 @@ mod tests {
             catalog: Catalog::new(tables),
             orgs: HashMap::new(),
             writes: Vec::new(),
+            direct_orgs: 0,
         }));
         assert_eq!(enabled.cached(), 0);
     }

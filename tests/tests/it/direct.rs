@@ -129,6 +129,16 @@ async fn plain_reads_of_a_moved_organization_run_in_its_database() {
     assert_eq!(route_of(&proxy, "query", sql), "\"direct\"");
     assert_eq!(org_ran(&w, sql), 1, "{}", w.org.db.log_contents());
 
+    // COPY of a plain read to the client: streamed from there too.
+    let copy = "COPY (SELECT id, title FROM documents WHERE organization_id = 2) TO STDOUT";
+    let chunks: Vec<_> = futures_util::StreamExt::collect(c.copy_out(copy).await.unwrap()).await;
+    let text: Vec<u8> = chunks
+        .into_iter()
+        .flat_map(|c| c.unwrap().to_vec())
+        .collect();
+    assert_eq!(text.iter().filter(|&&b| b == b'\n').count(), 100);
+    assert_eq!(org_ran(&w, copy), 1);
+
     // Organization 1 and a join with a cloud table: the cloud.
     let sql1 = "SELECT count(*) FROM documents WHERE organization_id = 1";
     assert_eq!(one_i64(&c.simple_query(sql1).await.unwrap()), 100);
@@ -307,6 +317,9 @@ async fn an_unreachable_organization_fails_only_its_own_statements() {
     let sql2 = "SELECT count(*) FROM documents WHERE organization_id = 2";
     assert_eq!(one_i64(&c2.simple_query(sql2).await.unwrap()), 100);
     drop(c2);
+    // A session that keeps its (idle) direct connection across the outage.
+    let kept = client(&proxy).await;
+    assert_eq!(one_i64(&kept.simple_query(sql2).await.unwrap()), 100);
 
     // The agent goes away: organization 2's database cannot be reached at all.
     drop(w.agent.take());

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) struct World {
-    _certs: Certs,
+    pub(crate) certs: Certs,
     _link: Option<lokadb_tests::link::LatencyLink>,
     pub(crate) org: Org,
-    _relay: lokadb_tests::proxy::Proxy,
+    pub(crate) relay: lokadb_tests::proxy::Proxy,
     pub(crate) agent: Option<lokadb_tests::agent::Agent>,
     pub(crate) cloud: Cluster,
     pub(crate) dsn: String,
@@ -108,10 +108,10 @@ pub(crate) fn world_at(extra_rows: i64, logical: bool, one_way: Option<Duration>
         ],
     ));
     World {
-        _certs: certs,
+        certs,
         _link: link,
         org,
-        _relay: relay,
+        relay,
         agent: Some(agent),
         cloud,
         dsn,
