@@ -15,7 +15,7 @@ use crate::net::stream::ClientStream;
 use crate::rt::net::TcpStream;
 use crate::scram::{Credentials, Secret};
 use crate::time::with_timeout;
-use futures_lite::{AsyncWrite, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use lokadb_shared::wire::backend;
 use lokadb_shared::wire::startup::StartupMessage;
 use lokadb_shared::wire::tags::TX_IDLE;
@@ -501,6 +501,30 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             if down.stopped && down.is_flushed() {
                 let e = std::io::ErrorKind::UnexpectedEof.into();
                 return Poll::Ready(lost(reading, &router, e));
+            }
+            // An idle direct connection has nothing to say: anything it sends (a FATAL, its
+            // end) means the organization's side closed it — a restarted agent or relay, an
+            // idle timeout there. It is dropped now, so the next direct statement opens
+            // another instead of failing on it.
+            if let Some(d) = direct.as_mut() {
+                if reading == Side::Cloud
+                    && router.gate == Gate::Closed
+                    && exchanges.direct.is_idle()
+                {
+                    let mut probe = [0u8; 1];
+                    if Pin::new(&mut d.conn.stream)
+                        .poll_read(cx, &mut probe)
+                        .is_ready()
+                    {
+                        tracing::info!(org = ?router.direct_org, "the direct connection was closed while idle; the next direct statement opens another");
+                        direct = None;
+                        router.direct_org = None;
+                        if router.target == Side::Direct && !up.held {
+                            router.target = Side::Cloud;
+                        }
+                        progress = true;
+                    }
+                }
             }
             if !progress {
                 return Poll::Pending;

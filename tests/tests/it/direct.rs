@@ -340,6 +340,25 @@ async fn an_unreachable_organization_fails_only_its_own_statements() {
         "{}",
         proxy.output()
     );
+
+    // The agent comes back: the session that kept an idle direct connection (closed by the
+    // outage) gets a new one instead of an error, and a new session reads directly at once.
+    let to = crate::tunnel_world::addrs(&w.relay).agents;
+    w.agent = Some(crate::tunnel_world::start_agent(&w.certs, &w.org, to, &[]).unwrap());
+    let sql = "SELECT count(*) FROM documents WHERE organization_id = 2 AND id > 0";
+    let before = org_ran(&w, sql);
+    assert_eq!(one_i64(&kept.simple_query(sql).await.unwrap()), 100);
+    assert_eq!(org_ran(&w, sql) - before, 1, "{}", proxy.output());
+    assert!(
+        proxy
+            .output()
+            .contains("the direct connection was closed while idle"),
+        "{}",
+        proxy.output()
+    );
+    let fresh = client(&proxy).await;
+    assert_eq!(one_i64(&fresh.simple_query(sql).await.unwrap()), 100);
+    assert_eq!(org_ran(&w, sql) - before, 2, "{}", proxy.output());
 }
 
 fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
