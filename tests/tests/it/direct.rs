@@ -61,6 +61,16 @@ fn direct_world_env(db: Value, env: &[(&str, &str)]) -> (World, Proxy) {
     (w, proxy)
 }
 
+/// A session of role `nosy` (password `nosy-secret`) through the proxy.
+async fn nosy(proxy: &Proxy) -> tokio_postgres::Client {
+    crate::world::connect(&format!(
+        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
+        proxy.port()
+    ))
+    .await
+    .unwrap()
+}
+
 async fn client(proxy: &Proxy) -> tokio_postgres::Client {
     crate::world::connect(&format!(
         "host=127.0.0.1 port={} user={} password={} dbname=app",
@@ -265,12 +275,7 @@ async fn a_role_without_the_privilege_is_refused_as_in_the_cloud() {
             "CREATE ROLE nosy LOGIN PASSWORD 'nosy-secret'; GRANT SELECT ON projects TO nosy;",
         )
         .unwrap();
-    let c = crate::world::connect(&format!(
-        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
-        proxy.port()
-    ))
-    .await
-    .unwrap();
+    let c = nosy(&proxy).await;
     let sql = "SELECT count(*) FROM documents WHERE organization_id = 2 AND id > 0";
     let e = c.simple_query(sql).await.unwrap_err();
     assert_eq!(crate::world::sqlstate(&e), "42501", "{e:?}");
@@ -280,12 +285,7 @@ async fn a_role_without_the_privilege_is_refused_as_in_the_cloud() {
     w.cloud
         .psql("app", "GRANT SELECT ON documents TO nosy")
         .unwrap();
-    let c = crate::world::connect(&format!(
-        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
-        proxy.port()
-    ))
-    .await
-    .unwrap();
+    let c = nosy(&proxy).await;
     assert_eq!(one_i64(&c.simple_query(sql).await.unwrap()), 100);
     assert_eq!(org_ran(&w, sql), 1);
     // A plain role's direct write: it may call the gate (schema lokadb_client), and needs
@@ -300,12 +300,7 @@ async fn a_role_without_the_privilege_is_refused_as_in_the_cloud() {
     w.cloud
         .psql("app", "GRANT SELECT, UPDATE ON document_versions TO nosy")
         .unwrap();
-    let c = crate::world::connect(&format!(
-        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
-        proxy.port()
-    ))
-    .await
-    .unwrap();
+    let c = nosy(&proxy).await;
     c.batch_execute(write).await.unwrap();
     assert_eq!(org_ran(&w, write), 1, "{}", proxy.output());
 }
@@ -685,18 +680,14 @@ async fn meta_cache_verify_lets_new_connections_reuse_a_recent_check() {
             "CREATE ROLE nosy LOGIN PASSWORD 'nosy-secret'; GRANT SELECT ON documents TO nosy;",
         )
         .unwrap();
-    let dsn = format!(
-        "host=127.0.0.1 port={} user=nosy password=nosy-secret dbname=app",
-        proxy.port()
-    );
     let sql = "SELECT count(*) FROM documents WHERE organization_id = 2 AND id > 1";
-    let c1 = crate::world::connect(&dsn).await.unwrap();
+    let c1 = nosy(&proxy).await;
     assert_eq!(one_i64(&c1.simple_query(sql).await.unwrap()), 99);
     assert_eq!(org_ran(&w, sql), 1);
     w.cloud
         .psql("app", "REVOKE SELECT ON documents FROM nosy")
         .unwrap();
-    let c2 = crate::world::connect(&dsn).await.unwrap();
+    let c2 = nosy(&proxy).await;
     assert_eq!(one_i64(&c2.simple_query(sql).await.unwrap()), 99);
     assert_eq!(
         org_ran(&w, sql),
