@@ -2,6 +2,8 @@
 //! session that forwards statements.
 
 pub mod auth;
+pub mod check;
+pub mod direct;
 pub mod pump;
 pub mod router;
 pub mod session;

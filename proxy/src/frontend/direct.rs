@@ -1,0 +1,392 @@
+//! The session's second backend: a connection to an organization's database through the
+//! relay (the direct path, `docs/routing.md`), opened when a statement first goes direct,
+//! watched while idle, kept in the pool (`direct_pool`) at the end; and the switches of a
+//! session's target between it and the cloud, with the gate of direct writes.
+
+use super::router::{Exchanges, Gate, Router, Side, Want};
+use super::statement::{Exchange, Reported};
+use crate::backend::conn::{BackendConn, ConnError};
+use crate::backend::pool::PoolKey;
+use crate::cancel::CancelTarget;
+use crate::core::{Core, Database};
+use crate::scram::{Credentials, Secret};
+use crate::time::with_timeout;
+use futures_lite::{AsyncRead, AsyncWrite};
+use lokadb_shared::wire::tags::TX_IDLE;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+/// What a session's switches need to know about it.
+pub struct Ctx<'a> {
+    pub core: &'a Rc<Core>,
+    pub db: &'a Rc<Database>,
+    /// The session's cloud pool key: its role and startup parameters.
+    pub key: &'a PoolKey,
+    /// The session's cancel key.
+    pub cancel_pid: u32,
+}
+
+/// The session's direct connection, or the one being opened.
+#[derive(Default)]
+pub struct Direct {
+    pub conn: Option<DirectConn>,
+    connecting: Option<Connecting>,
+}
+
+/// A session's connection to an organization's database.
+pub struct DirectConn {
+    pub conn: BackendConn,
+    /// Its pool key: the organization, and the settings it was opened with.
+    key: PoolKey,
+    /// [`Reported::version`] when it was opened: a later `SET` of a copied setting makes
+    /// it stale.
+    version: u32,
+}
+
+/// A direct connection being opened, for the organization it is for.
+type Connecting = (
+    Rc<str>,
+    Pin<Box<dyn Future<Output = Result<DirectConn, String>>>>,
+);
+
+/// Makes the switch the router asks for, once the side in use has answered everything.
+/// True when done (the held message may go); false while waiting (a direct connection
+/// being opened, the gate of direct writes being asked or closed). A direct connection
+/// that cannot be opened marks the organization unavailable for a while, a gate that
+/// refuses marks its writes so: the message, shown again, then goes to the cloud.
+pub fn switch(
+    cx: &mut Context<'_>,
+    ctx: &Ctx<'_>,
+    router: &mut Router,
+    exchanges: &mut Exchanges,
+    reported: &Reported,
+    direct: &mut Direct,
+    cloud: &mut BackendConn,
+) -> bool {
+    let (core, cancel_pid) = (ctx.core, ctx.cancel_pid);
+    let Some(mut want) = router.want.clone() else {
+        return true;
+    };
+    // A transaction open on the direct connection keeps the session there: the message
+    // is shown again, and the transaction rules decide (`Router`'s Migrate).
+    let direct_transaction = router.target == Side::Direct && exchanges.direct.status != TX_IDLE;
+    let same_org = |org: &Rc<str>| router.direct_org.as_deref() == Some(&**org);
+    match &want {
+        Want::Migrate => {}
+        Want::Direct(org) | Want::DirectWrite(org) if direct_transaction && same_org(org) => {}
+        _ if direct_transaction => want = Want::Settle,
+        _ => {}
+    }
+    let (org, write) = match want {
+        Want::Settle => {
+            router.want = None;
+            return true;
+        }
+        Want::Cloud | Want::Migrate => {
+            if router.gate != Gate::Closed {
+                // The gate's transaction closes first (the session loop does it).
+                return false;
+            }
+            if want == Want::Migrate {
+                // The direct transaction has only read: rolled back (answers dropped),
+                // and the cloud's begins with the held message.
+                if let Some(d) = direct.conn.as_mut() {
+                    match send_own(cx, &mut d.conn, &mut exchanges.direct, "ROLLBACK") {
+                        Poll::Pending => return false,
+                        // A lost connection shows when it is read.
+                        Poll::Ready(_) => {}
+                    }
+                }
+                router.begin_on_next();
+            }
+            router.target = Side::Cloud;
+            router.want = None;
+            core.cancels
+                .borrow_mut()
+                .retarget(cancel_pid, cancel_target(cloud));
+            return true;
+        }
+        Want::Direct(org) => (org, false),
+        Want::DirectWrite(org) => (org, true),
+    };
+    if !direct.ensure(cx, ctx, router, exchanges, reported, &org) {
+        return false;
+    }
+    if router.want.is_none() {
+        // The connection failed: the message goes to the cloud.
+        return true;
+    }
+    if write {
+        match router.gate.clone() {
+            Gate::Open(o) if o == org => {}
+            // Another organization's gate closes first (the session loop does it).
+            Gate::Open(_) => return false,
+            Gate::Closed => {
+                let sql = format!(
+                    "BEGIN; SELECT lokadb_client.direct_gate('{}')",
+                    org.replace('\'', "''")
+                );
+                let request = exchanges.cloud.answered + u64::from(exchanges.cloud.pending);
+                if send_own(cx, cloud, &mut exchanges.cloud, &sql).is_pending() {
+                    return false;
+                }
+                router.gate = Gate::Opening(org, request);
+                return false;
+            }
+            Gate::Opening(o, request) => {
+                if exchanges.cloud.answered <= request {
+                    return false;
+                }
+                if exchanges.cloud.silenced_failed == Some(request) {
+                    // Paused past its timeout, moving back, or an old cloud schema: this
+                    // write goes through the cloud, which decides.
+                    tracing::info!(org = %o, "the gate of direct writes refused; the write goes through the cloud");
+                    if send_own(cx, cloud, &mut exchanges.cloud, "ROLLBACK").is_pending() {
+                        return false;
+                    }
+                    router.gate = Gate::Closed;
+                    router.gate_refused(o);
+                    router.want = None;
+                    return true;
+                }
+                router.gate = Gate::Open(o);
+            }
+        }
+    }
+    router.target = Side::Direct;
+    router.want = None;
+    if let Some(d) = direct.conn.as_ref() {
+        core.cancels
+            .borrow_mut()
+            .retarget(cancel_pid, cancel_target(&d.conn));
+    }
+    true
+}
+
+impl Direct {
+    /// Makes sure the session's direct connection is `org`'s, opening one (or taking one
+    /// from `direct_pool`) when not. False while it is being opened; on failure the
+    /// organization is marked unavailable and `router.want` cleared.
+    fn ensure(
+        &mut self,
+        cx: &mut Context<'_>,
+        ctx: &Ctx<'_>,
+        router: &mut Router,
+        exchanges: &mut Exchanges,
+        reported: &Reported,
+        org: &Rc<str>,
+    ) -> bool {
+        let usable = self
+            .conn
+            .as_ref()
+            .is_some_and(|d| d.version == reported.version && d.key.org.as_deref() == Some(&**org));
+        // An idle connection the organization's side closed meanwhile (a restarted agent
+        // or relay, an idle timeout there) is replaced rather than failing the statement.
+        let alive = self
+            .conn
+            .as_ref()
+            .is_some_and(|d| !exchanges.direct.is_idle() || d.conn.is_idle_and_open());
+        if usable && alive {
+            return true;
+        }
+        if usable {
+            tracing::info!(org = %org, "the direct connection was closed while idle; opening another");
+            self.conn = None;
+            router.direct_org = None;
+        }
+        if let Some(old) = self.conn.take() {
+            // Another organization's, or opened with settings the client has changed
+            // since (then not pooled: its key says the old settings, which is right).
+            router.direct_org = None;
+            let idle = exchanges.direct.is_idle();
+            let (core, db) = (ctx.core.clone(), ctx.db.clone());
+            crate::rt::spawn(put_back(core, db, old, idle)).detach();
+        }
+        if self.connecting.as_ref().is_none_or(|(o, _)| o != org) {
+            let params = direct_params(ctx.key, reported);
+            let fut = open(ctx, org, params);
+            self.connecting = Some((org.clone(), fut));
+        }
+        let (_, fut) = self.connecting.as_mut().expect("set above");
+        match fut.as_mut().poll(cx) {
+            Poll::Pending => false,
+            Poll::Ready(Err(e)) => {
+                self.connecting = None;
+                tracing::warn!(org = %org, error = %e, "the direct path to this organization's database failed; its statements go through the cloud for {:?}", super::router::UNAVAILABLE_FOR);
+                router.mark_unavailable(org.clone());
+                router.want = None;
+                true
+            }
+            Poll::Ready(Ok(mut d)) => {
+                self.connecting = None;
+                d.version = reported.version;
+                exchanges.direct = Exchange {
+                    status: d.conn.status,
+                    ..Exchange::default()
+                };
+                router.direct_org = Some(org.clone());
+                router.direct_replaced();
+                self.conn = Some(d);
+                true
+            }
+        }
+    }
+
+    /// Watches the connection while it is idle (a pending receive, no syscall per call):
+    /// an idle backend has nothing to say, so anything it sends (a FATAL, its end) means
+    /// the organization's side closed it — a restarted agent or relay, an idle timeout
+    /// there. It is dropped then, and the next direct statement opens another instead of
+    /// failing on it. True when it was dropped.
+    pub fn watch_idle(
+        &mut self,
+        cx: &mut Context<'_>,
+        router: &mut Router,
+        exchanges: &Exchanges,
+        held: bool,
+    ) -> bool {
+        let Some(d) = self.conn.as_mut() else {
+            return false;
+        };
+        if router.gate != Gate::Closed || !exchanges.direct.is_idle() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        if Pin::new(&mut d.conn.stream)
+            .poll_read(cx, &mut probe)
+            .is_pending()
+        {
+            return false;
+        }
+        tracing::info!(org = ?router.direct_org, "the direct connection was closed while idle; the next direct statement opens another");
+        self.conn = None;
+        router.direct_org = None;
+        if router.target == Side::Direct && !held {
+            router.target = Side::Cloud;
+        }
+        true
+    }
+
+    /// Ends the session's use of its direct connection, if any: kept in the pool
+    /// (`direct_pool`) when `idle`, else closed.
+    pub async fn finish(self, core: &Rc<Core>, db: &Rc<Database>, idle: bool) {
+        if let Some(d) = self.conn {
+            put_back(core.clone(), db.clone(), d, idle).await;
+        }
+    }
+}
+
+/// Sends a simple query of the proxy's own on `conn` (which has answered everything the
+/// client sent), its answers to be dropped. Pending while an earlier send is in flight.
+pub fn send_own(
+    cx: &mut Context<'_>,
+    conn: &mut BackendConn,
+    exchange: &mut Exchange,
+    sql: &str,
+) -> Poll<std::io::Result<()>> {
+    let mut q = Vec::with_capacity(sql.len() + 6);
+    lokadb_shared::wire::frontend::query(&mut q, sql);
+    match Pin::new(&mut conn.stream).poll_write(cx, &q) {
+        Poll::Pending => Poll::Pending,
+        Poll::Ready(Ok(n)) if n == q.len() => {
+            exchange.silence_next();
+            exchange.pending += 1;
+            Poll::Ready(Ok(()))
+        }
+        Poll::Ready(Ok(_)) => Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+    }
+}
+
+fn cancel_target(b: &BackendConn) -> CancelTarget {
+    CancelTarget {
+        addr: b.addr,
+        pid: b.pid,
+        secret: b.secret.clone(),
+    }
+}
+
+/// The startup parameters of a direct connection: the client's, with the settings the
+/// cloud reports now (a client's `SET TimeZone` included), so values are written alike.
+fn direct_params(key: &PoolKey, reported: &Reported) -> Vec<(String, String)> {
+    let mut params: Vec<(String, String)> = key
+        .params
+        .iter()
+        .filter(|(k, _)| !reported.params.iter().any(|(n, _)| n == k))
+        .cloned()
+        .collect();
+    params.extend(reported.params.iter().cloned());
+    params.sort();
+    params
+}
+
+/// Opens (or takes from `direct_pool`) a connection to `org`'s database through the relay.
+fn open(
+    ctx: &Ctx<'_>,
+    org: &Rc<str>,
+    params: Vec<(String, String)>,
+) -> Pin<Box<dyn Future<Output = Result<DirectConn, String>>>> {
+    let (core, db, key) = (ctx.core, ctx.db, ctx.key);
+    let direct_key = PoolKey {
+        database: db.name.clone(),
+        user: key.user.clone(),
+        org: Some(org.clone()),
+        params,
+    };
+    if db.config.direct_pool {
+        let pooled =
+            core.pool
+                .borrow_mut()
+                .take(&direct_key, db.config.pool_idle_timeout, Instant::now());
+        if let Some(conn) = pooled {
+            return Box::pin(async move {
+                Ok(DirectConn {
+                    conn,
+                    key: direct_key,
+                    version: 0,
+                })
+            });
+        }
+    }
+    let org_meta = core
+        .meta
+        .borrow()
+        .get(&*db.name)
+        .and_then(|m| m.meta.orgs.get(&**org).and_then(|o| o.direct.clone()));
+    let login = db.config.direct.clone();
+    let password = core.shared.direct_password(&db.config);
+    let timeout = db.config.connect_timeout;
+    Box::pin(async move {
+        let (Some((addr, dbname)), Some(login)) = (org_meta, login) else {
+            return Err("no direct path configured (metadata changed)".to_owned());
+        };
+        let creds = Credentials::Password(Secret(password.unwrap_or_default()));
+        let connect = BackendConn::connect(addr, &login.user, &dbname, &direct_key.params, &creds);
+        match with_timeout(timeout, connect).await {
+            None => Err(format!("no answer within connect_timeout from the relay at {addr}")),
+            Some(Ok(conn)) => Ok(DirectConn {
+                conn,
+                key: direct_key,
+                version: 0,
+            }),
+            Some(Err(ConnError::Rejected { notice, .. })) => Err(format!(
+                "the organization's database (through the relay at {addr}, database {dbname}) refused the login of {}: {} ({})",
+                login.user, notice.message, notice.code
+            )),
+            Some(Err(e)) => Err(format!("through the relay at {addr}: {e}")),
+        }
+    })
+}
+
+/// Ends a session's use of a direct connection: kept in the pool (`direct_pool`) when it
+/// is idle — it holds no session state of the client's but prepared statements, which are
+/// re-parsed by name before use — else closed.
+async fn put_back(core: Rc<Core>, db: Rc<Database>, d: DirectConn, idle: bool) {
+    if idle && db.config.direct_pool && !core.shutdown.is_fired() && d.conn.is_idle_and_open() {
+        core.pool.borrow_mut().put(d.key, d.conn, Instant::now());
+    } else {
+        d.conn.terminate().await;
+    }
+}
