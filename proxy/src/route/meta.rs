@@ -98,6 +98,7 @@ impl Meta {
         let mut generation = 0;
         let mut tables = Vec::new();
         let mut orgs = HashMap::new();
+        let mut resolved: HashMap<String, Option<SocketAddr>> = HashMap::new();
         for row in client.query(LOAD_SQL, &[])? {
             let kind: &str = row.get(0);
             let a: Option<String> = row.get(1);
@@ -114,7 +115,11 @@ impl Meta {
                 }),
                 ("o", Some(id), Some(state), Some(profile)) => {
                     let direct = relay.zip(dbname).and_then(|(relay, dbname)| {
-                        let addr = resolve(&relay);
+                        // Organizations share a few relays: each address is resolved once
+                        // per load, not once per organization.
+                        let addr = *resolved
+                            .entry(relay.clone())
+                            .or_insert_with(|| resolve(&relay));
                         if addr.is_none() && profile == "fdw+direct" {
                             tracing::warn!(org = %id, relay = %relay, "the relay address of an fdw+direct organization does not resolve; its statements go through the cloud");
                         }
