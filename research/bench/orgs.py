@@ -1,0 +1,1529 @@
+#!/usr/bin/env python3
+"""LokaDB organizations benchmark: the cost of a statement against the number of organizations.
+
+    LOKADB_BENCH_TARGET=/work/target/release /work/main/.venv/bin/python research/bench/orgs.py [--quick]
+
+One cloud cluster (PostgreSQL 18) holds one LokaDB world per number of organizations N (full
+1, 100, 1000, 3000; quick 1 and 1000), each in its own database `app_<N>`: the table
+`documents` (as run.py's) made a LokaDB table by `lokadb init` + `lokadb enable documents`,
+then N organizations that are not plain cloud ones, as a first `lokadb move-org` and a
+`lokadb move-back` leave them — a row in `lokadb.org` (state 'cloud', with its postgres_fdw
+server and user mapping, as `lokadb org add` makes them) and a partition of their own
+(`documents__lokadb_<id>`, LIST, holding the cloud partition `documents__lokadb_<id>_c` with its
+CHECK and the DEFAULT partition's indexes) — built directly in SQL with the statements of
+proxy/src/admin/moves/{layout,split}.rs. A fidelity check (real `org add`, `move-org`,
+`move-back` of one organization through a relay and an agent, in a scratch database) compares
+the catalog that leaves with the one the SQL builds. The same 60,000 rows are spread over the N
+organizations at every N (plus 4,000 rows of plain cloud organizations in DEFAULT).
+
+One `lokadb proxy` serves all the worlds (one `databases` entry per world, defaults otherwise).
+Before measuring, the proxy's pooled cloud backends are warmed (each opens every partition).
+pgbench (32 clients, -j 2; read, update, insert, and `route` — the proxy's path with a
+statement the cloud prunes to nothing, at a fixed rate; -M simple, extended, prepared) runs
+through the proxy and straight at the cloud, side by side, every N interleaved in each
+repetition: tps, proxy ÷ direct, tps at N ÷ tps at N = 1, and the proxy's (and the cloud's)
+CPU per statement. The cloud runs with max_locks_per_transaction = 2048 and autovacuum off.
+Then the first statement after connecting (psycopg, SCRAM; connect and statement timed apart)
+through the proxy and direct, and the cloud's planner at each N (planning time, plan cache).
+
+Writes raw.json, summary.md and orgs-scaling.png into research/bench/results/<UTC ts>-orgs[-quick]/
+and the section "Organizations: cost vs their number" of research/bench/charts-data.md.
+Builds nothing: benchmarks the binaries in $LOKADB_BENCH_TARGET (default
+/work/target-bench/release) and records their sha256. See research/bench/README.md,
+"Organizations benchmark".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import re
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup, pgbench parsing)
+from run import (  # noqa: E402
+    CHILDREN, PG_BIN, PG_USER, TEMP_DIRS, cleanup, cpu_ticks, free_port, log, on_sigterm,
+    parse_pgbench, percentile, rss_kib,
+)
+import tunnel  # noqa: E402  (relay, agent, certificates, LineProc)
+from tunnel import LineProc, Relay, binary_info, make_certs, new_token, start_agent, stop_agents  # noqa: E402
+import moves  # noqa: E402  (PgCluster, lokadb(), the cloud's CPU)
+from moves import APP_PASSWORD, SUPER_PASSWORD, PgCluster, lokadb, mask, tree_ticks  # noqa: E402
+from routing import sched_ns  # noqa: E402  (CPU ns of a process from its threads' schedstat)
+
+import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
+from psycopg import sql as pgsql  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
+
+BIN_DIR = tunnel.BIN_DIR
+LOKADB_BIN = BIN_DIR / "lokadb"
+AGENT_BIN = BIN_DIR / "lokadb-agent"
+
+AUTH_PASSWORD = "lokadb-auth-bench-secret"
+TOTAL_ROWS = 60_000  # documents of the N organizations together, at every N (ids 1..TOTAL_ROWS)
+PLAIN_ORGS = 20  # plain cloud organizations (no lokadb.org row, rows in DEFAULT) ...
+PLAIN_BASE = 1_000_000  # ... with ids PLAIN_BASE + 1 ..
+PLAIN_ROWS = 4_000  # ... and these rows together (ids TOTAL_ROWS + 1 ..)
+BATCH = 100  # organizations per DDL transaction
+WARM_PSYCOPG = 4  # pooled backends warmed for psycopg's connections before the first-statement test
+FAKE_RELAY_PORT = 9  # lokadb.org.relay_port and the servers' port: nothing listens, nothing dials it
+ORG_DBNAME = "orgdb"  # lokadb.org.dbname of the synthetic organizations (as org add records it)
+CLOUD_PG = {"max_connections": "250", "shared_buffers": "256MB", "synchronous_commit": "off",
+            "max_wal_size": "4GB", "checkpoint_timeout": "15min",
+            # Off: autovacuum's work on N partitions after the write runs landed in later runs
+            # (the cloud's CPU is the postmaster's whole tree). Each world is VACUUM ANALYZEd.
+            "autovacuum": "off"}
+# The default (64) is too small for thousands of partitions: the plan cache builds a generic
+# plan of a prepared statement at its 6th execution, which locks every partition and index
+# (about 4 per organization); 32 backends doing it at once at 1000 organizations ran out of
+# the shared lock table ("out of shared memory", direct and through the proxy alike; run
+# results/20261204T082851Z-orgs-quick). 2048 x ~270 backends holds 32 x 3000 x 5.
+MAX_LOCKS = 2048
+TARGETS = ["direct", "lokadb"]
+SCRIPTS = ["read", "update", "insert", "route"]
+SCRIPT_LABEL = {"read": "read", "update": "update", "insert": "insert", "route": "route (proxy path only)"}
+QUERY_MODES = ["simple", "extended", "prepared"]
+CLIENTS, THREADS = 32, 2
+ROUTE_RATE = 6000  # the route script runs at this fixed rate (pgbench -R): same load at every N
+ROUTE_SECONDS = 3  # ... and at most this long
+PROXY_LOG = "warn,lokadb::route::watch=info"  # the watcher's "metadata loaded … organizations=N"
+
+TABLE_DDL = """CREATE TABLE documents (
+    id bigserial PRIMARY KEY,
+    organization_id int NOT NULL,
+    title text,
+    body text,
+    updated_at timestamptz DEFAULT now())"""
+INDEX_DDL = "CREATE INDEX documents_org_id ON documents (organization_id, id)"
+
+SCRIPT_TEXT = {
+    "read": ("\\set i random(1, {total})\n"
+             "\\set org 1 + (:i - 1) % {n}\n"
+             "SELECT id, organization_id, title, updated_at FROM documents "
+             "WHERE organization_id = :org AND id = :i;\n"),
+    "update": ("\\set i random(1, {total})\n"
+               "\\set org 1 + (:i - 1) % {n}\n"
+               "UPDATE documents SET title = 'updated title', updated_at = now() "
+               "WHERE organization_id = :org AND id = :i;\n"),
+    "insert": ("\\set org random(1, {n})\n"
+               "INSERT INTO documents (organization_id, title, body) "
+               "VALUES (:org, 'bench title', 'bench body of a new document');\n"),
+    # The proxy's whole path (analysis, placement by the organization, set_config) while the
+    # cloud's work does not depend on N: a constant-false condition prunes every partition at
+    # planning, none is opened. A change with N here is the proxy's.
+    "route": ("\\set i random(1, {total})\n"
+              "\\set org 1 + (:i - 1) % {n}\n"
+              "SELECT id, organization_id, title, updated_at FROM documents "
+              "WHERE organization_id = :org AND id = :i AND false;\n"),
+}
+# Warms the proxy's pooled cloud backends (pgbench -c 32 -t 1 through the proxy: 32 sessions at
+# once, so 32 distinct backends): each plans a statement over every partition, which opens them
+# all (relation, indexes, triggers, statistics) in that backend; one at a time (the advisory
+# lock), so the lock table holds one backend's partitions at once.
+WARM_SCRIPT = ("BEGIN;\n"
+               "SELECT pg_advisory_xact_lock(4242);\n"
+               "SELECT count(*) FROM documents WHERE id < 0;\n"
+               "COMMIT;\n")
+READ_SQL = ("SELECT id, organization_id, title, updated_at FROM documents "
+            "WHERE organization_id = %s AND id = %s")
+
+
+class Mode:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.name = "quick" if quick else "full"
+        self.orgs = [1, 1000] if quick else [1, 100, 1000, 3000]
+        self.seconds = 3 if quick else 4  # each pgbench run
+        self.reps = 1 if quick else 2
+        self.max_locks = MAX_LOCKS
+        self.first_n = 25 if quick else 50  # connections per world and target
+        self.query_modes = list(QUERY_MODES)
+        self.scripts = list(SCRIPTS)
+        self.fidelity = True
+
+
+def med(v):
+    v = [x for x in v if x is not None]
+    return statistics.median(v) if v else None
+
+
+def fmt(v, nd=1):
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def loadavg() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def db_of(n: int) -> str:
+    return f"app_{n}"
+
+
+def org_of(i: int, n: int) -> int:
+    """The organization of document id i (1..TOTAL_ROWS) in the world of n organizations."""
+    return 1 + (i - 1) % n
+
+
+def q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def lit(v) -> str:
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+# --------------------------------------------------------------------------------------
+# What move-org + move-back leave, built in SQL (proxy/src/admin/moves/layout.rs, split.rs)
+
+
+def default_indexes(c, table="documents") -> list[dict]:
+    """The DEFAULT partition's indexes, as layout::tables reads them (valid, not partial, no
+    expressions), in the form cloud_part_ddl rebuilds them on the organization's partition."""
+    rows = c.execute(
+        """SELECT i.indisprimary, i.indisunique, pg_get_indexdef(i.indexrelid),
+                  array(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(att, n)
+                        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.att ORDER BY k.n)
+           FROM pg_index i
+           WHERE i.indrelid = (SELECT format('%%I.%%I', schema_name, default_partition)::regclass
+                               FROM lokadb.tables WHERE table_name = %s)
+             AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
+           ORDER BY i.indexrelid""", (table,)).fetchall()
+    out = []
+    for primary, unique, idef, cols in rows:
+        using = idef[idef.index(" USING ") + 1:]
+        out.append({"primary": primary, "unique": unique, "columns": cols, "using": using})
+    return out
+
+
+def org_sql(org: str, indexes: list[dict], relay_port: int = FAKE_RELAY_PORT) -> dict:
+    """The statements for one organization, table `public.documents`, organization column
+    `organization_id`: split.rs's first transaction (own table, cloud partition with its CHECK
+    and indexes, attached to the own table), its attach to the parent, and what `org add`
+    leaves (server, user mapping, lokadb.org row; state defaults to 'cloud')."""
+    key = org  # layout::org_key: the id itself (ASCII alphanumeric, <= 20 bytes)
+    assert key.isascii() and key.isalnum() and len(key) <= 20, org
+    parent = '"public"."documents"'
+    own = f'"public"."documents__lokadb_{key}"'
+    part = f'"public"."documents__lokadb_{key}_c"'
+    col = '"organization_id"'
+    first = [
+        f"CREATE TABLE {own} (LIKE {parent} INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS) "
+        f"PARTITION BY LIST ({col})",
+        f"CREATE TABLE {part} (LIKE {parent} INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS "
+        f"INCLUDING STORAGE, CONSTRAINT lokadb_org CHECK ({col} IS NOT NULL AND {col} = {lit(org)}))",
+    ]
+    for i in indexes:
+        if i["primary"]:
+            first.append(f"ALTER TABLE {part} ADD PRIMARY KEY ({', '.join(q(c) for c in i['columns'])})")
+        else:
+            first.append(f"CREATE {'UNIQUE ' if i['unique'] else ''}INDEX ON {part} {i['using']}")
+    first.append(f"ALTER TABLE {own} ATTACH PARTITION {part} FOR VALUES IN ({lit(org)})")
+    attach = [f"ALTER TABLE {parent} ATTACH PARTITION {own} FOR VALUES IN ({lit(org)})"]
+    server = f"lokadb_org_{org}"
+    registry = [
+        f"CREATE SERVER {q(server)} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', "
+        f"port {lit(relay_port)}, dbname {lit(org + '/' + ORG_DBNAME)}, fetch_size '1000')",
+        f"CREATE USER MAPPING FOR PUBLIC SERVER {q(server)} OPTIONS (user 'app', password {lit(APP_PASSWORD)})",
+    ]
+    row = (org, None, "fdw", server, "127.0.0.1", relay_port, ORG_DBNAME, "synthetic (lokadb-bench orgs.py)")
+    return {"first": first, "attach": attach, "registry": registry, "row": row}
+
+
+def create_orgs(c, orgs: list[str], indexes: list[dict], commands: list, relay_port=FAKE_RELAY_PORT,
+                pg_version: str | None = None, batch_seconds: list | None = None) -> float:
+    """Creates the organizations in transactions of BATCH. Returns the seconds it took."""
+    t0 = time.time()
+    c.execute("CREATE EXTENSION IF NOT EXISTS postgres_fdw")
+    example = org_sql(orgs[0], indexes, relay_port)
+    commands.append(mask(f"(cloud, per organization, {BATCH} per transaction; e.g. {orgs[0]}) "
+                         + "; ".join(example["first"] + example["attach"] + example["registry"])
+                         + "; INSERT INTO lokadb.org (id, name, profile, server, relay_host, relay_port, dbname, "
+                           f"pg_version) VALUES {example['row']}"))
+    for k in range(0, len(orgs), BATCH):
+        tb = time.time()
+        chunk = orgs[k:k + BATCH]
+        parts = [org_sql(o, indexes, relay_port) for o in chunk]
+        with c.transaction():
+            c.execute(";\n".join(s for p in parts for s in p["first"] + p["attach"] + p["registry"]))
+            rows = [p["row"] if pg_version is None else (*p["row"][:7], pg_version) for p in parts]
+            with c.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO lokadb.org (id, name, profile, server, relay_host, relay_port, dbname, pg_version) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
+        if batch_seconds is not None:
+            batch_seconds.append(round(time.time() - tb, 3))
+    return round(time.time() - t0, 2)
+
+
+def load_rows(c, n: int) -> None:
+    """TOTAL_ROWS documents over organizations 1..n (id i -> organization 1 + (i-1) % n), then
+    PLAIN_ROWS of plain cloud organizations (DEFAULT), through the parent: the LokaDB triggers
+    (the pause gate, the key map) run for every row, as for an application's inserts."""
+    c.execute(f"""INSERT INTO documents (id, organization_id, title, body)
+                  SELECT i, 1 + (i - 1) % {n}, 'document ' || i, repeat(md5(i::text), 6)
+                  FROM generate_series(1, {TOTAL_ROWS}) AS i""")
+    c.execute(f"""INSERT INTO documents (id, organization_id, title, body)
+                  SELECT i, {PLAIN_BASE} + 1 + i % {PLAIN_ORGS}, 'document ' || i, repeat(md5(i::text), 6)
+                  FROM generate_series({TOTAL_ROWS + 1}, {TOTAL_ROWS + PLAIN_ROWS}) AS i""")
+    c.execute("SELECT setval('documents_id_seq', (SELECT max(id) FROM documents))")
+
+
+def load_sql_text(n: int) -> str:
+    return (f"INSERT INTO documents (id, organization_id, title, body) SELECT i, 1 + (i - 1) % {n}, "
+            f"'document ' || i, repeat(md5(i::text), 6) FROM generate_series(1, {TOTAL_ROWS}) AS i; "
+            f"INSERT INTO documents (id, organization_id, title, body) SELECT i, {PLAIN_BASE} + 1 + i % "
+            f"{PLAIN_ORGS}, 'document ' || i, repeat(md5(i::text), 6) FROM generate_series({TOTAL_ROWS + 1}, "
+            f"{TOTAL_ROWS + PLAIN_ROWS}) AS i; SELECT setval('documents_id_seq', (SELECT max(id) FROM documents)); "
+            "VACUUM ANALYZE documents")
+
+
+def app_conn(port: int, dbname: str, **kw):
+    return psycopg.connect(host="127.0.0.1", port=port, user="app", password=APP_PASSWORD, dbname=dbname,
+                           sslmode="disable", autocommit=True, connect_timeout=30, **kw)
+
+
+def world_counts(c, n: int) -> dict:
+    r = {}
+    r["lokadb_org_rows"] = c.execute("SELECT count(*) FROM lokadb.org").fetchone()[0]
+    r["lokadb_org_states"] = dict(c.execute("SELECT state, count(*) FROM lokadb.org GROUP BY 1").fetchall())
+    r["partitions_of_documents"] = c.execute(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'documents'::regclass").fetchone()[0]
+    r["partitions_in_tree"] = c.execute(
+        "SELECT count(*) FROM pg_partition_tree('documents') WHERE relid <> 'documents'::regclass").fetchone()[0]
+    r["rows_total"] = c.execute("SELECT count(*) FROM documents").fetchone()[0]
+    r["rows_in_default"] = c.execute("SELECT count(*) FROM ONLY documents__lokadb_default").fetchone()[0]
+    r["org_rows_in_default"] = c.execute(
+        f"SELECT count(*) FROM ONLY documents__lokadb_default WHERE organization_id <= {n}").fetchone()[0]
+    mn, mx = c.execute(f"""SELECT min(k), max(k) FROM (SELECT count(*) k FROM documents
+                           WHERE organization_id <= {n} GROUP BY organization_id) s""").fetchone()
+    r["rows_per_org_min_max"] = [mn, mx]
+    r["orgs_with_rows"] = c.execute(
+        f"SELECT count(DISTINCT organization_id) FROM documents WHERE organization_id <= {n}").fetchone()[0]
+    r["key_map_rows"] = c.execute("SELECT count(*) FROM lokadb.km_documents_id").fetchone()[0]
+    r["db_size_mb"] = round(c.execute("SELECT pg_database_size(current_database())").fetchone()[0] / 1e6, 1)
+    r["pg_class_rows"] = c.execute("SELECT count(*) FROM pg_class").fetchone()[0]
+    return r
+
+
+def build_world(ctx, n: int) -> dict:
+    db = db_of(n)
+    info = {"database": db, "orgs": n, "timings_s": {}}
+    T = info["timings_s"]
+    t0 = time.time()
+    with ctx.cloud.conn() as c:
+        c.execute(f"CREATE DATABASE {db} OWNER app")
+    with app_conn(ctx.cloud.port, db) as c:
+        c.execute(TABLE_DDL)
+        c.execute(INDEX_DDL)
+    ctx.commands.append(f"(cloud) CREATE DATABASE {db} OWNER app; (as app) {' '.join(TABLE_DDL.split())}; {INDEX_DDL}")
+    dsn = ctx.cloud.dsn(db)
+    lokadb(ctx, ["init"], dsn)
+    lokadb(ctx, ["enable", "documents"], dsn)
+    T["init_enable"] = round(time.time() - t0, 2)
+    with ctx.cloud.conn(db) as c:
+        indexes = default_indexes(c)
+        info["default_indexes"] = indexes
+        info["create_orgs_batch_seconds"] = batches = []
+        T["create_orgs"] = create_orgs(c, [str(i) for i in range(1, n + 1)], indexes, ctx.commands,
+                                       batch_seconds=batches)
+    t = time.time()
+    with app_conn(ctx.cloud.port, db) as c:  # the application's role, through the parent
+        load_rows(c, n)
+    with ctx.cloud.conn(db) as c:
+        c.execute("VACUUM ANALYZE documents")
+        c.execute("CHECKPOINT")
+    ctx.commands.append(f"(cloud, {db}, as app then postgres) " + load_sql_text(n))
+    T["load_analyze"] = round(time.time() - t, 2)
+    with ctx.cloud.conn(db) as c:
+        info["counts"] = world_counts(c, n)
+    T["total"] = round(time.time() - t0, 2)
+    cnt = info["counts"]
+    problems = []
+    if cnt["lokadb_org_rows"] != n or cnt["lokadb_org_states"] != {"cloud": n}:
+        problems.append(f"lokadb.org has {cnt['lokadb_org_rows']} rows, states {cnt['lokadb_org_states']}")
+    if cnt["partitions_of_documents"] != n + 1:
+        problems.append(f"documents has {cnt['partitions_of_documents']} partitions, not {n + 1}")
+    if cnt["org_rows_in_default"]:
+        problems.append(f"{cnt['org_rows_in_default']} rows of the N organizations are in DEFAULT")
+    if cnt["orgs_with_rows"] != n:
+        problems.append(f"only {cnt['orgs_with_rows']} of {n} organizations have rows")
+    if cnt["key_map_rows"] != cnt["rows_total"]:
+        problems.append(f"key map has {cnt['key_map_rows']} keys for {cnt['rows_total']} rows")
+    info["problems"] = problems
+    log(f"  world {db}: {n} organizations in {T['create_orgs']} s, rows loaded + analyzed in {T['load_analyze']} s, "
+        f"{cnt['partitions_in_tree']} relations in the partition tree, {cnt['rows_per_org_min_max']} rows per "
+        f"organization; {'; '.join(problems) or 'checks ok'}")
+    if problems:
+        ctx.errors.append(f"world {db}: " + "; ".join(problems))
+    return info
+
+
+# --------------------------------------------------------------------------------------
+# Fidelity: one organization through the real commands vs one built by org_sql
+
+
+SIGNATURE_SQL = {
+    "relations": """
+        SELECT c.relname::text, c.relkind::text, pg_get_userbyid(c.relowner)::text, c.relpersistence::text,
+               coalesce(pg_get_expr(c.relpartbound, c.oid), ''), coalesce(pg_get_partkeydef(c.oid), ''),
+               coalesce((SELECT p.relname::text FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhparent
+                         WHERE h.inhrelid = c.oid), ''),
+               coalesce(array_to_string(c.reloptions, ','), '')
+        FROM pg_class c WHERE c.relname LIKE %(pat)s AND c.relkind IN ('r', 'p', 'f') ORDER BY 1""",
+    "columns": """
+        SELECT c.relname::text, a.attnum, a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attstorage::text, a.attisdropped
+        FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
+        LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+        WHERE c.relname LIKE %(pat)s AND c.relkind IN ('r', 'p', 'f') ORDER BY 1, 2""",
+    "constraints": """
+        SELECT c.relname::text, k.conname::text, k.contype::text, pg_get_constraintdef(k.oid), k.convalidated,
+               k.conislocal, k.coninhcount
+        FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
+        WHERE c.relname LIKE %(pat)s ORDER BY 1, 2""",
+    "indexes": """
+        SELECT c.relname::text, i.relname::text, pg_get_indexdef(x.indexrelid), x.indisprimary, x.indisunique,
+               x.indisvalid, coalesce((SELECT p.relname::text FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhparent
+                                       WHERE h.inhrelid = i.oid), '')
+        FROM pg_index x JOIN pg_class c ON c.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid
+        WHERE c.relname LIKE %(pat)s ORDER BY 1, 2""",
+    "triggers": """
+        SELECT c.relname::text, t.tgname::text, t.tgenabled::text, t.tgtype, t.tgfoid::regproc::text,
+               t.tgparentid <> 0, t.tgisinternal
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        WHERE c.relname LIKE %(pat)s ORDER BY 1, 2""",
+    "lokadb_org": """
+        SELECT state, profile, server::text, relay_host, dbname, name IS NULL
+        FROM lokadb.org WHERE id = %(org)s""",
+    "server": """
+        SELECT s.srvname::text, array_to_string(s.srvoptions, ','), w.fdwname::text,
+               (SELECT array_to_string(um.umoptions, ',') FROM pg_user_mapping um
+                WHERE um.umserver = s.oid AND um.umuser = 0)
+        FROM pg_foreign_server s JOIN pg_foreign_data_wrapper w ON w.oid = s.srvfdw
+        WHERE s.srvname = 'lokadb_org_' || %(org)s""",
+    "key_map_rows": "SELECT count(*) FROM lokadb.km_documents_id WHERE organization_id = %(org)s::int",
+    "rows": "SELECT count(*) FROM documents WHERE organization_id = %(org)s::int",
+    "moves_journal": "SELECT count(*) FROM lokadb.moves WHERE org = %(org)s",
+    "pause_rows": "SELECT count(*) FROM lokadb.pause WHERE org = %(org)s",
+    "functions_named_for_org": """
+        SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'lokadb' AND p.proname LIKE '%%\\_' || %(org)s || '\\_%%'""",
+    "change_records": "SELECT count(*) FROM lokadb.changes",
+    "default_partition_triggers": """
+        SELECT t.tgname::text, t.tgenabled::text, t.tgparentid <> 0
+        FROM pg_trigger t WHERE t.tgrelid = 'documents__lokadb_default'::regclass AND NOT t.tgisinternal ORDER BY 1""",
+}
+
+
+def signature(c, org: str) -> dict:
+    pat = f"documents\\_\\_lokadb\\_{org}%"
+    out = {}
+    for k, s in SIGNATURE_SQL.items():
+        params = {"pat": pat, "org": org} if "%(" in s else None
+        rows = c.execute(s, params).fetchall()
+        text = json.dumps([list(r) for r in rows], default=str)
+        # The organization's id, wherever it appears (names, bounds, CHECK, server, dbname).
+        text = re.sub(rf"(?<![0-9]){org}(?![0-9])", "<org>", text).replace(APP_PASSWORD, "***")
+        out[k] = json.loads(text)
+    return out
+
+
+def fidelity_check(ctx) -> dict:
+    """In a scratch database: organization REAL through `lokadb org add`, `move-org`, `move-back`
+    (relay, agent, an organization cluster), organization SYNTH through org_sql; both with 20
+    documents, loaded the way each path loads them. Returns their catalog signatures and the
+    differences."""
+    REAL, SYNTH = "7001", "7002"
+    res = {"real_org": REAL, "synthetic_org": SYNTH, "timings_s": {}}
+    T = res["timings_s"]
+    t0 = time.time()
+    db = "fidelity"
+    root = ctx.tmp / "fidelity"
+    root.mkdir()
+    shutil.chown(root, PG_USER, PG_USER)
+    org = PgCluster(root, "org", ctx.commands)
+    org.initdb()
+    org.start(moves.ORG_PG)
+    with org.conn() as c:
+        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+        c.execute(f"CREATE DATABASE {ORG_DBNAME} OWNER app")
+    certs = make_certs(ctx.tmp, ctx.commands)
+    token, token_hash = new_token(REAL)
+    agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
+    relay = Relay(ctx.tmp, certs, {REAL: token_hash}, {}, ctx.commands, tag="relay-fidelity")
+    agent = start_agent(f"127.0.0.1:{relay.agents_port}", token, org.addr(), certs["ca"], {}, agent_log)
+    try:
+        relay.wait_connected(1)
+        with ctx.cloud.conn() as c:
+            c.execute(f"CREATE DATABASE {db} OWNER app")
+        with app_conn(ctx.cloud.port, db) as c:
+            c.execute(TABLE_DDL)
+            c.execute(INDEX_DDL)
+        dsn = ctx.cloud.dsn(db)
+        lokadb(ctx, ["init"], dsn)
+        lokadb(ctx, ["enable", "documents"], dsn)
+        # The synthetic organization first (its partition is created before its rows), then
+        # rows of both (REAL's land in DEFAULT, as an organization's before its first move).
+        with ctx.cloud.conn(db) as c:
+            T["synthetic_create"] = create_orgs(c, [SYNTH], default_indexes(c), ctx.commands,
+                                                relay_port=relay.pg_port)
+        with app_conn(ctx.cloud.port, db) as c:
+            for o in (REAL, SYNTH):
+                c.execute(f"""INSERT INTO documents (organization_id, title, body)
+                              SELECT {o}, 'document ' || g, repeat(md5(g::text), 6) FROM generate_series(1, 20) g""")
+        t = time.time()
+        lokadb(ctx, ["org", "add", REAL, "--via-relay", f"127.0.0.1:{relay.pg_port}", "--dbname", ORG_DBNAME,
+                     "--user", "app", "--password", APP_PASSWORD], dsn)
+        r1 = lokadb(ctx, ["move-org", REAL], dsn, timeout=600)
+        r2 = lokadb(ctx, ["move-back", REAL], dsn, timeout=600)
+        T["real_org_add_move_org_move_back"] = round(time.time() - t, 2)
+        res["move_org_output"] = (r1.stdout + r1.stderr).strip().splitlines()[-12:]
+        res["move_back_output"] = (r2.stdout + r2.stderr).strip().splitlines()[-12:]
+        with ctx.cloud.conn(db) as c:
+            sig_real = signature(c, REAL)
+            sig_synth = signature(c, SYNTH)
+            # The synthetic row's pg_version is a label; the real one's is the org server's.
+            res["lokadb_org_rows"] = [list(map(str, r)) for r in c.execute(
+                "SELECT id, state, profile, server, relay_host, relay_port, dbname, pg_version FROM lokadb.org "
+                "ORDER BY id").fetchall()]
+    finally:
+        stop_agents([agent])
+        relay.stop()
+        org.stop()
+    with ctx.cloud.conn() as c:
+        c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    diffs = {}
+    for k in sig_real:
+        if sig_real[k] != sig_synth[k]:
+            diffs[k] = {"real": sig_real[k], "synthetic": sig_synth[k]}
+    res["signature_real"] = sig_real
+    res["differences"] = diffs
+    res["identical"] = not diffs
+    T["total"] = round(time.time() - t0, 2)
+    log(f"  fidelity: real move-org + move-back of {REAL} vs synthetic {SYNTH}: "
+        + ("identical catalogs" if not diffs else f"DIFFERENT in {sorted(diffs)}") + f" ({T['total']} s)")
+    return res
+
+
+# --------------------------------------------------------------------------------------
+# The proxy
+
+
+def start_proxy(ctx) -> LineProc:
+    dbs = {db_of(n): {"cloud": f"host=127.0.0.1 port={ctx.cloud.port} dbname={db_of(n)}",
+                      "auth_user": "lokadb_auth", "auth_password": AUTH_PASSWORD} for n in ctx.mode.orgs}
+    cfg = {"listen": "127.0.0.1:0", "databases": dbs}
+    path = ctx.tmp / "lokadb.json"
+    path.write_text(json.dumps(cfg, indent=1))
+    ctx.proxy_config = json.loads(json.dumps(cfg).replace(AUTH_PASSWORD, "***"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
+    env["LOKADB_LOG"] = PROXY_LOG
+    p = LineProc([LOKADB_BIN, "proxy", "--config", path], env, ctx.tmp / "proxy.stderr.log", ctx.commands,
+                 f"LOKADB_LOG={PROXY_LOG}")
+    _, m = p.wait_line(r"lokadb proxy listening on (\S+):(\d+)")
+    p.port = int(m.group(2))
+    p.pid = p.proc.pid
+    return p
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def metadata_lines(ctx) -> list[dict]:
+    out = []
+    text = ANSI.sub("", ctx.proxy.stderr_path.read_text(errors="replace"))
+    for line in text.splitlines():
+        if "metadata loaded" not in line:
+            continue
+        d = {"line": line.strip()[:400]}
+        for k in ("database", "generation", "tables", "organizations", "load_ms"):
+            m = re.search(rf"\b{k}=\"?([\w.]+)\"?", line)
+            if m:
+                d[k] = m.group(1)
+        out.append(d)
+    return out
+
+
+def wait_metadata(ctx, timeout=60.0) -> dict:
+    """Until the watcher of every world has loaded its organizations."""
+    want = {db_of(n): n for n in ctx.mode.orgs}
+    deadline = time.time() + timeout
+    while True:
+        seen = {}
+        for d in metadata_lines(ctx):
+            if d.get("database") in want and d.get("organizations") is not None:
+                seen[d["database"]] = d
+        if all(db in seen and int(seen[db]["organizations"]) == n for db, n in want.items()):
+            return seen
+        if time.time() > deadline or ctx.proxy.proc.poll() is not None:
+            raise RuntimeError(f"the proxy did not load every world's metadata: {seen}\n"
+                               + ctx.proxy.stderr_path.read_text(errors="replace")[-3000:])
+        time.sleep(0.2)
+
+
+def port_of(ctx, target: str) -> int:
+    return ctx.cloud.port if target == "direct" else ctx.proxy.port
+
+
+# --------------------------------------------------------------------------------------
+# pgbench
+
+
+def script_file(ctx, script: str, n: int) -> Path:
+    p = ctx.tmp / f"{script}-{n}.sql"
+    if not p.exists():
+        p.write_text(WARM_SCRIPT if script == "warm" else SCRIPT_TEXT[script].format(total=TOTAL_ROWS, n=n))
+    return p
+
+
+def txn_log(prefix: Path) -> dict:
+    """Latencies and completion times from pgbench's per-transaction logs (-l): p50, p99, and
+    the throughput of the run's second half (completions after its midpoint), which shows a
+    warming backend (direct runs start with new backends)."""
+    lat, done, failed = [], [], 0
+    for f in prefix.parent.glob(prefix.name + ".*"):
+        with open(f) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) < 6:
+                    continue
+                try:
+                    lat.append(int(parts[2]))
+                    done.append(int(parts[4]) + int(parts[5]) / 1e6)
+                except ValueError:  # "failed" / "skipped"
+                    failed += 1
+    out = {"logged_transactions": len(lat), "logged_failed": failed, "p50_ms": None, "p99_ms": None,
+           "tps_first_half": None, "tps_second_half": None}
+    if lat:
+        lat.sort()
+        out["p50_ms"] = round(percentile(lat, 0.50) / 1000, 4)
+        out["p99_ms"] = round(percentile(lat, 0.99) / 1000, 4)
+    if len(done) > 10:
+        t0, t1 = min(done), max(done)
+        mid = (t0 + t1) / 2
+        if t1 - mid > 0.2:
+            out["tps_first_half"] = round(sum(1 for t in done if t <= mid) / (mid - t0), 1)
+            out["tps_second_half"] = round(sum(1 for t in done if t > mid) / (t1 - mid), 1)
+    return out
+
+
+def pgbench(ctx, *, phase, script, qmode, n, target, seconds=None, transactions=None, rep=None) -> dict:
+    if ctx.proxy.proc.poll() is not None:
+        raise RuntimeError(f"the proxy died (exit {ctx.proxy.proc.returncode}):\n"
+                           + ctx.proxy.stderr_path.read_text(errors="replace")[-2000:])
+    logdir = Path(tempfile.mkdtemp(prefix="pgblog-", dir=ctx.tmp))
+    prefix = logdir / "txn"
+    length = ["-t", str(transactions)] if transactions else ["-T", str(seconds)]
+    if script == "route":  # the same statements per second at every N: the proxy's CPU per statement compares
+        length += ["-R", str(ROUTE_RATE)]
+    cmd = [str(PG_BIN / "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(port_of(ctx, target)), "-U", "app",
+           "-M", qmode, "-f", str(script_file(ctx, script, n)), "-c", str(CLIENTS), "-j", str(THREADS),
+           *length, "-l", f"--log-prefix={prefix}", db_of(n)]
+    env = dict(os.environ, PGPASSWORD=APP_PASSWORD, PGSSLMODE="disable")
+    rec = {"phase": phase, "script": script, "query_mode": qmode, "orgs": n, "target": target, "rep": rep,
+           "clients": CLIENTS, "threads": THREADS, "seconds": seconds, "transactions_per_client": transactions,
+           "command": "PGPASSWORD=*** PGSSLMODE=disable " + shlex.join(cmd)}
+    pt0, pn0, ct0 = cpu_ticks(ctx.proxy.pid), sched_ns(ctx.proxy.pid), tree_ticks(ctx.cloud.proc.pid)
+    load0 = loadavg()
+    t0 = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=logdir,
+                         start_new_session=True)
+    CHILDREN.append(p)
+    timed_out = False
+    try:
+        stdout, stderr = p.communicate(timeout=(seconds or 0) + 180)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        stdout, stderr = p.communicate()
+        timed_out = True
+    finally:
+        CHILDREN.remove(p)
+    wall = time.time() - t0
+    # pgbench's own backends (direct) exit as it ends: let the postmaster reap them, so their
+    # CPU is in its cutime when read (a trial run read one direct run at 4 µs per statement).
+    time.sleep(0.3)
+    pt1, pn1, ct1 = cpu_ticks(ctx.proxy.pid), sched_ns(ctx.proxy.pid), tree_ticks(ctx.cloud.proc.pid)
+    rec.update(parse_pgbench(stdout))
+    rec.update(txn_log(prefix))
+    shutil.rmtree(logdir, ignore_errors=True)
+    rc = p.returncode
+    rec["returncode"] = rc
+    rec["wall_seconds"] = round(wall, 2)
+    rec["loadavg_1min_before_after"] = [load0, loadavg()]
+    tx = rec.get("transactions") or 0
+    rec["proxy_ticks"] = (pt1 - pt0) if pt0 is not None and pt1 is not None else None
+    rec["proxy_ns"] = (pn1 - pn0) if pn0 is not None and pn1 is not None else None
+    rec["cloud_ticks"] = (ct1 - ct0) if ct0 is not None and ct1 is not None else None
+    clk = common.CLK_TCK
+    rec["proxy_us_per_stmt"] = round(rec["proxy_ns"] / 1e3 / tx, 2) if tx and rec["proxy_ns"] is not None else None
+    rec["proxy_us_per_stmt_ticks"] = (round(rec["proxy_ticks"] / clk * 1e6 / tx, 2)
+                                      if tx and rec["proxy_ticks"] is not None else None)
+    rec["cloud_us_per_stmt"] = (round(rec["cloud_ticks"] / clk * 1e6 / tx, 1)
+                                if tx and rec["cloud_ticks"] is not None else None)
+    errors = []
+    if timed_out:
+        errors.append(f"pgbench timed out after {(seconds or 0) + 180}s and was killed")
+    if rc != 0:
+        errors.append(f"pgbench exit code {rc}")
+    if not tx:
+        errors.append("no transactions processed")
+    if rec.get("failed_transactions"):
+        errors.append(f"{rec['failed_transactions']} failed transactions")
+    if ctx.proxy.proc.poll() is not None:
+        errors.append(f"the proxy died during this run (exit {ctx.proxy.proc.returncode})")
+    if errors:
+        rec["error"] = "; ".join(errors)
+        lines = stderr.strip().splitlines()
+        rec["stderr_tail"] = "\n".join(lines[-15:])
+        rec["first_error"] = next((l for l in lines if "ERROR" in l or "FATAL" in l), lines[-1] if lines else "").strip()
+        rec["stdout_tail"] = "\n".join(stdout.strip().splitlines()[-20:])
+    rec["ok"] = bool(tx) and rc == 0 and not timed_out and ctx.proxy.proc.poll() is None
+    ctx.runs.append(rec)
+    log(f"  {phase:<7} {script:<6} {qmode:<8} N={n:<5} {target:<7} tps={rec.get('tps')} "
+        f"(2nd half {rec.get('tps_second_half')}) p50={rec.get('p50_ms')}ms "
+        f"proxy={rec['proxy_us_per_stmt']}µs cloud={rec['cloud_us_per_stmt']}µs/stmt "
+        + ("ok" if rec["ok"] and not errors else f"ERROR ({rec.get('error')}) {rec.get('first_error', '')}"))
+    return rec
+
+
+# --------------------------------------------------------------------------------------
+# The first statement after connecting, and the cloud's planner
+
+
+def first_statements(ctx, n: int) -> dict:
+    """psycopg, SCRAM as app: connect (timed), one read (timed: the first statement), a second
+    read (timed), close; alternating direct and through the proxy, first_n times each. Direct,
+    each connection is a new backend; through the proxy, a pooled one (warmed first)."""
+    rng = random.Random(1000 + n)
+    out = {"orgs": n, "n": ctx.mode.first_n, "sql": READ_SQL, "targets": {}}
+    # psycopg's connections have other startup parameters than pgbench's, so other pooled
+    # backends: warm a few the way the pgbench pool was (held at once, so distinct backends;
+    # each opens every partition), as an application's pool would be after a while.
+    held = [app_conn(ctx.proxy.port, db_of(n)) for _ in range(WARM_PSYCOPG)]
+    for c in held:
+        c.execute("SELECT count(*) FROM documents WHERE id < 0").fetchall()
+    for c in held:
+        c.close()
+    out["proxy_backends_warmed"] = WARM_PSYCOPG
+    acc = {t: {"connect_ms": [], "first_ms": [], "second_ms": [], "proxy_ns": [], "errors": []} for t in TARGETS}
+    for k in range(ctx.mode.first_n):
+        order = TARGETS if k % 2 == 0 else TARGETS[::-1]
+        for t in order:
+            i1, i2 = rng.randint(1, TOTAL_ROWS), rng.randint(1, TOTAL_ROWS)
+            a = acc[t]
+            ns0 = sched_ns(ctx.proxy.pid)
+            try:
+                t0 = time.perf_counter()
+                c = app_conn(port_of(ctx, t), db_of(n))
+                t1 = time.perf_counter()
+                rows1 = c.execute(READ_SQL, (org_of(i1, n), i1)).fetchall()
+                t2 = time.perf_counter()
+                rows2 = c.execute(READ_SQL, (org_of(i2, n), i2)).fetchall()
+                t3 = time.perf_counter()
+                c.close()
+                if len(rows1) != 1 or len(rows2) != 1:
+                    a["errors"].append(f"expected one row each, got {len(rows1)} and {len(rows2)}")
+                a["connect_ms"].append((t1 - t0) * 1e3)
+                a["first_ms"].append((t2 - t1) * 1e3)
+                a["second_ms"].append((t3 - t2) * 1e3)
+            except Exception as e:  # noqa: BLE001
+                a["errors"].append(repr(e)[:300])
+            ns1 = sched_ns(ctx.proxy.pid)
+            if ns0 is not None and ns1 is not None:
+                a["proxy_ns"].append(ns1 - ns0)
+    for t, a in acc.items():
+        e = {"runs": len(a["connect_ms"]), "errors": a["errors"][:5], "error_count": len(a["errors"])}
+        for k in ("connect_ms", "first_ms", "second_ms"):
+            v = sorted(a[k])
+            e[k + "_p50"] = round(percentile(v, 0.5), 3) if v else None
+            e[k + "_p90"] = round(percentile(v, 0.9), 3) if v else None
+            e[k] = [round(x, 3) for x in a[k]]
+        e["proxy_us_per_connection"] = round(statistics.median(a["proxy_ns"]) / 1e3, 1) if a["proxy_ns"] else None
+        out["targets"][t] = e
+    d, p = out["targets"]["direct"], out["targets"]["lokadb"]
+    log(f"  first statement N={n}: direct connect {d['connect_ms_p50']} ms, first {d['first_ms_p50']} ms, second "
+        f"{d['second_ms_p50']} ms | LokaDB connect {p['connect_ms_p50']} ms, first {p['first_ms_p50']} ms, second "
+        f"{p['second_ms_p50']} ms, proxy {p['proxy_us_per_connection']} µs CPU per connection")
+    for t in TARGETS:
+        if out["targets"][t]["error_count"]:
+            ctx.errors.append(f"first statement N={n} via {t}: {out['targets'][t]['error_count']} errors, e.g. "
+                              f"{out['targets'][t]['errors'][0]}")
+    return out
+
+
+PLAN_RE = re.compile(r"Planning Time: ([\d.]+) ms")
+
+
+def id_of(org: int, n: int, rng: random.Random) -> int:
+    """A document id of organization `org` (ids i with 1 + (i-1) % n = org)."""
+    return org + n * rng.randrange(TOTAL_ROWS // n)
+
+
+def select1(c, k=300) -> float:
+    """p50 of k round trips of `SELECT 1` (simple protocol) on this connection, ms."""
+    ts = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        c.execute("SELECT 1", prepare=False).fetchall()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    ts.sort()
+    return round(percentile(ts, 0.5), 4)
+
+
+def planner(ctx, n: int) -> dict:
+    """Straight at the cloud, one fresh backend as app. Planning time of the read with literals:
+    the backend's first statement; then 20 organizations this backend has not touched (the first
+    use of a partition in a backend opens it: relation, indexes, triggers, statistics); then,
+    after one statement that plans over every partition (opening them all), 20 random ones
+    (warm). Then the plan cache's choice for the read, update and insert prepared (10 executions
+    each, in a transaction rolled back) and how many relations one execution locks."""
+    rng = random.Random(2000 + n)
+    out = {"orgs": n}
+    orgs = list(range(1, n + 1))
+    rng.shuffle(orgs)
+
+    def explain(c, org: int) -> float | None:
+        i = id_of(org, n, rng)
+        text = "\n".join(r[0] for r in c.execute(
+            f"EXPLAIN (SUMMARY) SELECT id, organization_id, title, updated_at FROM documents "
+            f"WHERE organization_id = {org} AND id = {i}").fetchall())
+        out["explain_read_literal"] = text.splitlines()[:12]
+        m = PLAN_RE.search(text)
+        return float(m.group(1)) if m else None
+
+    # prepare_threshold=None: psycopg prepares nothing itself; the PREPAREs below are the probe.
+    with app_conn(ctx.cloud.port, db_of(n), prepare_threshold=None) as c:
+        out["planning_ms_first_in_backend"] = explain(c, orgs[0])
+        untouched = [orgs[1 + k % max(1, n - 1)] if n > 1 else orgs[0] for k in range(20)]
+        out["planning_ms_first_touch_p50"] = med([explain(c, o) for o in untouched])
+        out["first_touch_defined"] = n > 20  # with fewer organizations some were touched already
+        out["select1_ms_p50_before_touch_all"] = select1(c)
+        t0 = time.perf_counter()
+        c.execute("SELECT count(*) FROM documents WHERE id < 0").fetchall()
+        out["touch_all_partitions_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+        # The same trivial statement once this backend has locked and opened every partition
+        # (what a warmed pooled backend has been through): per-transaction costs that grow with
+        # what the backend holds (its local lock table, its caches) show here.
+        out["select1_ms_p50_after_touch_all"] = select1(c)
+        out["planning_ms_warm_p50"] = med([explain(c, rng.choice(orgs)) for _ in range(20)])
+        c.execute("PREPARE r(int, bigint) AS SELECT id, organization_id, title, updated_at FROM documents "
+                  "WHERE organization_id = $1 AND id = $2")
+        c.execute("PREPARE u(int, bigint) AS UPDATE documents SET title = 'planner probe', updated_at = now() "
+                  "WHERE organization_id = $1 AND id = $2")
+        c.execute("PREPARE i(int) AS INSERT INTO documents (organization_id, title, body) "
+                  "VALUES ($1, 'planner probe', 'planner probe')")
+
+        def args(name):
+            o = rng.choice(orgs)
+            return f"{o}" if name == "i" else f"{o}, {id_of(o, n, rng)}"
+
+        exec_ms = {"r": [], "u": [], "i": []}
+        c.execute("BEGIN")
+        try:
+            for _ in range(10):
+                for name in ("r", "u", "i"):
+                    a = args(name)
+                    t0 = time.perf_counter()
+                    c.execute(f"EXECUTE {name}({a})")
+                    exec_ms[name].append((time.perf_counter() - t0) * 1e3)
+            out["plan_cache"] = {r[0]: {"generic_plans": r[1], "custom_plans": r[2]} for r in c.execute(
+                "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE name IN ('r', 'u', 'i') ORDER BY name").fetchall()}
+            out["explain_execute_r"] = [r[0] for r in c.execute(
+                f"EXPLAIN (COSTS OFF) EXECUTE r({args('r')})").fetchall()][:12]
+        finally:
+            c.execute("ROLLBACK")
+        # Relations one execution locks, in a transaction of its own (a generic plan without
+        # plan-time pruning locks every partition; a custom plan the ones it keeps).
+        out["relation_locks_one_execute"] = {}
+        for name in ("r", "u", "i"):
+            c.execute("BEGIN")
+            try:
+                c.execute(f"EXECUTE {name}({args(name)})")
+                out["relation_locks_one_execute"][name] = c.execute(
+                    "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'"
+                    " AND relation <> 'pg_locks'::regclass").fetchone()[0]
+            finally:
+                c.execute("ROLLBACK")
+        out["execute_ms_first"] = {k: round(v[0], 3) for k, v in exec_ms.items()}
+        out["execute_ms_p50_last5"] = {k: round(med(v[5:]), 3) for k, v in exec_ms.items()}
+        out["backend_memory_mb"] = None
+        try:  # PG 14+: this backend's memory contexts (the relcache of N partitions lives there)
+            out["backend_memory_mb"] = round(float(c.execute(
+                "SELECT sum(total_bytes) FROM pg_backend_memory_contexts").fetchone()[0]) / 1e6, 1)
+        except psycopg.Error:
+            pass
+    log(f"  planner N={n}: planning {out['planning_ms_first_in_backend']} ms first in a backend, "
+        f"{out['planning_ms_first_touch_p50']} ms first touch of a partition, {out['planning_ms_warm_p50']} ms warm; "
+        f"touching all {out['touch_all_partitions_ms']} ms; SELECT 1 {out['select1_ms_p50_before_touch_all']} ms "
+        f"before, {out['select1_ms_p50_after_touch_all']} ms after; plan cache {out['plan_cache']}; relations locked by one "
+        f"execution {out['relation_locks_one_execute']}; backend memory {out['backend_memory_mb']} MB")
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Summaries
+
+
+def summarize(raw: dict) -> dict:
+    ms = raw["meta"]["mode_settings"]
+    runs = [r for r in raw["runs"] if r["phase"] == "measure"]
+    Ns, qmodes = ms["orgs"], ms["query_modes"]
+    scripts = ms.get("scripts", SCRIPTS)
+    base = min(Ns)
+    cells = []
+    for script in scripts:
+        for qm in qmodes:
+            for n in Ns:
+                rs = [r for r in runs if r["script"] == script and r["query_mode"] == qm and r["orgs"] == n]
+                cell = {"script": script, "query_mode": qm, "orgs": n, "targets": {}}
+                for t in TARGETS:
+                    tr = [r for r in rs if r["target"] == t]
+                    ok = [r for r in tr if r["ok"]]
+                    cell["targets"][t] = {
+                        "runs": len(tr), "ok_runs": len(ok),
+                        "errors": sorted({r.get("error", "") for r in tr if r.get("error")}),
+                        "first_errors": sorted({re.sub(r"client \d+ ", "", r.get("first_error", ""))
+                                                for r in tr if r.get("error")} - {""}),
+                        "tps": med([r["tps"] for r in ok]),
+                        "tps_second_half": med([r.get("tps_second_half") for r in ok]),
+                        "p50_ms": med([r["p50_ms"] for r in ok]),
+                        "p99_ms": med([r["p99_ms"] for r in ok]),
+                        "proxy_us_per_stmt": med([r["proxy_us_per_stmt"] for r in ok]),
+                        "cloud_us_per_stmt": med([r["cloud_us_per_stmt"] for r in ok]),
+                    }
+                by_rep = {}
+                for r in rs:
+                    by_rep.setdefault(r["rep"], {})[r["target"]] = r
+                ratios = [d["lokadb"]["tps"] / d["direct"]["tps"] for d in by_rep.values()
+                          if all(d.get(t) and d[t]["ok"] and d[t]["tps"] for t in TARGETS)]
+                cell["proxy_over_direct"] = med(ratios)
+                cell["proxy_over_direct_per_rep"] = [round(x, 4) for x in ratios]
+                cells.append(cell)
+    # tps at N ÷ tps at the smallest N, per repetition (runs of the same repetition), median
+    for cell in cells:
+        for t in TARGETS:
+            per_rep = []
+            for rep in range(ms["reps"]):
+                def tps_of(n):
+                    r = [x for x in runs if x["script"] == cell["script"] and x["query_mode"] == cell["query_mode"]
+                         and x["orgs"] == n and x["target"] == t and x["rep"] == rep and x["ok"]]
+                    return r[0]["tps"] if r else None
+                a, b = tps_of(base), tps_of(cell["orgs"])
+                if a and b is not None:
+                    per_rep.append(b / a)
+            cell["targets"][t]["over_base"] = med(per_rep)
+            cell["targets"][t]["over_base_per_rep"] = [round(x, 4) for x in per_rep]
+    s = {"base": base, "orgs": Ns, "query_modes": qmodes, "scripts": scripts, "cells": cells,
+         "first": {f["orgs"]: f for f in raw.get("first_statements", [])},
+         "planner": {p["orgs"]: p for p in raw.get("planner", [])}}
+    # JSON turns the int keys into strings: accept both when rendering from raw.json.
+    s["first"] = {int(k): v for k, v in s["first"].items()}
+    s["planner"] = {int(k): v for k, v in s["planner"].items()}
+    top = max(Ns)
+    goals = []
+    for script in [x for x in scripts if x != "route"]:
+        for qm in qmodes:
+            c = cell_of(s, script, qm, top)
+            v = c["targets"]["lokadb"]["over_base"] if c else None
+            goals.append({"what": f"{script} {qm}: LokaDB tps at {top} ÷ at {base}", "value": v, "goal": ">= 0.9",
+                          "met": (v >= 0.9) if v is not None else None})
+    f = s["first"]
+    if top in f and base in f:
+        a, b = f[base]["targets"]["lokadb"]["first_ms_p50"], f[top]["targets"]["lokadb"]["first_ms_p50"]
+        v = b / a if a and b is not None else None
+        goals.append({"what": f"first statement after connecting through LokaDB, p50 at {top} ÷ at {base}",
+                      "value": v, "goal": "<= 2", "met": (v <= 2) if v is not None else None})
+        a, b = f[base]["targets"]["direct"]["first_ms_p50"], f[top]["targets"]["direct"]["first_ms_p50"]
+        s["direct_first_ratio"] = b / a if a and b is not None else None
+    s["goals"] = goals
+    return s
+
+
+def cell_of(s, script, qm, n):
+    for c in s["cells"]:
+        if c["script"] == script and c["query_mode"] == qm and c["orgs"] == n:
+            return c
+    return None
+
+
+def checks(raw: dict, s: dict) -> list[str]:
+    """What looks wrong, computed from the numbers (flags to look at, not verdicts on noise)."""
+    out = []
+    base, top = s["base"], max(s["orgs"])
+    for script in s["scripts"]:
+        for qm in s["query_modes"]:
+            for n in s["orgs"]:
+                c = cell_of(s, script, qm, n)
+                for t in TARGETS:
+                    if c and c["targets"][t]["errors"]:
+                        out.append(f"{script} {qm} N={n} via {t}: {c['targets'][t]['ok_runs']} of "
+                                   f"{c['targets'][t]['runs']} runs ok; "
+                                   + "; ".join(c["targets"][t]["first_errors"])[:300])
+    if top == base:
+        return out
+    for script in s["scripts"]:
+        for qm in s["query_modes"]:
+            a, b = cell_of(s, script, qm, base), cell_of(s, script, qm, top)
+            if not a or not b:
+                continue
+            pa, pb = a["targets"]["lokadb"]["proxy_us_per_stmt"], b["targets"]["lokadb"]["proxy_us_per_stmt"]
+            lo, do = b["targets"]["lokadb"]["over_base"], b["targets"]["direct"]["over_base"]
+            if pa and pb and pb > 1.10 * pa and pb - pa > 1.5:
+                why = ("the cloud's work does not change with N here: the proxy's own cost"
+                       if script == "route" else
+                       f"at {fmt(lo, 2)} × the throughput (fewer statements per wake-up also cost per statement)")
+                out.append(f"proxy CPU per statement, {script} {qm}: {pa:.1f} µs at {base} → {pb:.1f} µs at {top} "
+                           f"(+{100 * (pb / pa - 1):.0f} %; {why})")
+    for c in s["cells"]:
+        if c["script"] == "route":
+            for t in TARGETS:
+                tps = c["targets"][t]["tps"]
+                if tps is not None and tps < 0.95 * ROUTE_RATE:
+                    out.append(f"route {c['query_mode']} N={c['orgs']} via {t}: {tps:,.0f} tps, below the fixed rate "
+                               f"{ROUTE_RATE:,} (the CPU per statement then compares less well)")
+    f = s["first"]
+    if base in f and top in f:
+        pa = f[base]["targets"]["lokadb"]["proxy_us_per_connection"]
+        pb = f[top]["targets"]["lokadb"]["proxy_us_per_connection"]
+        if pa and pb and pb > 1.3 * pa and pb - pa > 20:
+            out.append(f"proxy CPU per connection (connect + 2 reads) grows: {pa:.0f} µs at {base} → {pb:.0f} µs at {top}")
+    w = raw.get("fidelity") or {}
+    if w and not w.get("identical", True):
+        out.append(f"the synthetic organizations differ from a real move-org + move-back in: {sorted(w['differences'])}")
+    return out
+
+
+def summary_markdown(raw: dict, s: dict) -> str:
+    m = raw["meta"]
+    ms = m["mode_settings"]
+    L = [f"# Organizations benchmark, {m['mode']} mode — run {m['run_id']}", ""]
+    if m["mode"] == "quick":
+        L += ["**Quick mode: one repetition of short runs, N = 1 and 1000 only — indicative only; quote the full "
+              "mode.**", ""]
+    L += [f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
+          f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
+          f"at the end {m.get('loadavg_at_end', '?')}; {m.get('wall_seconds', 0):.0f} s in all. Binaries: `{BIN_DIR}` "
+          f"(lokadb sha256 `{m['binaries']['lokadb']['sha256'][:16]}…`, mtime {m['binaries']['lokadb']['mtime_utc']}). "
+          f"Command: `{m['command']}`.", ""]
+    L += [f"Worlds: one cloud PostgreSQL 18 cluster (`max_locks_per_transaction = {ms.get('max_locks')}`), one "
+          f"database per N (`app_<N>`): `documents` enabled by `lokadb enable`, N organizations each with a "
+          f"`lokadb.org` row (state 'cloud') and a partition of their own, {TOTAL_ROWS:,} documents spread over them "
+          f"({TOTAL_ROWS:,} ÷ N each) plus {PLAIN_ROWS:,} of {PLAIN_ORGS} plain cloud organizations in DEFAULT. One "
+          f"`lokadb proxy`, defaults, a `databases` entry per world. pgbench {CLIENTS} clients, -j {THREADS}, "
+          f"{ms['seconds']} s per run, R = {ms['reps']}; medians over repetitions; ratios per repetition from runs "
+          f"of the same repetition. Direct runs start with {CLIENTS} new backends; through the proxy the pooled "
+          f"backends were warmed first (every partition opened in each).", ""]
+    for w in raw.get("worlds", []):
+        cnt = w.get("counts", {})
+        L.append(f"- `{w['database']}`: {w['orgs']:,} organizations ({cnt.get('partitions_in_tree')} relations in the "
+                 f"partition tree, {cnt.get('rows_per_org_min_max')} rows each, {cnt.get('pg_class_rows')} pg_class "
+                 f"rows), built in {w['timings_s'].get('total')} s (organizations {w['timings_s'].get('create_orgs')} s)"
+                 + (f"; PROBLEMS: {'; '.join(w['problems'])}" if w.get("problems") else ""))
+    L.append("")
+    fid = raw.get("fidelity")
+    if fid:
+        L.append(f"Fidelity check: organization {fid['real_org']} through `lokadb org add` + `move-org` + "
+                 f"`move-back`, organization {fid['synthetic_org']} through this script's SQL, same database: "
+                 + ("**identical catalog signatures** (partition tree and bounds, owners, columns and defaults, "
+                    "constraints, indexes, triggers, lokadb.org row, postgres_fdw server and user mapping, key map "
+                    "rows; no journal, pause, capture function or change record left)." if fid.get("identical") else
+                    f"**differences in {', '.join(sorted(fid['differences']))}** (see raw.json, `fidelity`)."))
+        L.append("")
+    L.append("## Throughput, 32 clients\n")
+    L.append(f"tps: pgbench's (whole run), in brackets the run's second half (from the per-transaction log); "
+             f"`÷ direct` = LokaDB ÷ direct; `N ÷ {s['base']}` = tps at N ÷ tps at {s['base']} of the same target; "
+             f"CPU per statement: the proxy (schedstat, all threads) and the cloud (postmaster and children, 10 ms "
+             f"ticks) in the LokaDB run / the cloud in the direct run. `route` = the proxy's path only (the cloud "
+             f"prunes every partition at planning), at a fixed {ROUTE_RATE:,} statements/s (pgbench -R, at most "
+             f"{ROUTE_SECONDS} s per run): its tps "
+             f"ratios say nothing, its CPU per statement and latency compare across N.\n")
+    L.append(f"| script | mode | N | direct tps | LokaDB tps | ÷ direct | direct N ÷ {s['base']} | LokaDB N ÷ {s['base']} "
+             "| proxy µs/stmt | cloud µs/stmt LokaDB / direct | LokaDB p50 / p99 ms |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in s["cells"]:
+        d, p = c["targets"]["direct"], c["targets"]["lokadb"]
+        L.append(f"| {c['script']} | {c['query_mode']} | {c['orgs']:,} | {fmt(d['tps'], 0)} ({fmt(d['tps_second_half'], 0)}) "
+                 f"| {fmt(p['tps'], 0)} ({fmt(p['tps_second_half'], 0)}) | {fmt(c['proxy_over_direct'], 3)} | "
+                 f"{fmt(d['over_base'], 3)} | **{fmt(p['over_base'], 3)}** | {fmt(p['proxy_us_per_stmt'], 1)} | "
+                 f"{fmt(p['cloud_us_per_stmt'], 0)} / {fmt(d['cloud_us_per_stmt'], 0)} | {fmt(p['p50_ms'], 2)} / "
+                 f"{fmt(p['p99_ms'], 2)} |")
+    L.append("")
+    L.append("## First statement after connecting\n")
+    L.append(f"psycopg, SCRAM as `app`, a new connection each time ({ms['first_n']} per target and N, direct and "
+             "through the proxy alternating): connect, the read with parameters (extended protocol, unnamed), a "
+             "second read; p50 (p90) ms. Proxy CPU: schedstat µs per connection (connect + 2 reads + close), median. "
+             f"Before it, {WARM_PSYCOPG} pooled backends for psycopg's connections were warmed like pgbench's.\n")
+    L.append(f"| N | target | connect | first statement | second statement | first ÷ first at {s['base']} | proxy µs CPU |")
+    L.append("|---:|---|---:|---:|---:|---:|---:|")
+    for n in s["orgs"]:
+        f = s["first"].get(n)
+        if not f:
+            continue
+        for t in TARGETS:
+            e = f["targets"][t]
+            b = s["first"].get(s["base"], {}).get("targets", {}).get(t, {}).get("first_ms_p50")
+            r = e["first_ms_p50"] / b if b and e["first_ms_p50"] is not None else None
+            L.append(f"| {n:,} | {t} | {fmt(e['connect_ms_p50'], 2)} ({fmt(e['connect_ms_p90'], 2)}) | "
+                     f"{fmt(e['first_ms_p50'], 2)} ({fmt(e['first_ms_p90'], 2)}) | {fmt(e['second_ms_p50'], 2)} "
+                     f"({fmt(e['second_ms_p90'], 2)}) | {fmt(r, 2)} | "
+                     f"{fmt(e['proxy_us_per_connection'], 0) if t == 'lokadb' else '—'} |")
+    L.append("")
+    if s["planner"]:
+        L.append("## The cloud's planner (direct, one fresh backend per N)\n")
+        L.append("Planning time of the read with literals (`EXPLAIN (SUMMARY)`): the backend's first statement; "
+                 "p50 of 20 organizations it had not touched yet; p50 of 20 after one statement planned over every "
+                 "partition (`SELECT count(*) FROM documents WHERE id < 0`, its time in its column); `SELECT 1` "
+                 "round trip (p50 of 300) before and after that. Then the plan cache after 10 executions of each "
+                 "prepared statement (in one transaction, rolled back), and the relations one execution locks.\n")
+        L.append("| N | planning ms: first in backend / first touch / warm | touch all ms | `SELECT 1` ms before / after "
+                 "touch all | plan cache generic/custom: read, update, insert | EXECUTE ms (p50 of last 5): read, update, "
+                 "insert | relations locked by one EXECUTE: read, update, insert | backend memory MB |")
+        L.append("|---:|---:|---:|---:|---|---|---|---:|")
+        for n in s["orgs"]:
+            p = s["planner"].get(n)
+            if not p:
+                continue
+            pc = p.get("plan_cache", {})
+            cache = ", ".join(f"{pc.get(k, {}).get('generic_plans')}/{pc.get(k, {}).get('custom_plans')}"
+                              for k in ("r", "u", "i"))
+            locks = ", ".join(fmt((p.get("relation_locks_one_execute") or {}).get(k)) for k in ("r", "u", "i"))
+            ft = fmt(p.get("planning_ms_first_touch_p50"), 3) + ("" if p.get("first_touch_defined") else "*")
+            ex = ", ".join(fmt((p.get("execute_ms_p50_last5") or {}).get(k), 3) for k in ("r", "u", "i"))
+            L.append(f"| {n:,} | {fmt(p['planning_ms_first_in_backend'], 3)} / {ft} / "
+                     f"{fmt(p.get('planning_ms_warm_p50'), 3)} | {fmt(p.get('touch_all_partitions_ms'), 1)} | "
+                     f"{fmt(p.get('select1_ms_p50_before_touch_all'), 3)} / {fmt(p.get('select1_ms_p50_after_touch_all'), 3)} "
+                     f"| {cache} | {ex} | {locks} | {fmt(p.get('backend_memory_mb'), 1)} |")
+        if any(not p.get("first_touch_defined") for p in s["planner"].values()):
+            L.append("\n\\* fewer than 21 organizations: those partitions had been touched already.")
+        L.append("")
+    md = raw.get("proxy_metadata") or {}
+    if md:
+        L.append("Proxy metadata (the watcher's `metadata loaded` lines at start): "
+                 + "; ".join(f"{db}: {d.get('organizations')} organizations, load {fmt(float(d.get('load_ms') or 0), 1)} ms"
+                             for db, d in sorted(md.items(), key=lambda kv: int(kv[0].split('_')[1])))
+                 + f". Proxy RSS {fmt((raw.get('proxy_rss_kib_start') or 0) / 1024, 1)} MiB at start, "
+                 f"{fmt((raw.get('proxy_rss_kib_end') or 0) / 1024, 1)} MiB at the end.\n")
+    if "route" in s["scripts"] and max(s["orgs"]) != s["base"]:
+        top = max(s["orgs"])
+        parts = []
+        for qm in s["query_modes"]:
+            a, b = cell_of(s, "route", qm, s["base"]), cell_of(s, "route", qm, top)
+            if a and b and a["targets"]["lokadb"]["proxy_us_per_stmt"] and b["targets"]["lokadb"]["proxy_us_per_stmt"]:
+                pa, pb = a["targets"]["lokadb"]["proxy_us_per_stmt"], b["targets"]["lokadb"]["proxy_us_per_stmt"]
+                parts.append(f"{qm} {pa:.1f} → {pb:.1f} µs ({pb / pa:.2f}×)")
+        if parts:
+            L.append(f"**The proxy's own cost per statement** (route, {ROUTE_RATE:,} statements/s at every N, so the "
+                     f"same batching), {s['base']} → {top:,} organizations: " + "; ".join(parts) + ".\n")
+    L.append("## Goals (issue 6)\n")
+    for g in s["goals"]:
+        L.append(f"- {g['what']}: {fmt(g['value'], 3)} (goal {g['goal']}): "
+                 + ("**met**" if g["met"] else "**not met**" if g["met"] is not None else "— (no measurement)"))
+    if s.get("direct_first_ratio") is not None:
+        L.append(f"- for comparison, straight at the cloud, first statement at {max(s['orgs'])} ÷ at {s['base']}: "
+                 f"{s['direct_first_ratio']:.2f}")
+    L.append("")
+    obs = checks(raw, s)
+    L.append("## Automatic checks\n")
+    L += [f"- {o}" for o in obs] if obs else ["- nothing flagged (proxy CPU per statement flat within 10 %, per "
+                                              "connection within 30 %, no failed run, fidelity identical)."]
+    L.append("")
+    if m["errors"]:
+        L.append("## Errors\n")
+        L += [f"- {e[:1500]}" for e in m["errors"]]
+        L.append("")
+    L.append("Every run (command, tps, latencies, CPU, load average), the worlds' counts, the fidelity signatures and "
+             "the planner probes: `raw.json`. Method: `research/bench/README.md`, \"Organizations benchmark\".\n")
+    return "\n".join(L)
+
+
+COLORS = {"simple": "#1f6feb", "extended": "#d29922", "prepared": "#2da44e"}
+MARKERS = {"read": "o", "update": "s", "insert": "^", "route": "D"}
+
+
+def _xaxis(ax, Ns, title):
+    ax.set_xscale("log")
+    ax.set_xticks(Ns)
+    ax.set_xticklabels([f"{n:,}" for n in Ns])
+    ax.minorticks_off()
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("organizations")
+
+
+def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
+    Ns = s["orgs"]
+    sfx = " (quick)" if raw["meta"]["mode"] == "quick" else ""
+    top_scripts = [x for x in s["scripts"] if x != "route"][:3]
+    fig, axes = plt.subplots(2, 4, figsize=(20, 9))
+    for ax, script in zip(axes[0], top_scripts):
+        for qm in s["query_modes"]:
+            for t, ls in (("lokadb", "-"), ("direct", "--")):
+                ys = [(cell_of(s, script, qm, n) or {}).get("targets", {}).get(t, {}).get("over_base") for n in Ns]
+                ax.plot(Ns, ys, ls, marker="o", color=COLORS.get(qm, "k"),
+                        label=f"{'LokaDB' if t == 'lokadb' else 'direct'} {qm}")
+        ax.axhline(0.9, color="#cf222e", lw=0.8, ls=":")
+        _xaxis(ax, Ns, f"{SCRIPT_LABEL.get(script, script)}: tps at N ÷ at {s['base']}{sfx}")
+        ax.set_ylim(0, max(1.3, ax.get_ylim()[1]))
+        ax.legend(fontsize=7)
+    ax = axes[0][3]
+    if "route" in s["scripts"]:
+        for qm in s["query_modes"]:
+            for key, ls, lab in (("proxy_us_per_stmt", "-", "proxy CPU µs"), ("p50_ms", ":", "p50 ms × 10")):
+                ys = []
+                for n in Ns:
+                    v = (cell_of(s, "route", qm, n) or {}).get("targets", {}).get("lokadb", {}).get(key)
+                    ys.append(v * 10 if v is not None and key == "p50_ms" else v)
+                ax.plot(Ns, ys, ls, marker="D", color=COLORS.get(qm, "k"), label=f"{lab}, {qm}")
+        _xaxis(ax, Ns, f"route, {ROUTE_RATE:,}/s via LokaDB: proxy CPU µs, p50 ms × 10{sfx}")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    else:
+        ax.axis("off")
+    for ax in axes[0][len(top_scripts):3]:
+        ax.axis("off")
+    panels = [
+        ("proxy_over_direct", None, "LokaDB ÷ direct (tps)"),
+        ("targets", "proxy_us_per_stmt", "proxy CPU µs per statement"),
+        ("targets", "cloud_us_per_stmt", "cloud CPU µs per statement (LokaDB runs)"),
+    ]
+    for ax, (key, sub, title) in zip(axes[1][:3], panels):
+        for script in s["scripts"]:
+            for qm in s["query_modes"]:
+                ys = []
+                for n in Ns:
+                    c = cell_of(s, script, qm, n) or {}
+                    ys.append(c.get(key) if sub is None else c.get("targets", {}).get("lokadb", {}).get(sub))
+                ax.plot(Ns, ys, marker=MARKERS.get(script, "o"), color=COLORS.get(qm, "k"),
+                        ls="--" if script == "route" else "-", label=f"{script} {qm}")
+        _xaxis(ax, Ns, title + sfx)
+        ax.set_ylim(bottom=0)
+        if key == "proxy_over_direct" and ax.get_ylim()[1] > 3:
+            ax.set_ylim(0, 3)  # direct prepared runs can collapse (cold backends): clip, say so
+            ax.set_title(title + " — clipped at 3" + sfx, fontsize=10)
+        ax.legend(fontsize=6, ncol=2)
+    ax = axes[1][3]
+    for t, color in (("direct", "#8b949e"), ("lokadb", "#1f6feb")):
+        for key, ls in (("first_ms_p50", "-"), ("connect_ms_p50", ":")):
+            ys = [s["first"].get(n, {}).get("targets", {}).get(t, {}).get(key) for n in Ns]
+            ax.plot(Ns, ys, ls, marker="o", color=color,
+                    label=f"{'LokaDB' if t == 'lokadb' else 'direct'} {'first statement' if key.startswith('first') else 'connect'}")
+    _xaxis(ax, Ns, "a new connection: p50 ms" + sfx)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(outdir / "orgs-scaling.png", dpi=90)
+    plt.close(fig)
+    return ["orgs-scaling.png"]
+
+
+def _grid(s, fn, nd=3) -> list[str]:
+    Ns = s["orgs"]
+    rows = ["| script | mode | " + " | ".join(f"N = {n:,}" for n in Ns) + " |", "|---|---|" + "---:|" * len(Ns)]
+    for script in s["scripts"]:
+        for qm in s["query_modes"]:
+            rows.append(f"| {script} | {qm} | " + " | ".join(fn(cell_of(s, script, qm, n)) for n in Ns) + " |")
+    return rows
+
+
+def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> None:
+    m = raw["meta"]
+    mode = m["mode"]
+    rel = f"results/{outdir.name}"
+    Ns = s["orgs"]
+    body = ["## Organizations: cost vs their number" + (", quick mode — indicative only" if mode == "quick" else ""),
+            "",
+            f"Run `{outdir.name}` (folder `{rel}/`), commit `{m['git']['commit'][:12]}`"
+            f"{' (dirty tree)' if m['git']['dirty'] else ''}, lokadb sha256 `{m['binaries']['lokadb']['sha256'][:12]}`, "
+            f"{m['machine']['nproc']} cores, written by `research/bench/orgs.py` (`{m['command']}`), 32 clients, "
+            f"{m['mode_settings']['seconds']} s per run, R = {m['mode_settings']['reps']}, medians. Chart: "
+            + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", ""]
+    body += [f"### orgs-scaling.png, top row, first three — tps at N ÷ tps at {s['base']}, LokaDB / direct "
+             "(route: fixed rate, not a throughput)", ""]
+    body += _grid(s, lambda c: f"{fmt(c['targets']['lokadb']['over_base'], 3)} / "
+                               f"{fmt(c['targets']['direct']['over_base'], 3)}" if c else "—")
+    if "route" in s["scripts"]:
+        body += ["", f"### top row, 4th — route at {ROUTE_RATE:,} statements/s through LokaDB: proxy CPU µs per "
+                     "statement / p50 ms", ""]
+        body.append("| mode | " + " | ".join(f"N = {n:,}" for n in Ns) + " |")
+        body.append("|---|" + "---:|" * len(Ns))
+        for qm in s["query_modes"]:
+            vals = []
+            for n in Ns:
+                c = cell_of(s, "route", qm, n)
+                vals.append(f"{fmt(c['targets']['lokadb']['proxy_us_per_stmt'], 1)} / "
+                            f"{fmt(c['targets']['lokadb']['p50_ms'], 3)}" if c else "—")
+            body.append(f"| {qm} | " + " | ".join(vals) + " |")
+    body += ["", "### bottom row, 1st — LokaDB ÷ direct (tps LokaDB / direct)", ""]
+    body += _grid(s, lambda c: f"{fmt(c['proxy_over_direct'], 3)} ({fmt(c['targets']['lokadb']['tps'], 0)} / "
+                               f"{fmt(c['targets']['direct']['tps'], 0)})" if c else "—")
+    body += ["", "### bottom row, 2nd — proxy CPU µs per statement", ""]
+    body += _grid(s, lambda c: fmt(c["targets"]["lokadb"]["proxy_us_per_stmt"], 1) if c else "—")
+    body += ["", "### bottom row, 3rd — cloud CPU µs per statement, LokaDB runs (direct runs)", ""]
+    body += _grid(s, lambda c: f"{fmt(c['targets']['lokadb']['cloud_us_per_stmt'], 0)} "
+                               f"({fmt(c['targets']['direct']['cloud_us_per_stmt'], 0)})" if c else "—")
+    body += ["", "### bottom row, 4th — a new connection, p50 ms: connect / first statement / second statement", ""]
+    body.append("| target | " + " | ".join(f"N = {n:,}" for n in Ns) + " |")
+    body.append("|---|" + "---:|" * len(Ns))
+    for t in TARGETS:
+        vals = []
+        for n in Ns:
+            e = s["first"].get(n, {}).get("targets", {}).get(t)
+            vals.append(f"{fmt(e['connect_ms_p50'], 2)} / {fmt(e['first_ms_p50'], 2)} / {fmt(e['second_ms_p50'], 2)}"
+                        if e else "—")
+        body.append(f"| {'LokaDB' if t == 'lokadb' else 'direct'} | " + " | ".join(vals) + " |")
+    section = "\n".join(body).rstrip("\n")
+    path = HERE / "charts-data.md"
+    begin, end = f"<!-- BEGIN orgs {mode} -->", f"<!-- END orgs {mode} -->"
+    block = f"{begin}\n{section}\n{end}\n"
+    text = path.read_text()
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        _, post = rest.split(end, 1)
+        text = pre + block + post.lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    s = summarize(raw)
+    raw["summary"] = s
+    md = summary_markdown(raw, s)
+    (outdir / "summary.md").write_text(md)
+    charts = []
+    try:
+        charts = draw_charts(outdir, raw, s)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+    if charts_data:
+        update_charts_data(raw, s, outdir, charts)
+    return md
+
+
+# --------------------------------------------------------------------------------------
+
+
+class Ctx:
+    pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N = 1 and 1000, 3 s runs, R = 1 (≈ 3.5 min)")
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-orgs[-quick]); "
+                                             "a trial run: charts-data.md is left alone")
+    ap.add_argument("--orgs", help="comma-separated numbers of organizations (default: quick 1,1000; full 1,100,1000,3000)")
+    ap.add_argument("--seconds", type=int, help="seconds per pgbench run (default: quick 3, full 5)")
+    ap.add_argument("--reps", type=int, help="repetitions R (default: quick 1, full 2)")
+    ap.add_argument("--query-modes", help="comma-separated pgbench -M modes (default simple,extended,prepared)")
+    ap.add_argument("--scripts", help=f"comma-separated scripts (default {','.join(SCRIPTS)})")
+    ap.add_argument("--max-locks", type=int, help=f"the cloud's max_locks_per_transaction (default {MAX_LOCKS}; "
+                                                  "Postgres's own default is 64)")
+    ap.add_argument("--no-fidelity", action="store_true", help="skip the real move-org + move-back comparison")
+    ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json")
+    args = ap.parse_args()
+    if args.render:
+        raw = json.loads(args.render.read_text())
+        md = render(raw, args.render.parent, not args.no_charts_data)
+        args.render.write_text(json.dumps(raw, indent=1, default=str))
+        print(md)
+        return 0
+    if os.geteuid() != 0:
+        sys.exit("orgs.py must run as root (it starts Postgres as the user lokadb-pg)")
+    for p in (PG_BIN / "postgres", PG_BIN / "pgbench", LOKADB_BIN, AGENT_BIN):
+        if not Path(p).exists():
+            sys.exit(f"missing {p}: run scripts/setup.sh and build the binaries (see research/bench/README.md)")
+    mode = Mode(args.quick)
+    if args.orgs:
+        mode.orgs = sorted({int(x) for x in args.orgs.split(",")})
+    if args.seconds:
+        mode.seconds = args.seconds
+    if args.reps:
+        mode.reps = args.reps
+    if args.query_modes:
+        mode.query_modes = [x for x in args.query_modes.split(",") if x]
+    mode.fidelity = not args.no_fidelity
+    if args.max_locks:
+        mode.max_locks = args.max_locks
+    if args.scripts:
+        mode.scripts = [x for x in args.scripts.split(",") if x]
+    started = dt.datetime.now(dt.timezone.utc)
+    run_id = started.strftime("%Y%m%dT%H%M%SZ") + "-orgs" + ("-quick" if mode.quick else "")
+    outdir = args.out or (HERE / "results" / run_id)
+    outdir.mkdir(parents=True, exist_ok=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(hard, 65536), max(hard, 65536)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_sigterm)
+
+    ctx = Ctx()
+    ctx.mode = mode
+    ctx.commands = []
+    ctx.errors = []
+    ctx.runs = []
+    ctx.proxy = None
+    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+            "command": ("LOKADB_BENCH_TARGET=" + str(os.environ.get("LOKADB_BENCH_TARGET", "")) + " "
+                        if os.environ.get("LOKADB_BENCH_TARGET") else "")
+                       + ".venv/bin/python research/bench/orgs.py " + shlex.join(sys.argv[1:]),
+            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
+            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN)},
+            "pgbench_version": subprocess.run([str(PG_BIN / "pgbench"), "--version"], capture_output=True,
+                                              text=True).stdout.strip(),
+            "postgres_settings": {"cloud": {**CLOUD_PG, "max_locks_per_transaction": str(mode.max_locks)},
+                                  "fsync": "on (default)"},
+            "data": {"total_rows_of_the_N_orgs": TOTAL_ROWS, "plain_orgs": PLAIN_ORGS, "plain_rows": PLAIN_ROWS,
+                     "table": " ".join(TABLE_DDL.split()), "index": INDEX_DDL},
+            "scripts": {k: {n: v.format(total=TOTAL_ROWS, n=n) for n in mode.orgs} for k, v in SCRIPT_TEXT.items()},
+            "warm_script": WARM_SCRIPT,
+            "first_statement_sql": READ_SQL,
+            "proxy_log": PROXY_LOG,
+            "client": {"driver": f"psycopg {psycopg.__version__}", "role": "app (SCRAM)", "sslmode": "disable"},
+            "setup_commands": ctx.commands, "errors": ctx.errors}
+    raw = {"meta": meta, "worlds": [], "fidelity": None, "runs": ctx.runs, "first_statements": [], "planner": []}
+    t_start = time.time()
+    rc = 0
+    try:
+        ctx.tmp = Path(tempfile.mkdtemp(prefix="lokadb-orgs-bench-"))
+        TEMP_DIRS.append(ctx.tmp)
+        os.chmod(ctx.tmp, 0o755)
+        log(f"mode={mode.name} N={mode.orgs} {mode.seconds} s runs R={mode.reps} modes={mode.query_modes} "
+            f"binaries={BIN_DIR} out={outdir}")
+        root = ctx.tmp / "clusters"
+        root.mkdir()
+        shutil.chown(root, PG_USER, PG_USER)
+        ctx.cloud = PgCluster(root, "cloud", ctx.commands)
+        ctx.cloud.initdb()
+        ctx.cloud.start({**CLOUD_PG, "max_locks_per_transaction": str(mode.max_locks)})
+        with ctx.cloud.conn() as c:
+            c.execute("SET password_encryption = 'scram-sha-256'")
+            c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+            c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
+            c.execute("GRANT pg_read_all_stats TO app")  # the planner probe reads its backend's memory
+            meta["postgres_version"] = c.execute("SELECT version()").fetchone()[0]
+        ctx.commands.append("(cloud) CREATE ROLE app LOGIN PASSWORD '***'; "
+                            "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '***'; GRANT pg_read_all_stats TO app")
+        if mode.fidelity:
+            log("fidelity check: a real org add + move-org + move-back against the SQL of this script")
+            raw["fidelity"] = fidelity_check(ctx)
+            if not raw["fidelity"]["identical"]:
+                ctx.errors.append("fidelity: the synthetic organization differs from a real move-org + move-back in "
+                                  + ", ".join(sorted(raw["fidelity"]["differences"])))
+        for n in mode.orgs:
+            log(f"building the world of {n} organizations")
+            raw["worlds"].append(build_world(ctx, n))
+        ctx.proxy = start_proxy(ctx)
+        meta["proxy_config"] = ctx.proxy_config
+        meta["proxy_port"] = ctx.proxy.port
+        raw["proxy_metadata"] = wait_metadata(ctx)
+        raw["proxy_rss_kib_start"] = rss_kib(ctx.proxy.pid)
+        log(f"proxy pid {ctx.proxy.pid} on port {ctx.proxy.port}: "
+            + ", ".join(f"{db} {d['organizations']} orgs in {d.get('load_ms')} ms"
+                        for db, d in raw["proxy_metadata"].items()))
+        log("warm-up: the proxy's pooled cloud backends open every partition (32 sessions, one at a time)")
+        for n in mode.orgs:
+            r = pgbench(ctx, phase="warmup", script="warm", qmode="simple", n=n, target="lokadb", transactions=1)
+            if not r["ok"]:
+                ctx.errors.append(f"warm-up of the pool N={n}: {r.get('error')} — {r.get('first_error', '')}")
+        for rep in range(mode.reps):
+            Ns = mode.orgs if rep % 2 == 0 else mode.orgs[::-1]
+            log(f"repetition {rep + 1}/{mode.reps}, N order {Ns}")
+            k = 0
+            for script in mode.scripts:
+                for qm in mode.query_modes:
+                    for n in Ns:
+                        order = TARGETS if (k + rep) % 2 == 0 else TARGETS[::-1]
+                        k += 1
+                        # route runs at a fixed rate: 3 s give enough statements for its CPU per statement
+                        secs = min(mode.seconds, ROUTE_SECONDS) if script == "route" else mode.seconds
+                        for t in order:
+                            pgbench(ctx, phase="measure", script=script, qmode=qm, n=n, target=t,
+                                    seconds=secs, rep=rep)
+            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+        log("first statement after connecting")
+        for n in mode.orgs:
+            raw["first_statements"].append(first_statements(ctx, n))
+        log("the cloud's planner")
+        for n in mode.orgs:
+            try:
+                raw["planner"].append(planner(ctx, n))
+            except Exception as e:  # noqa: BLE001
+                ctx.errors.append(f"planner probe N={n}: {e!r}")
+        raw["proxy_rss_kib_end"] = rss_kib(ctx.proxy.pid)
+        raw["proxy_metadata_lines"] = metadata_lines(ctx)
+        for r in ctx.runs:
+            if r["phase"] == "measure" and r.get("error"):
+                ctx.errors.append(f"{r['script']} {r['query_mode']} N={r['orgs']} via {r['target']} (rep {r['rep']}): "
+                                  f"{r['error']} — {r.get('first_error', '')}")
+                rc = 1
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        ctx.errors.append(f"fatal: {e!r}\n{traceback.format_exc()}")
+        log(f"FAILED: {e!r}")
+        traceback.print_exc()
+        if getattr(ctx, "cloud", None) is not None:
+            raw.setdefault("log_tails", {})["cloud"] = ctx.cloud.log_tail()
+        rc = 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        if ctx.proxy is not None:
+            try:
+                raw["proxy_stderr_tail"] = ANSI.sub("", ctx.proxy.stderr_path.read_text(errors="replace"))[-4000:]
+            except OSError:
+                pass
+        if getattr(ctx, "cloud", None) is not None:
+            raw["cloud_log_errors"] = [l for l in ctx.cloud.log_tail(200_000).splitlines()
+                                       if re.search(r"\b(ERROR|FATAL|PANIC|WARNING)\b", l)][-40:]
+        try:
+            cleanup()
+        except Exception as e:  # noqa: BLE001
+            log(f"cleanup problem: {e}")
+        meta["wall_seconds"] = round(time.time() - t_start, 1)
+        try:
+            meta["binaries_at_end"] = {b.name: binary_info(b)["sha256"] for b in (LOKADB_BIN, AGENT_BIN)}
+            changed = [b for b, h in meta["binaries_at_end"].items() if h != meta["binaries"][b]["sha256"]]
+            if changed:
+                ctx.errors.append(f"binaries changed during the run: {', '.join(changed)} (sha256 at the end differs)")
+        except OSError as e:
+            ctx.errors.append(f"binaries at the end: {e!r}")
+        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
+        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+        if any(r["phase"] == "measure" for r in ctx.runs):
+            md = render(raw, outdir, not args.no_charts_data and not args.out)
+            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+            print(md)
+        log(f"results in {outdir} ({meta['wall_seconds']} s)")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
