@@ -86,9 +86,19 @@ pub fn switch(
             return true;
         }
         Want::Cloud | Want::Migrate => {
-            if router.gate != Gate::Closed {
-                // The gate's transaction closes first (the session loop does it).
-                return false;
+            match router.gate {
+                Gate::Closed => {}
+                // Opened for a write that now goes to the cloud (the metadata changed
+                // while it was asked): nothing went through it, so it is let go here.
+                Gate::Open(_) if !router.direct_wrote => {
+                    if send_own(cx, cloud, &mut exchanges.cloud, "ROLLBACK").is_pending() {
+                        return false;
+                    }
+                    router.gate = Gate::Closed;
+                }
+                // Else it closes first (the session loop does it once the organization's
+                // transaction ended).
+                _ => return false,
             }
             if want == Want::Migrate {
                 // The direct transaction has only read: rolled back (answers dropped),
@@ -314,7 +324,8 @@ fn direct_params(key: &PoolKey, reported: &Reported) -> Vec<(String, String)> {
     let mut params: Vec<(String, String)> = key
         .params
         .iter()
-        .filter(|(k, _)| !reported.params.iter().any(|(n, _)| n == k))
+        // `options` (-c settings) would apply as the direct role, with its rights.
+        .filter(|(k, _)| k != "options" && !reported.params.iter().any(|(n, _)| n == k))
         .cloned()
         .collect();
     params.extend(reported.params.iter().cloned());

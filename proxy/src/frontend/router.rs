@@ -219,6 +219,8 @@ pub struct Router {
     pub direct_wrote: bool,
     /// Organizations whose gate refused, until when (their writes go through the cloud).
     gate_refused: HashMap<Rc<str>, Instant>,
+    /// The direct side's error count when `on_direct` was last trusted.
+    direct_errors_seen: u64,
 }
 
 impl Router {
@@ -278,6 +280,7 @@ impl Router {
         if self.prepared.len() >= MAX_PREPARED {
             self.prepared.clear();
             self.on_direct.clear();
+            self.not_on_cloud.clear();
         }
         self.on_direct.remove(name);
         self.prepared.insert(
@@ -305,6 +308,12 @@ impl ClientFrames<'_> {
     /// Routes one client message: where it goes (asking the session to switch first when
     /// that is elsewhere) and what is sent. Counts it on the exchange of the side it goes to.
     pub(super) fn route(&mut self, tag: u8, frame: Option<&[u8]>) -> Action {
+        // After an error on the direct side, what it has parsed is not known for sure (a
+        // Parse skipped in a failed batch): statements are parsed again there before use.
+        if self.exchanges.direct.errors != self.router.direct_errors_seen {
+            self.router.direct_errors_seen = self.exchanges.direct.errors;
+            self.router.on_direct.clear();
+        }
         let mut dest = match frame {
             Some(frame) if self.router.enabled => {
                 // A malformed message goes to the cloud, which refuses it.
@@ -468,9 +477,12 @@ impl ClientFrames<'_> {
         };
         match ex.direct.status {
             TX_IDLE => TxStep::Go,
-            // Failed: the client's ROLLBACK, and the errors until it, come from there.
-            TX_FAILED => TxStep::To(Dest::Direct(org)),
+            // A plain COMMIT or ROLLBACK ends it where it runs.
             _ if sql.is_some_and(|s| transaction_end(s).is_some()) => TxStep::To(Dest::Direct(org)),
+            // Failed: until it ends, every statement fails there with 25P02, as in Postgres.
+            // Nothing else of the client's is sent: a statement the analysis placed in the
+            // cloud must never run in the organization's database.
+            TX_FAILED => TxStep::Done(self.aborted_on_direct(tag)),
             // It wrote in the organization's database: it cannot move, and the statement
             // cannot join it there. The transaction fails, clearly, as Postgres would fail it.
             _ if router.direct_wrote => TxStep::Done(self.refuse_in_transaction(tag, &org)),
@@ -493,23 +505,22 @@ impl ClientFrames<'_> {
                     None => Dest::Cloud,
                 }
             }
-            // Inside a direct transaction a statement is parsed where it runs; where it is
-            // executed is its Bind's to decide.
-            FE_PARSE if self.direct_transaction() => Dest::Current,
             FE_PARSE => {
                 let name = f.cstr()?;
                 let sql = f.cstr()?;
-                let may_go_direct = name.is_empty()
-                    && self.cloud_is_idle()
-                    && self.meta.is_some_and(|m| {
-                        m.has_direct_orgs()
-                            && matches!(
-                                m.analyze(sql),
-                                Analysis::Org { read: true, .. }
-                                    | Analysis::Org { set: Some(_), .. }
-                            )
-                    });
-                if may_go_direct {
+                let may_run_direct = self.meta.is_some_and(|m| {
+                    m.has_direct_orgs()
+                        && matches!(
+                            m.analyze(sql),
+                            Analysis::Org { read: true, .. } | Analysis::Org { set: Some(_), .. }
+                        )
+                });
+                if may_run_direct && self.direct_transaction() {
+                    // Inside a direct transaction a statement that may run there is parsed
+                    // there; where it runs is its Bind's to decide. Any other goes to the
+                    // cloud (which moves the transaction, or refuses if it wrote).
+                    Dest::Current
+                } else if may_run_direct && name.is_empty() && self.cloud_is_idle() {
                     Dest::Hold
                 } else {
                     Dest::Cloud
@@ -518,10 +529,11 @@ impl ClientFrames<'_> {
             FE_BIND => {
                 let _portal = f.cstr()?;
                 let name = f.cstr()?;
-                let analysis = if name.is_empty() && held {
+                let analysis = if name.is_empty() && (held || !self.router.unnamed_on_cloud) {
+                    // Held, or parsed on the direct side last: placed by its analysis.
                     self.router.prepared.get("").map(|p| &p.analysis)
                 } else if name.is_empty() {
-                    // The client's unnamed statement is on the cloud (or re-parsed there).
+                    // The client's unnamed statement is on the cloud.
                     None
                 } else {
                     self.router.prepared.get(name).map(|p| &p.analysis)
@@ -643,7 +655,13 @@ impl ClientFrames<'_> {
                     if name.is_empty() {
                         router.unnamed_on_cloud = false;
                     }
-                    return Ok(Action::Forward);
+                    // Closed first, so a Parse that fails leaves no older statement of that
+                    // name behind to be run under the new one's analysis.
+                    let mut out = Vec::with_capacity(frame.len() + 16);
+                    frontend::close_statement(&mut out, name);
+                    out.extend_from_slice(frame);
+                    self.exchanges.direct.drop_answers(1);
+                    return Ok(Action::Replace(out));
                 }
                 router.not_on_cloud.remove(name);
                 if side == Side::Cloud {
@@ -665,8 +683,9 @@ impl ClientFrames<'_> {
                 let name = f.cstr()?;
                 let mut out = Vec::new();
                 if let Some(held) = router.held_parse.take() {
-                    if side == Side::Cloud {
-                        router.unnamed_on_cloud = true;
+                    router.unnamed_on_cloud = side == Side::Cloud;
+                    if side == Side::Direct {
+                        router.on_direct.insert(String::new());
                     }
                     out = held;
                 } else if side == Side::Direct && !router.on_direct.contains(name) {
@@ -746,9 +765,17 @@ impl ClientFrames<'_> {
             "this transaction wrote directly in organization {org}'s database; this statement needs the cloud, and one transaction cannot span both"
         );
         let hint = "Roll back, and run the statement in a transaction of its own, or run the whole transaction through the cloud (start it with a statement the cloud runs, e.g. SELECT 1)";
-        let action = self.refuse_on_direct(tag, &message, hint);
-        // Sent to the direct side, where the transaction is.
-        action
+        self.refuse_on_direct(tag, &message, hint)
+    }
+
+    /// In a failed direct transaction: the message is replaced by one the organization's
+    /// database refuses with 25P02 (a failed transaction refuses everything but its end).
+    fn aborted_on_direct(&mut self, tag: u8) -> Action {
+        self.refuse_on_direct(
+            tag,
+            "current transaction is aborted, commands ignored until end of transaction block",
+            "Roll back",
+        )
     }
 
     /// Replaces a message with one that makes the side in use raise `message` when executed.
@@ -759,17 +786,21 @@ impl ClientFrames<'_> {
         let sql = super::statement::raise_sql("0A000", message, hint);
         let mut out = Vec::new();
         let side = self.router.target;
-        // The batch fails whole; a held Parse of it is not sent anywhere.
-        self.router.held_parse = None;
+        // The batch fails whole; a held Parse of it is not sent anywhere, but the client
+        // waits for its ParseComplete: the refusal's own Parse answers in its place.
+        let held = self.router.held_parse.take().is_some();
         match tag {
             FE_QUERY | FE_FUNCTION_CALL => frontend::query(&mut out, &sql),
             FE_PARSE | FE_BIND => {
                 // An unnamed statement raising at its Execute; a Bind of it replaces the
-                // client's Bind (its ParseComplete is dropped).
+                // client's Bind (its ParseComplete is dropped, unless it answers the
+                // client's held Parse).
                 frontend::parse(&mut out, "", &sql);
                 if tag == FE_BIND {
                     frontend::bind_text(&mut out, "", &[]);
-                    self.exchanges.get_mut(side).drop_answers(1);
+                    if !held {
+                        self.exchanges.get_mut(side).drop_answers(1);
+                    }
                 }
                 self.router.on_direct.remove("");
             }
@@ -857,8 +888,8 @@ fn count(ex: &mut Exchange, tag: u8) {
             ex.pending += 1;
             ex.unsynced = false;
         }
-        // COPY data belongs to a request already counted.
-        FE_COPY_DATA | FE_COPY_DONE | FE_COPY_FAIL => {}
+        // COPY data belongs to a request already counted; a Flush only asks for answers.
+        FE_COPY_DATA | FE_COPY_DONE | FE_COPY_FAIL | FE_FLUSH => {}
         _ => ex.unsynced = true,
     }
 }

@@ -40,6 +40,8 @@ pub struct Exchange {
     /// The last request of the proxy's own that failed (its number), for the direct
     /// path's gate.
     pub silenced_failed: Option<u64>,
+    /// ErrorResponses received.
+    pub errors: u64,
 }
 
 impl Default for Exchange {
@@ -53,6 +55,7 @@ impl Default for Exchange {
             dropping: std::collections::VecDeque::new(),
             silenced: std::collections::VecDeque::new(),
             silenced_failed: None,
+            errors: 0,
         }
     }
 }
@@ -149,19 +152,26 @@ impl Inspect for ClientFrames<'_> {
             self.exchanges.cloud.terminated = true;
             return Action::Stop;
         }
-        let action = self.route(header.tag, frame);
+        // A refused statement is routed in place of the client's (a COPY of a whole LokaDB
+        // table goes to the cloud, which raises the refusal, whatever was added before it).
+        let refusal = match frame {
+            Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => {
+                self.refusal(header.tag, &f[5..])
+            }
+            _ => None,
+        };
+        let routed = refusal.as_deref().or(frame);
+        let action = self.route(header.tag, routed);
         if action == Action::Hold {
             return action;
         }
+        let action = match (action, refusal) {
+            (Action::Forward, Some(refusal)) => Action::Replace(refusal),
+            (action, _) => action,
+        };
         let Some(frame) = frame else {
             return action;
         };
-        let to_cloud_as_is = action == Action::Forward && self.router.target == Side::Cloud;
-        if to_cloud_as_is && (header.tag == FE_QUERY || header.tag == FE_PARSE) {
-            if let Some(refusal) = self.refusal(header.tag, &frame[5..]) {
-                return Action::Replace(refusal);
-            }
-        }
         if self.route_log {
             // A malformed message is the cloud's to refuse; the log just skips it.
             let _ = self.log_route(header.tag, &frame[5..]);
@@ -423,6 +433,7 @@ pub const COPIED_SETTINGS: &[&str] = &[
     "client_encoding",
     "standard_conforming_strings",
     "application_name",
+    "default_transaction_read_only",
 ];
 
 impl Reported {
@@ -472,8 +483,11 @@ impl Inspect for ServerFrames<'_> {
         if silent && header.tag == BE_READY_FOR_QUERY {
             self.exchange.silenced.pop_front();
         }
-        if silent && header.tag == BE_ERROR_RESPONSE {
-            self.exchange.silenced_failed = Some(self.exchange.answered);
+        if header.tag == BE_ERROR_RESPONSE {
+            self.exchange.errors += 1;
+            if silent {
+                self.exchange.silenced_failed = Some(self.exchange.answered);
+            }
         }
         let action = self.account(header.tag, frame);
         if silent {

@@ -450,6 +450,52 @@ async fn transactions_of_direct_reads_run_there_and_move_to_the_cloud_when_neede
     c.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(rows(&c.simple_query("SELECT 1").await.unwrap()), ["1"]);
 
+    // In a failed direct transaction nothing but its end reaches the organization's
+    // database: a multi-statement query that would write there fails with 25P02.
+    c.batch_execute("BEGIN").await.unwrap();
+    let e = c
+        .simple_query("SELECT 1/0 FROM documents WHERE organization_id = 2")
+        .await
+        .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "22012");
+    let sneaky = format!(
+        "ROLLBACK; UPDATE documents SET title = 'sneaky' WHERE organization_id = 2 AND id = {id}"
+    );
+    let e = c.batch_execute(&sneaky).await.unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "25P02", "{e:?}");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(org_ran(&w, "sneaky"), 0);
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["committed"]);
+
+    // Unnamed statements in a transaction (psycopg 3's way): the direct reads stay there,
+    // a read of a cloud table moves the transaction to the cloud.
+    {
+        use tokio_postgres::types::Type;
+        c.batch_execute("BEGIN").await.unwrap();
+        let q = "SELECT title FROM documents WHERE organization_id = $1 AND id = $2";
+        for _ in 0..2 {
+            let r = c
+                .query_typed(q, &[(&2i64, Type::INT8), (&id, Type::INT8)])
+                .await
+                .unwrap();
+            assert_eq!(r[0].get::<_, String>(0), "committed");
+        }
+        let p = c
+            .query_typed(
+                "SELECT count(*) FROM projects WHERE id = $1",
+                &[(&20i64, Type::INT8)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(p[0].get::<_, i64>(0), 1);
+        let r = c
+            .query_typed(q, &[(&2i64, Type::INT8), (&id, Type::INT8)])
+            .await
+            .unwrap();
+        assert_eq!(r[0].get::<_, String>(0), "committed");
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+
     // An empty transaction, and tokio-postgres' transaction API (extended protocol).
     c.batch_execute("BEGIN").await.unwrap();
     c.batch_execute("COMMIT").await.unwrap();

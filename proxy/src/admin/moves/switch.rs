@@ -48,6 +48,13 @@ pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
     for attempt in 1..=LOCK_ATTEMPTS {
         let mut tx = m.cloud.transaction()?;
         let locked = lock_own(&mut tx, &tables)
+            .and_then(|locked| {
+                if locked {
+                    hold_direct_writers(&mut tx, &org)
+                } else {
+                    Ok(false)
+                }
+            })
             .map_err(|e| AdminError::failed(format!("switch of {org}: {}", describe(&e))))?;
         if !locked {
             drop(tx);
@@ -165,6 +172,34 @@ pub fn lock_own(
         }
     }
     Ok(true)
+}
+
+/// Takes the organization's pause key exclusively for the switch's transaction: the
+/// proxy's direct writes hold it shared from their gate (`lokadb_client.direct_gate`) until
+/// the organization's transaction ends, so those in flight finish first, and those after
+/// it find the organization switched and go through the cloud. False when not granted
+/// within the lock timeout [`lock_own`] set (retried like its locks).
+///
+/// # Errors
+///
+/// Any other failure.
+fn hold_direct_writers(
+    tx: &mut impl postgres::GenericClient,
+    org: &str,
+) -> Result<bool, postgres::Error> {
+    match tx.execute(
+        "SELECT pg_advisory_xact_lock(lokadb.pause_key($1))",
+        &[&org],
+    ) {
+        Ok(_) => Ok(true),
+        Err(e)
+            if e.as_db_error()
+                .is_some_and(|d| matches!(d.code().code(), "55P03" | "40P01")) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Verification and clean-up after a switch (a rerun at step `verify` comes here).

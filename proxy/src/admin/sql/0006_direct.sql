@@ -56,6 +56,11 @@ GRANT USAGE ON SCHEMA lokadb_client TO PUBLIC;
 CREATE FUNCTION lokadb_client.direct_gate(org text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
+    -- A read-only session's write fails as the cloud would fail it.
+    IF current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction'
+            USING ERRCODE = '25006';
+    END IF;
     PERFORM lokadb.write_gate(org);
     IF NOT EXISTS (SELECT 1 FROM lokadb.org o
                    WHERE o.id = direct_gate.org AND o.state = 'moved' AND o.profile = 'fdw+direct') THEN
