@@ -257,6 +257,12 @@ impl Router {
         self.held_parse.is_some()
     }
 
+    /// Whether the client is in a transaction the proxy answered (a deferred BEGIN not sent
+    /// yet) — a session to let finish at shutdown like one in a transaction.
+    pub fn holds_begin(&self) -> bool {
+        self.held_begin.is_some()
+    }
+
     /// After [`Want::Migrate`]: the cloud's transaction begins with the next message.
     pub fn begin_on_next(&mut self) {
         let mut begin = Vec::new();
@@ -300,9 +306,16 @@ impl ClientFrames<'_> {
             return false;
         }
         // A held Parse or BEGIN is forwarded together with whatever comes next.
-        self.router.held_parse.is_some()
-            || self.router.held_begin.is_some()
-            || matches!(tag, FE_QUERY | FE_PARSE | FE_BIND | FE_CLOSE | FE_DESCRIBE)
+        if self.router.held_parse.is_some() || self.router.held_begin.is_some() {
+            return true;
+        }
+        // While no organization takes the direct path and the session is on the cloud,
+        // messages stream through unassembled (a statement parsed meanwhile is unknown to
+        // the router later, and goes to the cloud, which has it).
+        let active = self.router.target == Side::Direct
+            || self.router.gate != Gate::Closed
+            || self.meta.is_some_and(|m| m.has_direct_orgs());
+        active && matches!(tag, FE_QUERY | FE_PARSE | FE_BIND | FE_CLOSE | FE_DESCRIBE)
     }
 
     /// Routes one client message: where it goes (asking the session to switch first when

@@ -261,7 +261,8 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         for _ in 0..32 {
             if core.shutdown.is_fired()
                 && exchanges.cloud.is_idle()
-                && exchanges.direct.is_settled()
+                && exchanges.direct.is_idle()
+                && !router.holds_begin()
                 && !router.holds_message()
                 && up.at_frame_boundary()
                 && !up.has_unwritten()

@@ -747,3 +747,27 @@ async fn meta_cache_verify_lets_new_connections_reuse_a_recent_check() {
         .unwrap_err();
     assert_eq!(crate::world::sqlstate(&e), "42501");
 }
+
+/// SIGTERM lets a transaction the proxy began itself (a deferred BEGIN, then direct
+/// statements) finish like any other, then the proxy exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_direct_transaction_finish() {
+    let (w, mut proxy) = direct_world(json!({}));
+    let c = client(&proxy).await;
+    let held = client(&proxy).await;
+    let read = "SELECT count(*) FROM documents WHERE organization_id = 2 AND id > 2";
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(one_i64(&c.simple_query(read).await.unwrap()), 99);
+    // Only a BEGIN, answered by the proxy: the client is in a transaction too.
+    held.batch_execute("BEGIN").await.unwrap();
+    proxy.sigterm();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(one_i64(&c.simple_query(read).await.unwrap()), 99);
+    c.batch_execute("COMMIT").await.unwrap();
+    held.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(org_ran(&w, read), 2);
+    let status = proxy
+        .wait_exit(Duration::from_secs(10))
+        .expect("the proxy exits");
+    assert!(status.success(), "{status:?}");
+}
