@@ -360,6 +360,9 @@ impl Harness {
         }
         loop {
             self.pair.drive();
+            // Driving may shed a stream under a cap: its reset is noted before the
+            // reads, which would otherwise take it for a live stream gone missing.
+            self.check();
             let mut progress = false;
             for i in 0..self.streams.len() {
                 for side in [Side::Relay, Side::Agent] {
@@ -641,4 +644,58 @@ fn regression_reset_after_both_closed() {
         },
     ];
     run(&ops, [1, 1], 1);
+}
+
+/// The case CI's proptest found on 2026-12-04 (shrunk): the last delivery sheds stream 0
+/// under the relay's cap while the harness finishes, and the harness read it before it
+/// had taken the reset from the events.
+#[test]
+fn regression_a_stream_shed_while_finishing() {
+    let ops = [
+        Op::Open,
+        Op::Open,
+        Op::Open,
+        Op::Open,
+        Op::Write {
+            stream: 0,
+            side: Side::Relay,
+            len: 1,
+        },
+        Op::Write {
+            stream: 0,
+            side: Side::Relay,
+            len: 1,
+        },
+        Op::Deliver {
+            from: Side::Relay,
+            max: 13,
+        },
+        Op::Write {
+            stream: 4782007862417905928,
+            side: Side::Agent,
+            len: 4527,
+        },
+        Op::Deliver {
+            from: Side::Agent,
+            max: 2608,
+        },
+        Op::Read {
+            stream: 8001741837728015788,
+            side: Side::Relay,
+            max: 3766,
+        },
+    ];
+    let cfg = |window: u32, growth: u32, cap| Config {
+        window,
+        max_streams: MAX_STREAMS as u32,
+        max_payload: 1,
+        keepalive: Some(std::time::Duration::from_millis(5)),
+        idle_timeout: None,
+        auto_window: Some(AutoWindow {
+            max: window.saturating_mul(growth),
+        }),
+        memory_cap: cap,
+        memory_budget: None,
+    };
+    run_with(&ops, [cfg(1522, 19, Some(1312)), cfg(65536, 5, None)]);
 }
