@@ -365,14 +365,31 @@ fn move_under_writers(mode: &str, logical: bool) {
     for e in &tally.errors {
         assert!(e.starts_with("org 2: 40001"), "{e}\n{report}");
     }
-    // The split's transaction (both tables) evicts a waiting write at most once per writer
-    // and attempt: none is failed over and over.
+    // The split evicts the writes that wait while it attaches. A writer retries at once,
+    // and its retry waits again if the attach is still running: a writer can be evicted
+    // once per 50 ms step of the gate's wait (write_gate) while the split's writes are
+    // paused, and no more — none is failed over and over. (Under a loaded CI the pause
+    // took 418 ms once, and a writer was evicted 3 times in it.)
     let attempts = 1 + report.matches("retrying").count();
-    assert!(
-        tally.errors.len() <= WRITERS * attempts,
-        "{attempts} attempts: {:?}\n{report}",
-        tally.errors
-    );
+    let paused_ms: u64 = report
+        .split("its writes paused ")
+        .nth(1)
+        .and_then(|r| r.split(" ms").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let per_writer = attempts as u64 * (1 + paused_ms / 50);
+    for writer in 0..WRITERS {
+        let mine = tally
+            .errors
+            .iter()
+            .filter(|e| e.contains(&format!("(writer {writer},")))
+            .count() as u64;
+        assert!(
+            mine <= per_writer,
+            "writer {writer}: {mine} evictions, at most {per_writer} in {attempts} attempts with writes paused {paused_ms} ms: {:?}\n{report}",
+            tally.errors
+        );
+    }
     assert_moved(
         &w,
         docs2 + tally.inserted[2],
