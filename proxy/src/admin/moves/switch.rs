@@ -174,11 +174,14 @@ pub fn lock_own(
     Ok(true)
 }
 
-/// Takes the organization's pause key exclusively for the switch's transaction: the
-/// proxy's direct writes hold it shared from their gate (`lokadb_client.direct_gate`) until
-/// the organization's transaction ends, so those in flight finish first, and those after
-/// it find the organization switched and go through the cloud. False when not granted
-/// within the lock timeout [`lock_own`] set (retried like its locks).
+/// Takes the organization's direct-writers key exclusively for the switch's transaction:
+/// the proxy's direct writes hold it shared from their gate (`lokadb_client.direct_gate`)
+/// until the organization's transaction ends, so those in flight finish first, and those
+/// after it find the organization switched and go through the cloud. Cloud writers never
+/// take it (they take the pause key, which the switch leaves alone: with the table locks
+/// above, a cloud writer holding the pause key would wait for the switch and the switch for
+/// it). False when not granted within the lock timeout [`lock_own`] set (retried like its
+/// locks).
 ///
 /// # Errors
 ///
@@ -188,7 +191,7 @@ fn hold_direct_writers(
     org: &str,
 ) -> Result<bool, postgres::Error> {
     match tx.execute(
-        "SELECT pg_advisory_xact_lock(lokadb.pause_key($1))",
+        "SELECT pg_advisory_xact_lock(lokadb.direct_key($1))",
         &[&org],
     ) {
         Ok(_) => Ok(true),

@@ -49,6 +49,15 @@ $$;
 -- paused organization's direct writes wait too, and a pause waits for them), then the
 -- organization must still be moved with the fdw+direct profile (else the proxy sends the
 -- write through the cloud).
+-- The key direct writers of an organization hold shared (from their gate to the end of
+-- the organization's transaction) and a move's switch takes exclusively: the switch waits
+-- for direct writes in flight, and no cloud writer ever takes this key (so the switch's
+-- table locks and the cloud writers' pause key never wait on each other in a cycle).
+CREATE FUNCTION lokadb.direct_key(org text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('lokadb.direct:' || org, 0)
+$$;
+
 CREATE SCHEMA lokadb_client;
 COMMENT ON SCHEMA lokadb_client IS 'LokaDB: the functions client roles call through the proxy (managed by lokadb init)';
 GRANT USAGE ON SCHEMA lokadb_client TO PUBLIC;
@@ -62,6 +71,7 @@ BEGIN
             USING ERRCODE = '25006';
     END IF;
     PERFORM lokadb.write_gate(org);
+    PERFORM pg_advisory_xact_lock_shared(lokadb.direct_key(org));
     IF NOT EXISTS (SELECT 1 FROM lokadb.org o
                    WHERE o.id = direct_gate.org AND o.state = 'moved' AND o.profile = 'fdw+direct') THEN
         RAISE EXCEPTION 'organization % does not take the direct path now', org
