@@ -37,6 +37,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "the direct path's writes: what they may not change, the gate before them",
         include_str!("sql/0006_direct.sql"),
     ),
+    (
+        7,
+        "the join rewrite: the foreign keys an inner join may lean on",
+        include_str!("sql/0007_joins.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

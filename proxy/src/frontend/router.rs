@@ -591,6 +591,7 @@ impl ClientFrames<'_> {
             read,
             tables,
             set,
+            ..
         } = analysis
         else {
             return Ok(Dest::Cloud);

@@ -9,7 +9,7 @@
 use super::pump::{Action, Inspect};
 use super::router::{Exchanges, Router, Side};
 use crate::record::{Kind, Recorder};
-use crate::route::analysis::{copy_out_of_loka_table, Analysis, Org};
+use crate::route::analysis::{copy_out_of_loka_table, mentions, Analysis, Org};
 use crate::route::meta::CoreMeta;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::tags::*;
@@ -152,12 +152,13 @@ impl Inspect for ClientFrames<'_> {
             self.exchanges.cloud.terminated = true;
             return Action::Stop;
         }
-        // A refused statement is routed in place of the client's (a COPY of a whole LokaDB
-        // table goes to the cloud, which raises the refusal, whatever was added before it).
+        // A refused or rewritten statement is routed in place of the client's (a COPY of a
+        // whole LokaDB table goes to the cloud, which raises the refusal, whatever was added
+        // before it).
         let refusal = match frame {
-            Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => {
-                self.refusal(header.tag, &f[5..])
-            }
+            Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => self
+                .refusal(header.tag, &f[5..])
+                .or_else(|| self.rewrite(header.tag, &f[5..])),
             _ => None,
         };
         let routed = refusal.as_deref().or(frame);
@@ -239,6 +240,46 @@ impl ClientFrames<'_> {
     }
 }
 
+impl ClientFrames<'_> {
+    /// A Query or Parse whose statement the join rewrite changes ([`crate::route::rewrite`]),
+    /// as the same message with the rewritten text (a Parse keeps its parameter types).
+    fn rewrite(&self, tag: u8, body: &[u8]) -> Option<Vec<u8>> {
+        let meta = self.meta?;
+        let mut f = Fields::new(body, "statement");
+        let statement = if tag == FE_PARSE {
+            Some(f.cstr().ok()?)
+        } else {
+            None
+        };
+        let sql = f.cstr().ok()?;
+        // Only a join can be rewritten: the rest pay a short scan, no lookup.
+        if !mentions(sql, b"join") {
+            return None;
+        }
+        let Analysis::Org {
+            rewrite: Some(rewritten),
+            ..
+        } = meta.analyze(sql)
+        else {
+            return None;
+        };
+        let rest = f.rest();
+        let mut frame = Vec::with_capacity(body.len() + rewritten.len());
+        frame.push(tag);
+        frame.extend_from_slice(&[0; 4]);
+        if let Some(statement) = statement {
+            frame.extend_from_slice(statement.as_bytes());
+            frame.push(0);
+        }
+        frame.extend_from_slice(rewritten.as_bytes());
+        frame.push(0);
+        frame.extend_from_slice(rest);
+        let len = (frame.len() - 1) as u32;
+        frame[1..5].copy_from_slice(&len.to_be_bytes());
+        Some(frame)
+    }
+}
+
 /// A statement that raises an error with this SQLSTATE, message and hint when executed
 /// (neither may contain the block's dollar-quote tag).
 pub(super) fn raise_sql(code: &str, message: &str, hint: &str) -> String {
@@ -299,23 +340,17 @@ impl ClientFrames<'_> {
                 let _portal = f.cstr()?;
                 let name = f.cstr()?;
                 let Some(Analysis::Org {
-                    org: Org::Param(n),
-                    tables,
-                    read,
-                    set,
+                    org: Org::Param(n), ..
                 }) = self.router.prepared_analysis(name)
                 else {
                     return Ok(());
                 };
-                let (n, tables, read, set) = (*n, tables.clone(), *read, set.clone());
-                let value = bind_param(&mut f, n)?;
-                let org = Analysis::Org {
-                    org: Org::Literal(value),
-                    tables,
-                    read,
-                    set,
-                };
-                ("bind", name, org)
+                let n = *n;
+                let mut analysis = self.router.prepared_analysis(name).cloned().expect("above");
+                if let Analysis::Org { org, .. } = &mut analysis {
+                    *org = Org::Literal(bind_param(&mut f, n)?);
+                }
+                ("bind", name, analysis)
             }
             FE_CLOSE => {
                 if f.u8()? == b'S' && !self.router.enabled {
@@ -335,6 +370,18 @@ impl ClientFrames<'_> {
                 org: Org::Param(n), ..
             } => (format!("${n}"), ""),
             Analysis::Unplaced(why) => ("?".to_owned(), *why),
+        };
+        // The join rewrite sent this statement to the cloud rewritten (a Bind's statement:
+        // see its Parse's line).
+        let rewritten = match (kind, &analysis) {
+            ("bind", _) => "-",
+            (
+                _,
+                Analysis::Org {
+                    rewrite: Some(_), ..
+                },
+            ) => "true",
+            _ => "false",
         };
         let tables = match (&analysis, self.meta) {
             (Analysis::Org { tables, .. }, Some(m)) => tables
@@ -356,6 +403,7 @@ impl ClientFrames<'_> {
             org = %org,
             tables = %tables,
             why,
+            rewritten,
             statement = %text
         );
         Ok(())

@@ -22,6 +22,7 @@ use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 /// A LokaDB table as routing sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,12 +32,27 @@ pub struct LokaTable {
     pub org_column: String,
 }
 
+/// A foreign key from a LokaDB table to a cloud table that every row of it meets in
+/// exactly one row (`lokadb.join_meta()`: every column NOT NULL, not deferrable, kept for
+/// moved organizations by a guard): an inner join on it keeps every row, which the join
+/// rewrite ([`super::rewrite`]) relies on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinKey {
+    /// The LokaDB table (catalog index).
+    pub table: usize,
+    pub columns: Vec<String>,
+    pub target_schema: String,
+    pub target: String,
+    pub target_columns: Vec<String>,
+}
+
 /// The LokaDB tables, looked up by the names a statement may use.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     /// `name` and `schema.name`, lowercased as Postgres folds unquoted names → index.
     by_name: HashMap<String, usize>,
     tables: Vec<LokaTable>,
+    join_keys: Vec<JoinKey>,
     /// Lowercased bare names, for the fast path.
     needles: Vec<memchr::memmem::Finder<'static>>,
 }
@@ -57,12 +73,30 @@ impl Catalog {
         Catalog {
             by_name,
             tables,
+            join_keys: Vec::new(),
             needles,
         }
     }
 
+    /// The catalog with the foreign keys the join rewrite may lean on.
+    #[must_use]
+    pub fn with_join_keys(mut self, keys: Vec<JoinKey>) -> Catalog {
+        self.join_keys = keys;
+        self
+    }
+
     pub fn tables(&self) -> &[LokaTable] {
         &self.tables
+    }
+
+    /// The [`JoinKey`]s of table `table` (catalog index).
+    pub fn join_keys(&self, table: usize) -> impl Iterator<Item = &JoinKey> {
+        self.join_keys.iter().filter(move |k| k.table == table)
+    }
+
+    /// Whether an analysis made with `other` holds with this one: the same tables and keys.
+    pub fn same_as(&self, other: &Catalog) -> bool {
+        self.tables == other.tables && self.join_keys == other.join_keys
     }
 
     /// Whether `sql` may mention a LokaDB table (a substring test on the lowercased
@@ -77,7 +111,7 @@ impl Catalog {
             .any(|n| n.find(lower.as_bytes()).is_some())
     }
 
-    fn lookup(&self, name: &ObjectName) -> Option<usize> {
+    pub(super) fn lookup(&self, name: &ObjectName) -> Option<usize> {
         let parts: Vec<String> = name
             .0
             .iter()
@@ -96,11 +130,7 @@ impl Catalog {
 /// `COPY … FROM` and `COPY (query) TO` are not matched.
 pub fn copy_out_of_loka_table<'c>(sql: &str, catalog: &'c Catalog) -> Option<&'c LokaTable> {
     // Cheap tests first: most statements are not COPY and name no LokaDB table.
-    let mentions_copy = sql
-        .as_bytes()
-        .windows(4)
-        .any(|w| w.eq_ignore_ascii_case(b"copy"));
-    if !mentions_copy || !catalog.may_touch(sql) {
+    if !mentions(sql, b"copy") || !catalog.may_touch(sql) {
         return None;
     }
     let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
@@ -114,8 +144,16 @@ pub fn copy_out_of_loka_table<'c>(sql: &str, catalog: &'c Catalog) -> Option<&'c
     })
 }
 
+/// Whether `sql` holds `word` (ASCII, lower case) in any case: a scan with no allocation,
+/// to skip statements a rule cannot concern before any lookup or parse.
+pub fn mentions(sql: &str, word: &[u8]) -> bool {
+    sql.as_bytes()
+        .windows(word.len())
+        .any(|w| w.eq_ignore_ascii_case(word))
+}
+
 /// Postgres folds unquoted identifiers to lower case.
-fn fold(value: &str, quoted: bool) -> String {
+pub(super) fn fold(value: &str, quoted: bool) -> String {
     if quoted {
         value.to_owned()
     } else {
@@ -141,11 +179,14 @@ pub enum Analysis {
     /// `read` when it is one plain read of LokaDB tables only, which the organization's
     /// database can answer alone (the direct path); see [`plain_read`]. `set` when it is
     /// one plain UPDATE of `tables[0]`: the columns it sets (see [`plain_update`]).
+    /// `rewrite`: the text to send the cloud instead (the join rewrite,
+    /// [`super::rewrite`]).
     Org {
         org: Org,
         tables: Vec<usize>,
         read: bool,
         set: Option<Vec<String>>,
+        rewrite: Option<Arc<str>>,
     },
     /// Touches LokaDB tables but cannot be placed in one organization; why.
     Unplaced(&'static str),
@@ -174,6 +215,10 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
             org,
             read: plain_read(&statements, catalog),
             set: plain_update(&statements, catalog).filter(|_| tables.len() == 1),
+            rewrite: (tables.len() == 1)
+                .then(|| super::rewrite::limit_pushdown(sql, &statements, catalog))
+                .flatten()
+                .map(Arc::from),
             tables,
         },
         other => other,
@@ -405,6 +450,7 @@ impl Walk<'_> {
             tables,
             read: false,
             set: None,
+            rewrite: None,
         }
     }
 
@@ -690,7 +736,7 @@ fn join_constraint(op: &JoinOperator) -> (Option<&JoinConstraint>, bool) {
 }
 
 /// The AND-ed parts of `e` (parentheses removed; nothing under OR or NOT).
-fn conjuncts(e: &Expr) -> Vec<&Expr> {
+pub(super) fn conjuncts(e: &Expr) -> Vec<&Expr> {
     match e {
         Expr::Nested(inner) => conjuncts(inner),
         Expr::BinaryOp { left, op, right } if op.to_string() == "AND" => {

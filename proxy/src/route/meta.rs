@@ -5,7 +5,7 @@
 //! generation changes and hands it to every core, which swaps it in with an empty cache of
 //! analyses ([`CoreMeta`]). Per statement a core reads only its own copy.
 
-use super::analysis::{analyze, Analysis, Catalog, LokaTable};
+use super::analysis::{analyze, Analysis, Catalog, JoinKey, LokaTable};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -69,6 +69,9 @@ impl Meta {
 /// The direct path's write rules (schema version 6), read in the same snapshot.
 const DIRECT_META_SQL: &str =
     "SELECT kind, schema_name, table_name, column_name FROM lokadb.direct_meta()";
+
+/// The foreign keys the join rewrite may lean on (schema version 7).
+const JOIN_META_SQL: &str = "SELECT schema_name, table_name, columns, target_schema, target_table, target_columns FROM lokadb.join_meta()";
 
 /// Reads the whole metadata in one snapshot, so the generation and the rows agree.
 pub const LOAD_SQL: &str = "\
@@ -138,12 +141,13 @@ impl Meta {
             }
         }
         tables.sort_by(|x, y| (&x.schema, &x.name).cmp(&(&y.schema, &y.name)));
-        let has_direct_meta: bool = client
-            .query_one(
-                "SELECT to_regprocedure('lokadb.direct_meta()') IS NOT NULL",
-                &[],
-            )?
-            .get(0);
+        // Functions of later schema versions: an older cloud schema has fewer rules.
+        let versions = client.query_one(
+            "SELECT to_regprocedure('lokadb.direct_meta()') IS NOT NULL, \
+                    to_regprocedure('lokadb.join_meta()') IS NOT NULL",
+            &[],
+        )?;
+        let (has_direct_meta, has_join_meta): (bool, bool) = (versions.get(0), versions.get(1));
         let mut writes = Vec::new();
         if has_direct_meta {
             writes = vec![DirectWrites::default(); tables.len()];
@@ -163,9 +167,28 @@ impl Meta {
                 }
             }
         }
+        let mut join_keys = Vec::new();
+        if has_join_meta {
+            for row in client.query(JOIN_META_SQL, &[])? {
+                let (schema, name): (&str, &str) = (row.get(0), row.get(1));
+                let Some(table) = tables
+                    .iter()
+                    .position(|t| t.schema == schema && t.name == name)
+                else {
+                    continue;
+                };
+                join_keys.push(JoinKey {
+                    table,
+                    columns: row.get(2),
+                    target_schema: row.get(3),
+                    target: row.get(4),
+                    target_columns: row.get(5),
+                });
+            }
+        }
         Ok(Meta {
             generation,
-            catalog: Catalog::new(tables),
+            catalog: Catalog::new(tables).with_join_keys(join_keys),
             direct_orgs: orgs.values().filter(|o| o.is_direct()).count(),
             orgs,
             writes,
@@ -199,11 +222,11 @@ impl CoreMeta {
     }
 
     /// The next generation: `meta`, keeping this one's analyses when the LokaDB tables are
-    /// the same. An analysis depends only on the tables (organizations are placed by value,
+    /// (and join keys) are the same. An analysis depends only on them (organizations are placed by value,
     /// not looked up), so a move, which changes only `lokadb.org`, costs no re-analysis —
     /// with thousands of organizations moving, no parse storm on every core.
     pub fn next(&self, meta: Arc<Meta>) -> CoreMeta {
-        let analyses = if meta.catalog.tables() == self.meta.catalog.tables() {
+        let analyses = if meta.catalog.same_as(&self.meta.catalog) {
             // Taken, not copied: the old generation is being replaced.
             std::mem::take(&mut *self.analyses.borrow_mut())
         } else {

@@ -1,8 +1,11 @@
-//! Routing statements by organization (issue 6). So far: [`analysis`], which finds the
-//! organization a statement concerns; [`meta`], the per-core metadata and analysis cache;
-//! [`watch`], which keeps every core's metadata current. The proxy logs the analysis
-//! (`route_log`) but still sends every statement to the cloud.
+//! Routing statements by organization (issue 6, `docs/routing.md`): [`analysis`] finds the
+//! organization a statement concerns and whether its database can answer it alone;
+//! [`rewrite`], the join rewrite for statements that stay on the cloud; [`meta`], the
+//! per-core metadata and analysis cache; [`watch`], which keeps every core's metadata
+//! current. Where a statement goes is the session's router's to decide
+//! (`frontend::router`).
 
 pub mod analysis;
 pub mod meta;
+pub mod rewrite;
 pub mod watch;
