@@ -26,7 +26,6 @@ built with `CARGO_TARGET_DIR=/work/target-bench cargo build --release -p lokadb 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -38,7 +37,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -48,12 +46,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
-    CHILDREN, PG_BIN, PG_USER, REPO, TEMP_DIRS, cleanup, cpu_ticks, free_port, log,
-    on_sigterm, percentile, run_checked, stop_process,
+    CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cpu_ticks, fatal, free_port, ignore_signals, log,
+    percentile, rerender, result_dir, run_checked, safe_cleanup, save_rendered, stop_process, temp_dir,
+    write_charts_section, write_outputs,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
 from tunnel import (  # noqa: E402
-    Relay, binary_info, make_certs, new_token, start_agent, start_link, stop_agents, ticks_to_ms,
+    binary_info, prepare_tunnel, start_link, start_tunnel, stop_agents, ticks_to_ms, tunnel_agent,
+    tunnel_relay,
 )
 
 import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
@@ -185,6 +185,12 @@ class PgCluster:
                     cwd=self.dir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
         pwfile.unlink()
 
+    def create(self, settings: dict) -> "PgCluster":
+        """initdb, then start with these settings."""
+        self.initdb()
+        self.start(settings)
+        return self
+
     def clone_from(self, template: Path):
         cmd = ["cp", "-a", str(template), str(self.data)]
         self.commands.append(shlex.join(cmd))
@@ -246,6 +252,21 @@ class PgCluster:
             return c.execute(sql).fetchone()[0]
 
 
+def cluster_root(d: Path) -> Path:
+    """d, made and given to the Postgres user: the folder of a run's clusters."""
+    d.mkdir()
+    shutil.chown(d, PG_USER, PG_USER)
+    return d
+
+
+def org_database(org: PgCluster) -> str:
+    """The role app and the database ORG_DB it owns, in an organization's cluster; its version()."""
+    with org.conn() as c:
+        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+        c.execute(f"CREATE DATABASE {ORG_DB} OWNER app")
+        return c.execute("SELECT version()").fetchone()[0]
+
+
 def lokadb(ctx, args: list, dsn: str, timeout=3600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
     env.update({"LOKADB_CLOUD": dsn, "LOKADB_LOG": "warn"})
@@ -282,29 +303,18 @@ SET session_replication_role = origin;
 
 def build_template(ctx, size_mb: int) -> dict:
     """Cloud + organization clusters for one size, stopped: their data dirs are the templates."""
-    root = ctx.tmp / f"template-{size_mb}"
-    root.mkdir()
-    shutil.chown(root, PG_USER, PG_USER)
+    root = cluster_root(ctx.tmp / f"template-{size_mb}")
     info = {"size_mb_target": size_mb, "pairs_per_org": org_pairs(size_mb), "timings_s": {}}
     T = info["timings_s"]
     t0 = time.time()
-    org = PgCluster(root, "org", ctx.commands)
-    org.initdb()
-    org.start(ORG_PG)
-    with org.conn() as c:
-        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
-        c.execute(f"CREATE DATABASE {ORG_DB} OWNER app")
-        info["postgres_version"] = c.execute("SELECT version()").fetchone()[0]
-    relay = Relay(ctx.tmp, ctx.certs, {ORG: ctx.token_hash}, {}, ctx.commands,
-                  agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port,
-                  tag=f"relay-template-{size_mb}")
-    agent = start_agent(f"127.0.0.1:{relay.agents_port}", ctx.token, org.addr(), ctx.certs["ca"], {},
-                        ctx.agent_log)
+    org = PgCluster(root, "org", ctx.commands).create(ORG_PG)
+    info["postgres_version"] = org_database(org)
+    relay = tunnel_relay(ctx, ORG, f"relay-template-{size_mb}")
+    agent = tunnel_agent(ctx, relay.agents_port, org.addr())
     cloud = PgCluster(root, "cloud", ctx.commands)
     try:
         relay.wait_connected(1)
-        cloud.initdb()
-        cloud.start(CLOUD_PG)
+        cloud.create(CLOUD_PG)
         with cloud.conn() as c:
             c.execute("CREATE DATABASE app")
         dsn = cloud.dsn()
@@ -881,9 +891,7 @@ def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_
     label = f"{size_mb} MB, {mode_name}, {n_writers} writers"
     rec = {"size_mb_target": size_mb, "mode": mode_name, "writers": n_writers, "label": label,
            "org_copy_mb": tpl["org_copy_mb"]}
-    root = ctx.tmp / f"run-{len(ctx.runs)}"
-    root.mkdir()
-    shutil.chown(root, PG_USER, PG_USER)
+    root = cluster_root(ctx.tmp / f"run-{len(ctx.runs)}")
     ctx.cloud = PgCluster(root, "cloud", ctx.commands)
     ctx.org = PgCluster(root, "org", ctx.commands)
     ctx.relay = ctx.agent = ctx.link = ctx.link_sub = None
@@ -901,12 +909,7 @@ def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_
                 c.execute("ALTER ROLE app SUPERUSER")
         rec["cloud_settings"] = ctx.cloud.settings
         rec["org_settings"] = ctx.org.settings
-        ctx.relay = Relay(ctx.tmp, ctx.certs, {ORG: ctx.token_hash}, {}, ctx.commands,
-                          agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port, tag="relay-run")
-        ctx.link = start_link(ctx.relay.agents_port, RTT_MS / 2, ctx.tmp, ctx.commands)
-        ctx.agent = start_agent(f"127.0.0.1:{ctx.link.port}", ctx.token, ctx.org.addr(), ctx.certs["ca"], {},
-                                ctx.agent_log)
-        ctx.relay.wait_connected(1, timeout=60)
+        start_tunnel(ctx, ORG, "relay-run", RTT_MS)
         args = ["move-org", ORG, "--mode", mode_name]
         if logical:
             # The subscription (the org database dialing the cloud) crosses a link of the same
@@ -1277,40 +1280,16 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
     for r in s["rows"]:
         body.append(f"| {r['label']} | {fmt(r['before'], 0)} | {fmt(r['during'], 0)} | {fmt(r['after'], 0)} | "
                     f"{fmt(r['during_org1'], 0)} | {fmt(r['during_org2'], 0)} | {err_cell(r['errors'])} |")
-    section = "\n".join(body).rstrip("\n")
-    path = HERE / "charts-data.md"
-    begin, end = f"<!-- BEGIN move-org {mode} -->", f"<!-- END move-org {mode} -->"
-    block = f"{begin}\n{section}\n{end}\n"
-    text = path.read_text()
-    if begin in text and end in text:
-        pre, rest = text.split(begin, 1)
-        _, post = rest.split(end, 1)
-        text = pre + block + post.lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    write_charts_section(f"move-org {mode}", "\n".join(body).rstrip("\n"))
 
 
 # --------------------------------------------------------------------------------------
 
 
-class Ctx:
-    pass
-
-
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     s = summarize(raw)
     raw["summary"] = s
-    md = summary_markdown(raw, s)
-    (outdir / "summary.md").write_text(md)
-    charts = []
-    try:
-        charts = draw_charts(outdir, raw, s)
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-    if charts_data:
-        update_charts_data(raw, s, outdir, charts)
-    return md
+    return write_outputs(raw, s, outdir, charts_data, summary_markdown, draw_charts, update_charts_data)
 
 
 def main() -> int:
@@ -1330,11 +1309,7 @@ def main() -> int:
     ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json")
     args = ap.parse_args()
     if args.render:
-        raw = json.loads(args.render.read_text())
-        md = render(raw, args.render.parent, not args.no_charts_data)
-        args.render.write_text(json.dumps(raw, indent=1, default=str))
-        print(md)
-        return 0
+        return rerender(args.render, render, not args.no_charts_data)
     if os.geteuid() != 0:
         sys.exit("moves.py must run as root (it starts Postgres as the user lokadb-pg)")
     for p in (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN):
@@ -1349,19 +1324,12 @@ def main() -> int:
         mode.writers = [int(x) for x in args.writers.split(",")]
     if args.no_move_back:
         mode.move_back = False
-    started = dt.datetime.now(dt.timezone.utc)
-    run_id = started.strftime("%Y%m%dT%H%M%SZ") + "-moves" + ("-quick" if mode.quick else "")
-    outdir = args.out or (HERE / "results" / run_id)
-    outdir.mkdir(parents=True, exist_ok=True)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_sigterm)
+    started, run_id, outdir = result_dir(args.out, "-moves", mode.quick)
+    catch_signals()
 
-    ctx = Ctx()
-    ctx.mode = mode
+    ctx = Ctx(mode)
     ctx.outdir = outdir
     ctx.trace_admin = args.trace_admin
-    ctx.commands = []
-    ctx.errors = []
     ctx.runs = []
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
             "command": ("/work/main/.venv/bin/python research/bench/moves.py " + shlex.join(sys.argv[1:])).strip(),
@@ -1377,13 +1345,8 @@ def main() -> int:
     t_start = time.time()
     rc = 0
     try:
-        ctx.tmp = Path(tempfile.mkdtemp(prefix="lokadb-moves-bench-"))
-        TEMP_DIRS.append(ctx.tmp)
-        os.chmod(ctx.tmp, 0o755)
-        ctx.certs = make_certs(ctx.tmp, ctx.commands)
-        ctx.token, ctx.token_hash = new_token(ORG)
-        ctx.relay_agents_port, ctx.relay_pg_port = free_port(), free_port()
-        ctx.agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
+        ctx.tmp = temp_dir("lokadb-moves-bench-")
+        prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} sizes={mode.sizes_mb} MB modes={mode.modes} writers={mode.writers} out={outdir}")
         for size in mode.sizes_mb:
             log(f"size {size} MB: building the world (cloud + organization clusters), kept as templates")
@@ -1405,22 +1368,13 @@ def main() -> int:
         ctx.errors.append(f"interrupted: {e}")
         rc = 130
     except Exception as e:  # noqa: BLE001
-        ctx.errors.append(f"fatal: {e!r}\n{traceback.format_exc()}")
-        log(f"FAILED: {e!r}")
-        traceback.print_exc()
-        rc = 1
+        rc = fatal(ctx.errors, e)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
-        try:
-            cleanup()
-        except Exception as e:  # noqa: BLE001
-            log(f"cleanup problem: {e}")
+        ignore_signals()
+        safe_cleanup()
         meta["wall_seconds"] = round(time.time() - t_start, 1)
         meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
-        md = render(raw, outdir, not args.no_charts_data and not args.out)
-        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-        print(md)
+        save_rendered(raw, outdir / "raw.json", render, not args.no_charts_data and not args.out)
         log(f"results in {outdir}")
     return rc
 

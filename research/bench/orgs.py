@@ -36,38 +36,37 @@ Builds nothing: benchmarks the binaries in $LOKADB_BENCH_TARGET (default
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import random
 import re
-import resource
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup, pgbench parsing)
 from run import (  # noqa: E402
-    CHILDREN, PG_BIN, PG_USER, TEMP_DIRS, cleanup, cpu_ticks, free_port, log, on_sigterm,
-    parse_pgbench, percentile, rss_kib,
+    PG_BIN, Ctx, catch_signals, cpu_ticks, delta, fatal, ignore_signals, log, parse_pgbench, percentile,
+    pgbench_errors, raise_fd_limit, rerender, result_dir, rss_kib, run_captured, safe_cleanup, save_rendered,
+    sched_ns, temp_dir, write_charts_section, write_outputs,
 )
 import tunnel  # noqa: E402  (relay, agent, certificates, LineProc)
-from tunnel import LineProc, Relay, binary_info, make_certs, new_token, start_agent, stop_agents  # noqa: E402
-import moves  # noqa: E402  (PgCluster, lokadb(), the cloud's CPU)
-from moves import APP_PASSWORD, SUPER_PASSWORD, PgCluster, lokadb, mask, tree_ticks  # noqa: E402
-from routing import sched_ns  # noqa: E402  (CPU ns of a process from its threads' schedstat)
+from tunnel import (  # noqa: E402
+    LineProc, Relay, binaries_at_end, binary_info, make_certs, new_token, start_agent, stop_agents,
+)
+import moves  # noqa: E402  (PgCluster, lokadb(), the cloud's CPU, small helpers)
+from moves import (  # noqa: E402
+    APP_PASSWORD, PgCluster, cluster_root, fmt, loadavg, lokadb, mask, med, org_database, tree_ticks,
+)
 
 import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
-from psycopg import sql as pgsql  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
 
 BIN_DIR = tunnel.BIN_DIR
@@ -82,7 +81,7 @@ PLAIN_ROWS = 4_000  # ... and these rows together (ids TOTAL_ROWS + 1 ..)
 BATCH = 100  # organizations per DDL transaction
 WARM_PSYCOPG = 4  # pooled backends warmed for psycopg's connections before the first-statement test
 FAKE_RELAY_PORT = 9  # lokadb.org.relay_port and the servers' port: nothing listens, nothing dials it
-ORG_DBNAME = "orgdb"  # lokadb.org.dbname of the synthetic organizations (as org add records it)
+ORG_DBNAME = moves.ORG_DB  # "orgdb": lokadb.org.dbname of the synthetic organizations (as org add records it)
 CLOUD_PG = {"max_connections": "250", "shared_buffers": "256MB", "synchronous_commit": "off",
             "max_wal_size": "4GB", "checkpoint_timeout": "15min",
             # Off: autovacuum's work on N partitions after the write runs landed in later runs
@@ -155,25 +154,6 @@ class Mode:
         self.query_modes = list(QUERY_MODES)
         self.scripts = list(SCRIPTS)
         self.fidelity = True
-
-
-def med(v):
-    v = [x for x in v if x is not None]
-    return statistics.median(v) if v else None
-
-
-def fmt(v, nd=1):
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, float):
-        return f"{v:,.{nd}f}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
-
-
-def loadavg() -> str:
-    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def db_of(n: int) -> str:
@@ -459,15 +439,9 @@ def fidelity_check(ctx) -> dict:
     T = res["timings_s"]
     t0 = time.time()
     db = "fidelity"
-    root = ctx.tmp / "fidelity"
-    root.mkdir()
-    shutil.chown(root, PG_USER, PG_USER)
-    org = PgCluster(root, "org", ctx.commands)
-    org.initdb()
-    org.start(moves.ORG_PG)
-    with org.conn() as c:
-        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
-        c.execute(f"CREATE DATABASE {ORG_DBNAME} OWNER app")
+    root = cluster_root(ctx.tmp / "fidelity")
+    org = PgCluster(root, "org", ctx.commands).create(moves.ORG_PG)
+    org_database(org)  # the role app and its database ORG_DBNAME
     certs = make_certs(ctx.tmp, ctx.commands)
     token, token_hash = new_token(REAL)
     agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
@@ -647,18 +621,7 @@ def pgbench(ctx, *, phase, script, qmode, n, target, seconds=None, transactions=
     pt0, pn0, ct0 = cpu_ticks(ctx.proxy.pid), sched_ns(ctx.proxy.pid), tree_ticks(ctx.cloud.proc.pid)
     load0 = loadavg()
     t0 = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=logdir,
-                         start_new_session=True)
-    CHILDREN.append(p)
-    timed_out = False
-    try:
-        stdout, stderr = p.communicate(timeout=(seconds or 0) + 180)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        stdout, stderr = p.communicate()
-        timed_out = True
-    finally:
-        CHILDREN.remove(p)
+    stdout, stderr, rc, timed_out = run_captured(cmd, (seconds or 0) + 180, env=env, cwd=logdir)
     wall = time.time() - t0
     # pgbench's own backends (direct) exit as it ends: let the postmaster reap them, so their
     # CPU is in its cutime when read (a trial run read one direct run at 4 µs per statement).
@@ -667,37 +630,22 @@ def pgbench(ctx, *, phase, script, qmode, n, target, seconds=None, transactions=
     rec.update(parse_pgbench(stdout))
     rec.update(txn_log(prefix))
     shutil.rmtree(logdir, ignore_errors=True)
-    rc = p.returncode
     rec["returncode"] = rc
     rec["wall_seconds"] = round(wall, 2)
     rec["loadavg_1min_before_after"] = [load0, loadavg()]
     tx = rec.get("transactions") or 0
-    rec["proxy_ticks"] = (pt1 - pt0) if pt0 is not None and pt1 is not None else None
-    rec["proxy_ns"] = (pn1 - pn0) if pn0 is not None and pn1 is not None else None
-    rec["cloud_ticks"] = (ct1 - ct0) if ct0 is not None and ct1 is not None else None
+    rec["proxy_ticks"] = delta(pt0, pt1)
+    rec["proxy_ns"] = delta(pn0, pn1)
+    rec["cloud_ticks"] = delta(ct0, ct1)
     clk = common.CLK_TCK
     rec["proxy_us_per_stmt"] = round(rec["proxy_ns"] / 1e3 / tx, 2) if tx and rec["proxy_ns"] is not None else None
     rec["proxy_us_per_stmt_ticks"] = (round(rec["proxy_ticks"] / clk * 1e6 / tx, 2)
                                       if tx and rec["proxy_ticks"] is not None else None)
     rec["cloud_us_per_stmt"] = (round(rec["cloud_ticks"] / clk * 1e6 / tx, 1)
                                 if tx and rec["cloud_ticks"] is not None else None)
-    errors = []
-    if timed_out:
-        errors.append(f"pgbench timed out after {(seconds or 0) + 180}s and was killed")
-    if rc != 0:
-        errors.append(f"pgbench exit code {rc}")
-    if not tx:
-        errors.append("no transactions processed")
-    if rec.get("failed_transactions"):
-        errors.append(f"{rec['failed_transactions']} failed transactions")
-    if ctx.proxy.proc.poll() is not None:
-        errors.append(f"the proxy died during this run (exit {ctx.proxy.proc.returncode})")
-    if errors:
-        rec["error"] = "; ".join(errors)
-        lines = stderr.strip().splitlines()
-        rec["stderr_tail"] = "\n".join(lines[-15:])
-        rec["first_error"] = next((l for l in lines if "ERROR" in l or "FATAL" in l), lines[-1] if lines else "").strip()
-        rec["stdout_tail"] = "\n".join(stdout.strip().splitlines()[-20:])
+    died = ([f"the proxy died during this run (exit {ctx.proxy.proc.returncode})"]
+            if ctx.proxy.proc.poll() is not None else [])
+    errors = pgbench_errors(rec, stdout, stderr, rc, timed_out, (seconds or 0) + 180, died, stdout_lines=20)
     rec["ok"] = bool(tx) and rc == 0 and not timed_out and ctx.proxy.proc.poll() is None
     ctx.runs.append(rec)
     log(f"  {phase:<7} {script:<6} {qmode:<8} N={n:<5} {target:<7} tps={rec.get('tps')} "
@@ -1292,40 +1240,16 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
             vals.append(f"{fmt(e['connect_ms_p50'], 2)} / {fmt(e['first_ms_p50'], 2)} / {fmt(e['second_ms_p50'], 2)}"
                         if e else "—")
         body.append(f"| {'LokaDB' if t == 'lokadb' else 'direct'} | " + " | ".join(vals) + " |")
-    section = "\n".join(body).rstrip("\n")
-    path = HERE / "charts-data.md"
-    begin, end = f"<!-- BEGIN orgs {mode} -->", f"<!-- END orgs {mode} -->"
-    block = f"{begin}\n{section}\n{end}\n"
-    text = path.read_text()
-    if begin in text and end in text:
-        pre, rest = text.split(begin, 1)
-        _, post = rest.split(end, 1)
-        text = pre + block + post.lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    write_charts_section(f"orgs {mode}", "\n".join(body).rstrip("\n"))
 
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     s = summarize(raw)
     raw["summary"] = s
-    md = summary_markdown(raw, s)
-    (outdir / "summary.md").write_text(md)
-    charts = []
-    try:
-        charts = draw_charts(outdir, raw, s)
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-    if charts_data:
-        update_charts_data(raw, s, outdir, charts)
-    return md
+    return write_outputs(raw, s, outdir, charts_data, summary_markdown, draw_charts, update_charts_data)
 
 
 # --------------------------------------------------------------------------------------
-
-
-class Ctx:
-    pass
 
 
 def main() -> int:
@@ -1345,11 +1269,7 @@ def main() -> int:
     ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json")
     args = ap.parse_args()
     if args.render:
-        raw = json.loads(args.render.read_text())
-        md = render(raw, args.render.parent, not args.no_charts_data)
-        args.render.write_text(json.dumps(raw, indent=1, default=str))
-        print(md)
-        return 0
+        return rerender(args.render, render, not args.no_charts_data)
     if os.geteuid() != 0:
         sys.exit("orgs.py must run as root (it starts Postgres as the user lokadb-pg)")
     for p in (PG_BIN / "postgres", PG_BIN / "pgbench", LOKADB_BIN, AGENT_BIN):
@@ -1369,22 +1289,11 @@ def main() -> int:
         mode.max_locks = args.max_locks
     if args.scripts:
         mode.scripts = [x for x in args.scripts.split(",") if x]
-    started = dt.datetime.now(dt.timezone.utc)
-    run_id = started.strftime("%Y%m%dT%H%M%SZ") + "-orgs" + ("-quick" if mode.quick else "")
-    outdir = args.out or (HERE / "results" / run_id)
-    outdir.mkdir(parents=True, exist_ok=True)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(hard, 65536), max(hard, 65536)))
-    except (ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_sigterm)
+    started, run_id, outdir = result_dir(args.out, "-orgs", mode.quick)
+    raise_fd_limit()
+    catch_signals()
 
-    ctx = Ctx()
-    ctx.mode = mode
-    ctx.commands = []
-    ctx.errors = []
+    ctx = Ctx(mode)
     ctx.runs = []
     ctx.proxy = None
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
@@ -1410,17 +1319,12 @@ def main() -> int:
     t_start = time.time()
     rc = 0
     try:
-        ctx.tmp = Path(tempfile.mkdtemp(prefix="lokadb-orgs-bench-"))
-        TEMP_DIRS.append(ctx.tmp)
-        os.chmod(ctx.tmp, 0o755)
+        ctx.tmp = temp_dir("lokadb-orgs-bench-")
         log(f"mode={mode.name} N={mode.orgs} {mode.seconds} s runs R={mode.reps} modes={mode.query_modes} "
             f"binaries={BIN_DIR} out={outdir}")
-        root = ctx.tmp / "clusters"
-        root.mkdir()
-        shutil.chown(root, PG_USER, PG_USER)
+        root = cluster_root(ctx.tmp / "clusters")
         ctx.cloud = PgCluster(root, "cloud", ctx.commands)
-        ctx.cloud.initdb()
-        ctx.cloud.start({**CLOUD_PG, "max_locks_per_transaction": str(mode.max_locks)})
+        ctx.cloud.create({**CLOUD_PG, "max_locks_per_transaction": str(mode.max_locks)})
         with ctx.cloud.conn() as c:
             c.execute("SET password_encryption = 'scram-sha-256'")
             c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
@@ -1486,15 +1390,11 @@ def main() -> int:
         ctx.errors.append(f"interrupted: {e}")
         rc = 130
     except Exception as e:  # noqa: BLE001
-        ctx.errors.append(f"fatal: {e!r}\n{traceback.format_exc()}")
-        log(f"FAILED: {e!r}")
-        traceback.print_exc()
+        rc = fatal(ctx.errors, e)
         if getattr(ctx, "cloud", None) is not None:
             raw.setdefault("log_tails", {})["cloud"] = ctx.cloud.log_tail()
-        rc = 1
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        ignore_signals()
         if ctx.proxy is not None:
             try:
                 raw["proxy_stderr_tail"] = ANSI.sub("", ctx.proxy.stderr_path.read_text(errors="replace"))[-4000:]
@@ -1503,24 +1403,13 @@ def main() -> int:
         if getattr(ctx, "cloud", None) is not None:
             raw["cloud_log_errors"] = [l for l in ctx.cloud.log_tail(200_000).splitlines()
                                        if re.search(r"\b(ERROR|FATAL|PANIC|WARNING)\b", l)][-40:]
-        try:
-            cleanup()
-        except Exception as e:  # noqa: BLE001
-            log(f"cleanup problem: {e}")
+        safe_cleanup()
         meta["wall_seconds"] = round(time.time() - t_start, 1)
-        try:
-            meta["binaries_at_end"] = {b.name: binary_info(b)["sha256"] for b in (LOKADB_BIN, AGENT_BIN)}
-            changed = [b for b, h in meta["binaries_at_end"].items() if h != meta["binaries"][b]["sha256"]]
-            if changed:
-                ctx.errors.append(f"binaries changed during the run: {', '.join(changed)} (sha256 at the end differs)")
-        except OSError as e:
-            ctx.errors.append(f"binaries at the end: {e!r}")
+        binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN))
         meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
         (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
         if any(r["phase"] == "measure" for r in ctx.runs):
-            md = render(raw, outdir, not args.no_charts_data and not args.out)
-            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-            print(md)
+            save_rendered(raw, outdir / "raw.json", render, not args.no_charts_data and not args.out)
         log(f"results in {outdir} ({meta['wall_seconds']} s)")
     return rc
 

@@ -24,17 +24,13 @@ organization"). Benchmarks whatever binaries are in $LOKADB_BENCH_TARGET (defaul
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import itertools
 import json
 import os
 import random
 import re
 import shlex
-import shutil
-import signal
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -43,16 +39,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
-    PG_USER, TEMP_DIRS, cleanup, cpu_ticks, free_port, log, on_sigterm, percentile,
+    Ctx, catch_signals, cpu_ticks, delta, fatal, ignore_signals, log, percentile, rerender, result_dir,
+    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_outputs,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
 from tunnel import (  # noqa: E402
-    LineProc, Relay, binary_info, make_certs, new_token, start_agent, start_link, stop_agents, ticks_to_ms,
+    LineProc, binary_info, binaries_at_end, prepare_tunnel, start_tunnel, stop_agents, ticks_to_ms,
+    tunnel_agent, tunnel_relay,
 )
 import moves  # noqa: E402  (the move benchmark's clusters, admin commands, schema and load)
 from moves import (  # noqa: E402
-    APP_PASSWORD, CLOUD_PG, ORG_DB, ORG_PG, SUPER_PASSWORD, PgCluster, fmt, load_sql, loadavg, lokadb,
-    mask, schema_sql,
+    APP_PASSWORD, CLOUD_PG, ORG_DB, ORG_PG, SUPER_PASSWORD, PgCluster, cluster_root, fmt, load_sql, loadavg,
+    lokadb, mask, org_database, schema_sql,
 )
 
 import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
@@ -327,23 +325,7 @@ def analyse(lines: list[str], rtt_ms: float = 0.0, keep=400) -> dict:
 
 
 # --------------------------------------------------------------------------------------
-# /proc: CPU time of a process in ns (all its threads' schedstat), finer than the 10 ms ticks
-
-
-def sched_ns(pid: int):
-    total, seen = 0, False
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return None
-    for t in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
-                total += int(f.read().split()[0])
-                seen = True
-        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
-            pass
-    return total if seen else None
+# /proc: CPU time of the proxy, relay and agent, in ticks and in ns (run.sched_ns)
 
 
 def cpu_reading(ctx) -> dict:
@@ -355,12 +337,11 @@ def cpu_reading(ctx) -> dict:
 def cpu_per_op(a: dict, b: dict, n: int) -> dict:
     out = {}
     for who in ("proxy", "relay", "agent"):
-        t0, t1 = a.get(f"{who}_ticks"), b.get(f"{who}_ticks")
-        n0, n1 = a.get(f"{who}_ns"), b.get(f"{who}_ns")
-        out[f"{who}_ticks"] = (t1 - t0) if t0 is not None and t1 is not None else None
-        out[f"{who}_us_per_op_ticks"] = round(ticks_to_ms(t1 - t0) * 1e3 / n, 1) \
-            if t0 is not None and t1 is not None else None
-        out[f"{who}_us_per_op"] = round((n1 - n0) / 1e3 / n, 1) if n0 is not None and n1 is not None else None
+        ticks = delta(a.get(f"{who}_ticks"), b.get(f"{who}_ticks"))
+        ns = delta(a.get(f"{who}_ns"), b.get(f"{who}_ns"))
+        out[f"{who}_ticks"] = ticks
+        out[f"{who}_us_per_op_ticks"] = round(ticks_to_ms(ticks) * 1e3 / n, 1) if ticks is not None else None
+        out[f"{who}_us_per_op"] = round(ns / 1e3 / n, 1) if ns is not None else None
     return out
 
 
@@ -372,19 +353,12 @@ def build_world(ctx) -> dict:
     info = {"timings_s": {}}
     T = info["timings_s"]
     t0 = time.time()
-    root = ctx.tmp / "world"
-    root.mkdir()
-    shutil.chown(root, PG_USER, PG_USER)
+    root = cluster_root(ctx.tmp / "world")
     ctx.org = org = PgCluster(root, "org", ctx.commands)
-    org.initdb()
-    org.start({**ORG_PG, "log_line_prefix": ORG_LOG_PREFIX})
-    with org.conn() as c:
-        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
-        c.execute(f"CREATE DATABASE {ORG_DB} OWNER app")
-        info["postgres_version"] = c.execute("SELECT version()").fetchone()[0]
+    org.create({**ORG_PG, "log_line_prefix": ORG_LOG_PREFIX})
+    info["postgres_version"] = org_database(org)
     ctx.cloud = cloud = PgCluster(root, "cloud", ctx.commands)
-    cloud.initdb()
-    cloud.start(CLOUD_PG)
+    cloud.create(CLOUD_PG)
     with cloud.conn() as c:
         c.execute("CREATE DATABASE app")
         c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
@@ -392,10 +366,8 @@ def build_world(ctx) -> dict:
     dsn = cloud.dsn()
     T["clusters"] = round(time.time() - t0, 1)
     # The relay and the agent (no link) for org add and the move.
-    relay = Relay(ctx.tmp, ctx.certs, {ORG: ctx.token_hash}, {}, ctx.commands,
-                  agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port, tag="relay-setup")
-    agent = start_agent(f"127.0.0.1:{relay.agents_port}", ctx.token, org.addr(), ctx.certs["ca"], {},
-                        ctx.agent_log)
+    relay = tunnel_relay(ctx, ORG, "relay-setup")
+    agent = tunnel_agent(ctx, relay.agents_port, org.addr())
     try:
         relay.wait_connected(1)
         t = time.time()
@@ -453,11 +425,14 @@ def build_world(ctx) -> dict:
     return info
 
 
-def start_proxy(ctx, tag: str) -> LineProc:
+def start_proxy(ctx, tag: str, db_extra: dict | None = None, extra: dict | None = None) -> LineProc:
+    """The proxy with the direct path's login, `db_extra` merged into its database's block and
+    `extra` into the top level (clients.py)."""
     cfg = {"listen": "127.0.0.1:0",
            "databases": {"app": {"cloud": f"host=127.0.0.1 port={ctx.cloud.port} dbname=app",
                                  "auth_user": "lokadb_auth", "auth_password": AUTH_PASSWORD,
-                                 "direct": {"user": "app", "password": APP_PASSWORD}}}}
+                                 "direct": {"user": "app", "password": APP_PASSWORD}, **(db_extra or {})}},
+           **(extra or {})}
     path = ctx.tmp / f"proxy-{tag}.json"
     path.write_text(json.dumps(cfg, indent=1))
     ctx.proxy_config = json.loads(mask(json.dumps(cfg)).replace(AUTH_PASSWORD, "***"))
@@ -571,12 +546,7 @@ def rtt_round(ctx, rtt: float, idx: int) -> dict:
     ctx.relay = ctx.link = ctx.agent = ctx.proxy = None
     conn = None
     try:
-        ctx.relay = Relay(ctx.tmp, ctx.certs, {ORG: ctx.token_hash}, {}, ctx.commands,
-                          agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port, tag=f"relay-rtt{rtt:g}")
-        ctx.link = start_link(ctx.relay.agents_port, rtt / 2, ctx.tmp, ctx.commands)
-        ctx.agent = start_agent(f"127.0.0.1:{ctx.link.port}", ctx.token, ctx.org.addr(), ctx.certs["ca"], {},
-                                ctx.agent_log)
-        ctx.relay.wait_connected(1, timeout=60)
+        start_tunnel(ctx, ORG, f"relay-rtt{rtt:g}", rtt)
         rec["relay_select1_ms"] = relay_rtt_ms(ctx)
         ctx.proxy = start_proxy(ctx, f"rtt{rtt:g}")
         rec["proxy_pid"] = ctx.proxy.proc.pid
@@ -707,6 +677,18 @@ def _row(s, op, profile):
     return next(x for x in s["rows"] if x["op"] == op and x["profile"] == profile)
 
 
+def _op_rows(s, rtts, cell) -> list[str]:
+    """A table row per operation and profile: cell(c, rtt) for its cell c at each RTT, "—" where it has none."""
+    L = []
+    for row in s["rows"]:
+        cells = []
+        for r in rtts:
+            c = row["cells"].get(str(r))
+            cells.append(cell(c, r) if c else "—")
+        L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+    return L
+
+
 def tables_md(s: dict) -> list[str]:
     rtts = s["rtts"]
     pos = [r for r in rtts if r > 0]
@@ -717,13 +699,8 @@ def tables_md(s: dict) -> list[str]:
               "of log events more than RTT/2 apart, ÷ N. Not defined at RTT 0.", "",
               "| operation | profile | " + " | ".join(f"RTT {r:g} ms" for r in pos) + " |",
               "|---|---|" + "---:|" * len(pos)]
-        for row in s["rows"]:
-            cells = []
-            for r in pos:
-                c = row["cells"].get(str(r))
-                cells.append(f"**{fmt(c['round_trips'], 2)}**" + (f" ⚠ {c['errors']} errors" if c["errors"] else "")
-                             if c else "—")
-            L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+        L += _op_rows(s, pos, lambda c, r: f"**{fmt(c['round_trips'], 2)}**"
+                                           + (f" ⚠ {c['errors']} errors" if c["errors"] else ""))
         L.append("")
     L += ["Statements in its log (`LOG:  statement:` / `LOG:  execute` lines of every session but the benchmark's "
           "own, between the markers around the N measured operations) ÷ N. `+1 Parse`: postgres_fdw's Parse of its "
@@ -731,21 +708,16 @@ def tables_md(s: dict) -> list[str]:
           "`direct`: how many came by the direct path (the client's own session in the org database).", "",
           "| operation | profile | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |",
           "|---|---|" + "---:|" * len(rtts)]
-    for row in s["rows"]:
-        cells = []
-        for r in rtts:
-            c = row["cells"].get(str(r))
-            if not c:
-                cells.append("—")
-                continue
-            d = c["by_source"].get("direct")
-            t = fmt(c["statements"], 2)
-            if c["fdw_parse"]:
-                t += f" +{c['fdw_parse']:g} Parse"
-            if d:
-                t += " (all direct)" if d == c["statements"] else f" ({fmt(d, 2)} direct)"
-            cells.append(t)
-        L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+
+    def statements(c, r):
+        d = c["by_source"].get("direct")
+        t = fmt(c["statements"], 2)
+        if c["fdw_parse"]:
+            t += f" +{c['fdw_parse']:g} Parse"
+        if d:
+            t += " (all direct)" if d == c["statements"] else f" ({fmt(d, 2)} direct)"
+        return t
+    L += _op_rows(s, rtts, statements)
     L.append("")
     big = max(rtts)
     L += [f"### One operation's requests to the org database (the example operation after the window, RTT {big:g} ms)",
@@ -762,18 +734,13 @@ def tables_md(s: dict) -> list[str]:
           "| operation | profile | " + " | ".join(f"RTT {r:g}: p50 / p95" + (" · ÷RTT · added÷RTT" if r > 0 else "")
                                              for r in rtts) + " |",
           "|---|---|" + "---|" * len(rtts)]
-    for row in s["rows"]:
-        cells = []
-        for r in rtts:
-            c = row["cells"].get(str(r))
-            if not c:
-                cells.append("—")
-                continue
-            t = f"{fmt(c['p50_ms'], 2)} / {fmt(c['p95_ms'], 2)}"
-            if r > 0:
-                t += f" · **{fmt(c['p50_over_rtt'], 2)}** · {fmt(c['added_over_rtt'], 2)}"
-            cells.append(t)
-        L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+
+    def latency(c, r):
+        t = f"{fmt(c['p50_ms'], 2)} / {fmt(c['p95_ms'], 2)}"
+        if r > 0:
+            t += f" · **{fmt(c['p50_over_rtt'], 2)}** · {fmt(c['added_over_rtt'], 2)}"
+        return t
+    L += _op_rows(s, rtts, latency)
     L.append("")
     L += ["### fdw+direct ÷ fdw (p50 latency, same run)", "",
           "| operation | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |", "|---|" + "---:|" * len(rtts)]
@@ -792,13 +759,8 @@ def tables_md(s: dict) -> list[str]:
           "measured for 2 s before the windows of that RTT). Relay: schedstat, not net.", "",
           "| operation | profile | " + " | ".join(f"RTT {r:g}: proxy · net (ticks) · relay" for r in rtts) + " |",
           "|---|---|" + "---|" * len(rtts)]
-    for row in s["rows"]:
-        cells = []
-        for r in rtts:
-            c = row["cells"].get(str(r))
-            cells.append(f"{fmt(c['proxy_us_per_op'])} · {fmt(c.get('proxy_us_per_op_net'))} "
-                         f"({fmt(c['proxy_us_per_op_ticks'], 0)}) · {fmt(c['relay_us_per_op'])}" if c else "—")
-        L.append(f"| {OP_SHORT[row['op']]} | {row['profile']} | " + " | ".join(cells) + " |")
+    L += _op_rows(s, rtts, lambda c, r: f"{fmt(c['proxy_us_per_op'])} · {fmt(c.get('proxy_us_per_op_net'))} "
+                                        f"({fmt(c['proxy_us_per_op_ticks'], 0)}) · {fmt(c['relay_us_per_op'])}")
     idle = s.get("idle_us_per_s") or {}
     L.append("| idle, µs per second | — | " + " | ".join(
         f"{fmt((idle.get(str(r)) or {}).get('proxy'))} · {fmt((idle.get(str(r)) or {}).get('relay'))}" for r in rtts) + " |")
@@ -976,18 +938,7 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
     body += ["### statement lines in organization 2's log per operation (log_statement; without postgres_fdw's "
              "Parse of its prepared UPDATE)", ""] + _grid(s, rtts, "statements") + [""]
     body += ["### p50 latency (ms)", ""] + _grid(s, rtts, "p50_ms")
-    section = "\n".join(body).rstrip("\n")
-    path = HERE / "charts-data.md"
-    begin, end = f"<!-- BEGIN routing {mode} -->", f"<!-- END routing {mode} -->"
-    block = f"{begin}\n{section}\n{end}\n"
-    text = path.read_text()
-    if begin in text and end in text:
-        pre, rest = text.split(begin, 1)
-        _, post = rest.split(end, 1)
-        text = pre + block + post.lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    write_charts_section(f"routing {mode}", "\n".join(body).rstrip("\n"))
 
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
@@ -998,23 +949,10 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
             f"- {e[:2000]}" for e in raw["meta"]["errors"]) + "\n"
         (outdir / "summary.md").write_text(md)
         return md
-    md = summary_markdown(raw, s)
-    (outdir / "summary.md").write_text(md)
-    charts = []
-    try:
-        charts = draw_charts(outdir, raw, s)
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-    if charts_data:
-        update_charts_data(raw, s, outdir, charts)
-    return md
+    return write_outputs(raw, s, outdir, charts_data, summary_markdown, draw_charts, update_charts_data)
 
 
 # --------------------------------------------------------------------------------------
-
-
-class Ctx:
-    pass
 
 
 def main() -> int:
@@ -1028,11 +966,7 @@ def main() -> int:
     ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json")
     args = ap.parse_args()
     if args.render:
-        raw = json.loads(args.render.read_text())
-        md = render(raw, args.render.parent, not args.no_charts_data)
-        args.render.write_text(json.dumps(raw, indent=1, default=str))
-        print(md)
-        return 0
+        return rerender(args.render, render, not args.no_charts_data)
     if os.geteuid() != 0:
         sys.exit("routing.py must run as root (it starts Postgres as the user lokadb-pg)")
     for p in (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN):
@@ -1043,17 +977,10 @@ def main() -> int:
         mode.rtts_ms = [float(x) for x in args.rtts.split(",")]
     if args.n:
         mode.n = args.n
-    started = dt.datetime.now(dt.timezone.utc)
-    run_id = started.strftime("%Y%m%dT%H%M%SZ") + "-routing" + ("-quick" if mode.quick else "")
-    outdir = args.out or (HERE / "results" / run_id)
-    outdir.mkdir(parents=True, exist_ok=True)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_sigterm)
+    started, run_id, outdir = result_dir(args.out, "-routing", mode.quick)
+    catch_signals()
 
-    ctx = Ctx()
-    ctx.mode = mode
-    ctx.commands = []
-    ctx.errors = []
+    ctx = Ctx(mode)
     ctx.log = None
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
             "command": ("/work/main/.venv/bin/python research/bench/routing.py " + shlex.join(sys.argv[1:])).strip(),
@@ -1070,13 +997,8 @@ def main() -> int:
     t_start = time.time()
     rc = 0
     try:
-        ctx.tmp = Path(tempfile.mkdtemp(prefix="lokadb-routing-bench-"))
-        TEMP_DIRS.append(ctx.tmp)
-        os.chmod(ctx.tmp, 0o755)
-        ctx.certs = make_certs(ctx.tmp, ctx.commands)
-        ctx.token, ctx.token_hash = new_token(ORG)
-        ctx.relay_agents_port, ctx.relay_pg_port = free_port(), free_port()
-        ctx.agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
+        ctx.tmp = temp_dir("lokadb-routing-bench-")
+        prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} RTTs={mode.rtts_ms} ms N={mode.n} binaries={BIN_DIR} out={outdir}")
         log("building the world (cloud + organization clusters, move-org)")
         raw["world"] = build_world(ctx)
@@ -1096,34 +1018,19 @@ def main() -> int:
         ctx.errors.append(f"interrupted: {e}")
         rc = 130
     except Exception as e:  # noqa: BLE001
-        ctx.errors.append(f"fatal: {e!r}\n{traceback.format_exc()}")
-        log(f"FAILED: {e!r}")
-        traceback.print_exc()
+        rc = fatal(ctx.errors, e)
         for c in (getattr(ctx, "cloud", None), getattr(ctx, "org", None)):
             if c is not None:
                 raw.setdefault("log_tails", {})[c.name] = c.log_tail()
-        rc = 1
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        ignore_signals()
         if ctx.log is not None:
             ctx.log.close()
-        try:
-            cleanup()
-        except Exception as e:  # noqa: BLE001
-            log(f"cleanup problem: {e}")
+        safe_cleanup()
         meta["wall_seconds"] = round(time.time() - t_start, 1)
-        try:  # the binaries may be rebuilt while the benchmark runs: say so
-            meta["binaries_at_end"] = {b.name: binary_info(b)["sha256"] for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)}
-            changed = [b for b, h in meta["binaries_at_end"].items() if h != meta["binaries"][b]["sha256"]]
-            if changed:
-                ctx.errors.append(f"binaries changed during the run: {', '.join(changed)} (sha256 at the end differs)")
-        except OSError as e:
-            ctx.errors.append(f"binaries at the end: {e!r}")
+        binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN))
         meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
-        md = render(raw, outdir, not args.no_charts_data and not args.out)
-        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-        print(md)
+        save_rendered(raw, outdir / "raw.json", render, not args.no_charts_data and not args.out)
         log(f"results in {outdir}")
     return rc
 

@@ -159,6 +159,66 @@ def on_sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def catch_signals() -> None:
+    """Ctrl-C, kill and hang-up all end in the cleanup (SIGINT explicitly: a shell starting us in
+    the background would otherwise have it ignored)."""
+    for sig in SIGNALS:
+        signal.signal(sig, on_sigterm)
+
+
+def ignore_signals() -> None:
+    """A second Ctrl-C must not stop the cleanup."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def safe_cleanup() -> None:
+    """cleanup(), a problem logged rather than raised (it runs in a finally)."""
+    try:
+        cleanup()
+    except Exception as e:  # pragma: no cover
+        log(f"cleanup problem: {e}")
+
+
+def raise_fd_limit() -> None:
+    """Open files: the soft limit up to max(hard, 65536), else to the hard limit (children inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(hard, 65536)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def temp_dir(prefix: str) -> Path:
+    """A temporary folder that cleanup() removes, readable by all (the Postgres user's clusters)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    TEMP_DIRS.append(d)
+    os.chmod(d, 0o755)
+    return d
+
+
+def run_captured(cmd, timeout: float, **kw):
+    """Runs cmd in a session of its own (stopped by cleanup() while it runs), its output captured,
+    killed after timeout s. Returns (stdout, stderr, returncode, timed_out)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, **kw)
+    CHILDREN.append(p)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        p.kill()
+        stdout, stderr = p.communicate()
+        timed_out = True
+    finally:
+        CHILDREN.remove(p)
+    return stdout, stderr, p.returncode, timed_out
+
+
 def run_checked(cmd, **kw) -> subprocess.CompletedProcess:
     r = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if r.returncode != 0:
@@ -187,6 +247,29 @@ def cpu_ticks(pid: int):
     return int(fields[11]) + int(fields[12])
 
 
+def sched_ns(pid: int):
+    """CPU time of a process in ns (all its threads' schedstat), finer than the 10 ms ticks; None if
+    it is gone."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return None
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+                seen = True
+        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+            pass
+    return total if seen else None
+
+
+def delta(a, b):
+    """b - a of two readings, None if either is (a process gone)."""
+    return (b - a) if a is not None and b is not None else None
+
+
 def rss_kib(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -206,9 +289,7 @@ class World:
     def __init__(self, mode: Mode, commands: list):
         self.mode = mode
         self.commands = commands  # setup commands, recorded in raw.json
-        self.tmp = Path(tempfile.mkdtemp(prefix="lokadb-bench-"))
-        TEMP_DIRS.append(self.tmp)
-        os.chmod(self.tmp, 0o755)
+        self.tmp = temp_dir("lokadb-bench-")
         shutil.chown(self.tmp, PG_USER, PG_USER)
         self.pg_port = None
         self.pg = None
@@ -491,6 +572,30 @@ def parse_pgbench(stdout: str) -> dict:
     return out
 
 
+def pgbench_errors(rec: dict, stdout: str, stderr: str, rc, timed_out: bool, timeout, more=(),
+                   stdout_lines=25) -> list[str]:
+    """What went wrong in a pgbench run (timeout, exit code, no or failed transactions, then `more`),
+    recorded in rec with the tails of its output; [] if nothing did."""
+    errors = []
+    if timed_out:
+        errors.append(f"pgbench timed out after {timeout}s and was killed")
+    if rc != 0:
+        errors.append(f"pgbench exit code {rc}")
+    if not (rec.get("transactions") or 0):
+        errors.append("no transactions processed")
+    if rec.get("failed_transactions"):
+        errors.append(f"{rec['failed_transactions']} failed transactions")
+    errors += more
+    if errors:
+        rec["error"] = "; ".join(errors)
+        lines = stderr.strip().splitlines()
+        rec["stderr_tail"] = "\n".join(lines[-15:])
+        first = next((l for l in lines if "ERROR" in l or "FATAL" in l), lines[-1] if lines else "")
+        rec["first_error"] = first.strip()
+        rec["stdout_tail"] = "\n".join(stdout.strip().splitlines()[-stdout_lines:])
+    return errors
+
+
 def percentile(sorted_vals, q: float):
     if not sorted_vals:
         return None
@@ -561,19 +666,7 @@ class Bench:
             "command": "PGPASSWORD=*** PGSSLMODE=disable " + shlex.join(cmd),
         }
         try:
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=env, cwd=logdir, start_new_session=True)
-            CHILDREN.append(p)
-            try:
-                stdout, stderr = p.communicate(timeout=seconds + 90)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                p.kill()
-                stdout, stderr = p.communicate()
-                timed_out = True
-            finally:
-                CHILDREN.remove(p)
-            rc = p.returncode
+            stdout, stderr, rc, timed_out = run_captured(cmd, seconds + 90, env=env, cwd=logdir)
         except Exception as e:  # pragma: no cover
             stdout, stderr, rc, timed_out = "", repr(e), -1, False
         wall = time.time() - t0
@@ -582,10 +675,7 @@ class Bench:
         rec.update(read_txn_logs(prefix))
         rec["returncode"] = rc
         rec["wall_seconds"] = round(wall, 3)
-        rec["cpu_ticks"] = {
-            t: (after[t] - before[t] if after[t] is not None and before[t] is not None else None)
-            for t in PROXIES
-        }
+        rec["cpu_ticks"] = {t: delta(before[t], after[t]) for t in PROXIES}
         rec["loadavg_1min_before_after"] = [load_before, Path("/proc/loadavg").read_text().split()[0]]
         rec["clk_tck"] = CLK_TCK
         tx = rec.get("transactions") or 0
@@ -594,22 +684,7 @@ class Bench:
                 if tx and rec["cpu_ticks"][t] is not None else None)
             for t in PROXIES
         }
-        errors = []
-        if timed_out:
-            errors.append(f"pgbench timed out after {seconds + 90}s and was killed")
-        if rc != 0:
-            errors.append(f"pgbench exit code {rc}")
-        if not tx:
-            errors.append("no transactions processed")
-        if rec.get("failed_transactions"):
-            errors.append(f"{rec['failed_transactions']} failed transactions")
-        if errors:
-            rec["error"] = "; ".join(errors)
-            lines = stderr.strip().splitlines()
-            rec["stderr_tail"] = "\n".join(lines[-15:])
-            first = next((l for l in lines if "ERROR" in l or "FATAL" in l), lines[-1] if lines else "")
-            rec["first_error"] = first.strip()
-            rec["stdout_tail"] = "\n".join(stdout.strip().splitlines()[-25:])
+        pgbench_errors(rec, stdout, stderr, rc, timed_out, seconds + 90)
         rec["ok"] = bool(tx) and rc == 0 and not timed_out
         rec["alive_after"] = self.w.alive()
         if not all(rec["alive_after"].values()):
@@ -962,9 +1037,16 @@ def charts_data_section(meta: dict, summary: dict, idle: list[dict], outdir: Pat
 
 
 def update_charts_data(section: str, mode: str) -> None:
-    path = HERE / "charts-data.md"
-    begin = f"<!-- BEGIN proxy-core {mode} -->"
-    end = f"<!-- END proxy-core {mode} -->"
+    write_charts_section(f"proxy-core {mode}", section)
+
+
+def write_charts_section(name: str, section: str, path: Path | None = None) -> None:
+    """Replaces what stands between `<!-- BEGIN name -->` and `<!-- END name -->` in
+    research/bench/charts-data.md (or path) with section, or appends it if it is not there yet
+    (every script's section goes through here)."""
+    path = path or HERE / "charts-data.md"
+    begin = f"<!-- BEGIN {name} -->"
+    end = f"<!-- END {name} -->"
     block = f"{begin}\n{section}\n{end}\n"
     if path.exists():
         text = path.read_text()
@@ -985,6 +1067,64 @@ def update_charts_data(section: str, mode: str) -> None:
 
 # --------------------------------------------------------------------------------------
 # Main
+
+
+def result_dir(out: Path | None, tag: str, quick: bool):
+    """(start time, run id, result folder): `out`, else results/<UTC ts><tag>[-quick] (made)."""
+    started = dt.datetime.now(dt.timezone.utc)
+    run_id = started.strftime("%Y%m%dT%H%M%SZ") + tag + ("-quick" if quick else "")
+    outdir = out or (HERE / "results" / run_id)
+    outdir.mkdir(parents=True, exist_ok=True)
+    return started, run_id, outdir
+
+
+def fatal(errors: list, e: Exception) -> int:
+    """Records an exception that ended a run (in its except clause); returns the exit code."""
+    errors.append(f"fatal: {e!r}\n{traceback.format_exc()}")
+    log(f"FAILED: {e!r}")
+    traceback.print_exc()
+    return 1
+
+
+def write_outputs(raw: dict, s: dict, outdir: Path, charts_data: bool, summary_markdown, draw_charts,
+                  update_charts_data) -> str:
+    """summary.md, the charts (one that fails is reported, not fatal) and, if charts_data, the
+    charts-data.md section of a run summarized as s, by the script's own functions; returns the
+    markdown."""
+    md = summary_markdown(raw, s)
+    (outdir / "summary.md").write_text(md)
+    charts = []
+    try:
+        charts = draw_charts(outdir, raw, s)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+    if charts_data:
+        update_charts_data(raw, s, outdir, charts)
+    return md
+
+
+def save_rendered(raw: dict, raw_json: Path, render, charts_data: bool) -> None:
+    """render(raw, outdir, charts_data) into raw_json's folder, then raw_json (with the summary);
+    prints the markdown."""
+    md = render(raw, raw_json.parent, charts_data)
+    raw_json.write_text(json.dumps(raw, indent=1, default=str))
+    print(md)
+
+
+def rerender(raw_json: Path, render, charts_data: bool) -> int:
+    """--render: render again from a run's raw.json, which is written back (save_rendered)."""
+    save_rendered(json.loads(raw_json.read_text()), raw_json, render, charts_data)
+    return 0
+
+
+class Ctx:
+    """A run's state: its mode, the setup commands and errors that go into raw.json, and what the
+    script adds."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.commands = []
+        self.errors = []
 
 
 def machine_info() -> dict:
@@ -1050,22 +1190,11 @@ def main() -> int:
     mode = Mode(args.quick)
     if args.reps:
         mode.reps = args.reps
-    started = dt.datetime.now(dt.timezone.utc)
-    run_id = started.strftime("%Y%m%dT%H%M%SZ") + ("-quick" if mode.quick else "")
-    outdir = args.out or (HERE / "results" / run_id)
-    outdir.mkdir(parents=True, exist_ok=True)
+    started, run_id, outdir = result_dir(args.out, "", mode.quick)
 
     # 1000 idle clients need fds in this process, the proxy and PgBouncer (children inherit).
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = max(hard, 65536)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
-    except (ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    # Ctrl-C, kill and hang-up all end in the cleanup below (SIGINT explicitly: a shell
-    # starting us in the background would otherwise have it ignored).
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_sigterm)
+    raise_fd_limit()
+    catch_signals()
 
     setup_commands: list[str] = []
     meta = {
@@ -1171,12 +1300,8 @@ def main() -> int:
         if world is not None and getattr(world, "proxy_stderr", None) and world.proxy_stderr.exists():
             meta["proxy_stderr_tail"] = world.proxy_stderr.read_text(errors="replace")[-4000:]
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
-        try:
-            cleanup()
-        except Exception as e:  # pragma: no cover
-            log(f"cleanup problem: {e}")
+        ignore_signals()
+        safe_cleanup()
 
     meta["duration_seconds"] = round(time.time() - t_start, 1)
     meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat()

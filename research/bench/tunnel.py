@@ -32,7 +32,6 @@ import json
 import os
 import queue
 import re
-import resource
 import secrets
 import shlex
 import shutil
@@ -42,7 +41,6 @@ import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -52,8 +50,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc readings, cleanup)
 from run import (  # noqa: E402
-    CHILDREN, PG_BIN, PG_USER, REPO, TEMP_DIRS, cleanup, cpu_ticks, free_port, log,
-    on_sigterm, percentile, read_txn_logs, rss_kib, run_checked, stop_process,
+    CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cleanup, cpu_ticks, free_port, log, raise_fd_limit,
+    read_txn_logs, result_dir, rss_kib, run_checked, stop_process, temp_dir, write_charts_section,
+    write_outputs,
 )
 
 import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
@@ -336,6 +335,38 @@ def stop_agents(agents):
             p.wait()
         if p in CHILDREN:
             CHILDREN.remove(p)
+
+
+def prepare_tunnel(ctx, org: str) -> None:
+    """What the relays and agents of a run with one organization share, on ctx: certificates,
+    `org`'s agent token, fixed relay ports (a relay started again is at the same addresses) and
+    the agents' log."""
+    ctx.certs = make_certs(ctx.tmp, ctx.commands)
+    ctx.token, ctx.token_hash = new_token(org)
+    ctx.relay_agents_port, ctx.relay_pg_port = free_port(), free_port()
+    ctx.agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
+
+
+def tunnel_relay(ctx, org: str, tag: str) -> Relay:
+    """A relay on ctx's fixed ports that knows `org`'s token (prepare_tunnel)."""
+    return Relay(ctx.tmp, ctx.certs, {org: ctx.token_hash}, {}, ctx.commands,
+                 agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port, tag=tag)
+
+
+def tunnel_agent(ctx, port: int, pg_addr: str):
+    """An agent with ctx's token (prepare_tunnel) for the Postgres at pg_addr, dialing 127.0.0.1:port
+    (a relay's agent port, or a latency link in front of it)."""
+    return start_agent(f"127.0.0.1:{port}", ctx.token, pg_addr, ctx.certs["ca"], {}, ctx.agent_log)
+
+
+def start_tunnel(ctx, org: str, tag: str, rtt_ms: float) -> None:
+    """ctx.relay (tunnel_relay), ctx.link (a latency link, rtt_ms / 2 each way, in front of the
+    relay's agent port) and ctx.agent (tunnel_agent, for ctx.org's cluster), set one by one so that
+    a caller's finally stops what started; then waits until the agent is connected."""
+    ctx.relay = tunnel_relay(ctx, org, tag)
+    ctx.link = start_link(ctx.relay.agents_port, rtt_ms / 2, ctx.tmp, ctx.commands)
+    ctx.agent = tunnel_agent(ctx, ctx.link.port, ctx.org.addr())
+    ctx.relay.wait_connected(1, timeout=60)
 
 
 # --------------------------------------------------------------------------------------
@@ -1061,25 +1092,10 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
             f"{' (dirty tree)' if m['git']['dirty'] else ''}, {m['machine']['nproc']} cores, written by "
             f"`research/bench/tunnel.py`. Charts: " + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", ""]
     body += tables(raw, s)
-    section = "\n".join(body).rstrip("\n")
-    path = HERE / "charts-data.md"
-    begin, end = f"<!-- BEGIN tunnel {mode} -->", f"<!-- END tunnel {mode} -->"
-    block = f"{begin}\n{section}\n{end}\n"
-    text = path.read_text()
-    if begin in text and end in text:
-        pre, rest = text.split(begin, 1)
-        _, post = rest.split(end, 1)
-        text = pre + block + post.lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    write_charts_section(f"tunnel {mode}", "\n".join(body).rstrip("\n"))
 
 
 # --------------------------------------------------------------------------------------
-
-
-class Ctx:
-    pass
 
 
 def binary_info(p: Path) -> dict:
@@ -1087,6 +1103,18 @@ def binary_info(p: Path) -> dict:
     st = p.stat()
     return {"path": str(p), "sha256": h, "size": st.st_size,
             "mtime_utc": dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).isoformat()}
+
+
+def binaries_at_end(meta: dict, errors: list, bins) -> None:
+    """The binaries' sha256 at the end of a run (meta["binaries_at_end"]); an error if one differs
+    from meta["binaries"] (they may be rebuilt while the benchmark runs)."""
+    try:
+        meta["binaries_at_end"] = {b.name: binary_info(b)["sha256"] for b in bins}
+        changed = [b for b, h in meta["binaries_at_end"].items() if h != meta["binaries"][b]["sha256"]]
+        if changed:
+            errors.append(f"binaries changed during the run: {', '.join(changed)} (sha256 at the end differs)")
+    except OSError as e:
+        errors.append(f"binaries at the end: {e!r}")
 
 
 def main() -> int:
@@ -1121,23 +1149,11 @@ def main() -> int:
     mode = Mode(args.quick)
     if args.streams:
         mode.streams = args.streams
-    started = dt.datetime.now(dt.timezone.utc)
-    run_id = started.strftime("%Y%m%dT%H%M%SZ") + "-tunnel" + ("-quick" if mode.quick else "")
-    outdir = args.out or (HERE / "results" / run_id)
-    outdir.mkdir(parents=True, exist_ok=True)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = max(hard, 65536)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
-    except (ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_sigterm)
+    started, run_id, outdir = result_dir(args.out, "-tunnel", mode.quick)
+    raise_fd_limit()
+    catch_signals()
 
-    ctx = Ctx()
-    ctx.mode = mode
-    ctx.commands = []
-    ctx.errors = []
+    ctx = Ctx(mode)
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
             "mode_settings": dict(vars(mode)), "scenarios": sorted(only),
             "machine": common.machine_info(), "git": common.git_info(),
@@ -1147,9 +1163,7 @@ def main() -> int:
     t_start = time.time()
     rc = 0
     try:
-        ctx.tmp = Path(tempfile.mkdtemp(prefix="lokadb-tunnel-bench-"))
-        TEMP_DIRS.append(ctx.tmp)
-        os.chmod(ctx.tmp, 0o755)
+        ctx.tmp = temp_dir("lokadb-tunnel-bench-")
         ctx.certs = make_certs(ctx.tmp, ctx.commands)
         log(f"mode={mode.name} out={outdir}; start the org cluster (max_connections 2200) and the cloud cluster")
         ctx.org = Cluster(ctx.tmp, "org", {"max_connections": "2200", "shared_buffers": "128MB"}, ctx.commands)
@@ -1196,15 +1210,8 @@ def main() -> int:
         s = summarize(raw)
         raw["summary"] = s
         (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-        md = summary_markdown(raw, s)
-        (outdir / "summary.md").write_text(md)
-        charts = []
-        try:
-            charts = draw_charts(outdir, raw, s)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-        if not args.no_charts_data and not args.out:
-            update_charts_data(raw, s, outdir, charts)
+        md = write_outputs(raw, s, outdir, not args.no_charts_data and not args.out, summary_markdown,
+                           draw_charts, update_charts_data)
         print(md)
         log(f"results in {outdir}")
     return rc
