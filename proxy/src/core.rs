@@ -153,8 +153,12 @@ pub struct Core {
     pub databases: HashMap<String, Rc<Database>>,
     /// Auth queries by database name.
     pub auth: HashMap<String, AuthQuery>,
-    /// Warm cloud backends.
+    /// Warm cloud backends (and direct connections, with `direct_pool`).
     pub pool: RefCell<Pool>,
+    /// Direct connections per organization under `direct_max`, and who waits for one.
+    pub direct_slots: crate::backend::slots::Slots,
+    /// The last lease given to a direct connection ([`Core::next_lease`]).
+    pub leases: Cell<u64>,
     /// Cancel keys of this core's sessions.
     pub cancels: RefCell<CancelRegistry>,
     /// Every core's inbox, by core id, for forwarding cancels.
@@ -214,6 +218,8 @@ impl Core {
             databases,
             auth,
             pool: RefCell::new(Pool::default()),
+            direct_slots: crate::backend::slots::Slots::default(),
+            leases: Cell::new(0),
             cancels: RefCell::new(CancelRegistry::default()),
             peers,
             shutdown: Notify::default(),
@@ -223,6 +229,14 @@ impl Core {
             checks: RefCell::new(HashMap::new()),
             record: None,
         }
+    }
+}
+
+impl Core {
+    /// A new lease for a direct connection a session takes (never 0).
+    pub fn next_lease(&self) -> u64 {
+        self.leases.set(self.leases.get() + 1);
+        self.leases.get()
     }
 }
 

@@ -120,9 +120,16 @@ pub struct DatabaseConfig {
     /// Without it, fdw+direct organizations are served through the cloud.
     #[serde(default)]
     pub direct: Option<DirectConfig>,
-    /// Keep direct connections warm between clients (per core, per organization).
+    /// Share direct connections: each goes back to the core's pool at the end of every
+    /// transaction of the organization's, for the next statement of any client (per core,
+    /// organization, role and settings).
     #[serde(default)]
     pub direct_pool: bool,
+    /// The most direct connections the proxy opens to one organization's database (split
+    /// between the cores). At the limit a statement waits for one with `direct_pool`, or
+    /// goes through the cloud without it.
+    #[serde(default = "defaults::direct_max")]
+    pub direct_max: u32,
     /// The new-connection freshness check of the routing metadata.
     #[serde(default)]
     pub meta_cache: MetaCacheConfig,
@@ -183,6 +190,9 @@ mod defaults {
     }
     pub fn connect_timeout() -> Duration {
         Duration::from_secs(10)
+    }
+    pub fn direct_max() -> u32 {
+        32
     }
     pub fn auth_query() -> String {
         super::DEFAULT_AUTH_QUERY.to_owned()
@@ -297,6 +307,9 @@ impl Config {
                 return bad(format!(
                     "databases.{name}: set \"auth_user\" (a role that can read verifiers) or a top-level \"users_file\""
                 ));
+            }
+            if db.direct_max == 0 {
+                return bad(format!("databases.{name}.direct_max must be at least 1"));
             }
         }
         Ok(())
@@ -454,6 +467,7 @@ mod tests {
         assert!(db.upstream_pool);
         assert_eq!(db.auth_query, DEFAULT_AUTH_QUERY);
         assert!(db.direct.is_none() && !db.direct_pool);
+        assert_eq!(db.direct_max, 32);
         assert_eq!(db.meta_cache.verify, None);
     }
 
@@ -480,6 +494,7 @@ mod tests {
                 "unknown field `pass`",
             ),
             (r#""direct": {}"#, "missing field `user`"),
+            (r#""direct_max": 0"#, "direct_max must be at least 1"),
         ] {
             let e = Config::from_json(&MIN.replace(
                 r#""auth_user": "lokadb_auth""#,

@@ -86,6 +86,12 @@ pub struct BackendConn {
     pub addr: SocketAddr,
     /// Transaction status of the last ReadyForQuery.
     pub status: u8,
+    /// A direct connection's place under `direct_max`, given back when it is dropped.
+    pub permit: Option<super::slots::Permit>,
+    /// A direct connection's lease: renewed (per core) each time a session takes it, so a
+    /// session that gets back the one it had, under the same lease, knows nobody else
+    /// used it since (0: never taken).
+    pub lease: u64,
 }
 
 impl BackendConn {
@@ -112,6 +118,8 @@ impl BackendConn {
             secret: Vec::new(),
             addr,
             status: TX_IDLE,
+            permit: None,
+            lease: 0,
         };
         let mut out = Vec::with_capacity(256);
         let mut startup_params: Vec<(&str, &str)> = vec![("user", user), ("database", dbname)];

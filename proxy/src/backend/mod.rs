@@ -4,3 +4,4 @@
 pub mod auth_query;
 pub mod conn;
 pub mod pool;
+pub mod slots;

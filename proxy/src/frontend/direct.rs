@@ -1,7 +1,9 @@
 //! The session's second backend: a connection to an organization's database through the
-//! relay (the direct path, `docs/routing.md`), opened when a statement first goes direct,
-//! watched while idle, kept in the pool (`direct_pool`) at the end; and the switches of a
-//! session's target between it and the cloud, with the gate of direct writes.
+//! relay (the direct path, `docs/routing.md`), opened when a statement first goes direct
+//! (at most `direct_max` per organization), watched while idle, and with `direct_pool`
+//! given back to the core's pool at the end of each of the organization's transactions;
+//! and the switches of a session's target between it and the cloud, with the gate of
+//! direct writes.
 
 use super::router::{Exchanges, Gate, Router, Side, Want};
 use super::statement::{Exchange, Reported};
@@ -34,6 +36,10 @@ pub struct Ctx<'a> {
 pub struct Direct {
     pub conn: Option<DirectConn>,
     connecting: Option<Connecting>,
+    /// The lease under which the session last had a connection: what the router knows
+    /// was parsed there still holds if it gets that connection back under the same lease
+    /// (no other session had it since).
+    lease: Option<u64>,
 }
 
 /// A session's connection to an organization's database.
@@ -49,8 +55,16 @@ pub struct DirectConn {
 /// A direct connection being opened, for the organization it is for.
 type Connecting = (
     Rc<str>,
-    Pin<Box<dyn Future<Output = Result<DirectConn, String>>>>,
+    Pin<Box<dyn Future<Output = Result<DirectConn, OpenError>>>>,
 );
+
+/// Why no direct connection came.
+enum OpenError {
+    /// The organization's database could not be reached, or refused the login.
+    Failed(String),
+    /// `direct_max` connections to it are open, and none came free in time.
+    Busy,
+}
 
 /// Makes the switch the router asks for, once the side in use has answered everything.
 /// True when done (the held message may go); false while waiting (a direct connection
@@ -211,9 +225,7 @@ impl Direct {
             // Another organization's, or opened with settings the client has changed
             // since (then not pooled: its key says the old settings, which is right).
             router.direct_org = None;
-            let idle = exchanges.direct.is_idle();
-            let (core, db) = (ctx.core.clone(), ctx.db.clone());
-            crate::rt::spawn(put_back(core, db, old, idle)).detach();
+            put_back(ctx.core, ctx.db, old, exchanges.direct.is_idle());
         }
         if self.connecting.as_ref().is_none_or(|(o, _)| o != org) {
             let params = direct_params(ctx.key, reported);
@@ -223,7 +235,13 @@ impl Direct {
         let (_, fut) = self.connecting.as_mut().expect("set above");
         match fut.as_mut().poll(cx) {
             Poll::Pending => false,
-            Poll::Ready(Err(e)) => {
+            Poll::Ready(Err(OpenError::Busy)) => {
+                self.connecting = None;
+                tracing::debug!(org = %org, "every direct connection to this organization is in use (direct_max); the statement goes through the cloud");
+                router.want = None;
+                true
+            }
+            Poll::Ready(Err(OpenError::Failed(e))) => {
                 self.connecting = None;
                 tracing::warn!(org = %org, error = %e, "the direct path to this organization's database failed; its statements go through the cloud for {:?}", super::router::UNAVAILABLE_FOR);
                 router.mark_unavailable(org.clone());
@@ -238,7 +256,12 @@ impl Direct {
                     ..Exchange::default()
                 };
                 router.direct_org = Some(org.clone());
-                router.direct_replaced();
+                if self.lease.is_none() || self.lease != Some(d.conn.lease) {
+                    router.direct_replaced();
+                }
+                let lease = ctx.core.next_lease();
+                d.conn.lease = lease;
+                self.lease = Some(lease);
                 self.conn = Some(d);
                 true
             }
@@ -279,11 +302,31 @@ impl Direct {
         true
     }
 
+    /// `direct_pool`: gives the connection back to the core's pool between the
+    /// organization's transactions (the caller made sure it is idle and nothing of the
+    /// client's is on its way to it), so that an organization's database serves as many
+    /// connections as transactions in flight, not as clients. The next direct statement
+    /// takes one again (most likely this one).
+    pub fn release(&mut self, ctx: &Ctx<'_>, router: &mut Router, cloud: &BackendConn) {
+        let Some(d) = self.conn.take() else {
+            return;
+        };
+        router.direct_org = None;
+        if router.target == Side::Direct {
+            router.target = Side::Cloud;
+            ctx.core
+                .cancels
+                .borrow_mut()
+                .retarget(ctx.cancel_pid, cancel_target(cloud));
+        }
+        put_back(ctx.core, ctx.db, d, true);
+    }
+
     /// Ends the session's use of its direct connection, if any: kept in the pool
     /// (`direct_pool`) when `idle`, else closed.
-    pub async fn finish(self, core: &Rc<Core>, db: &Rc<Database>, idle: bool) {
+    pub fn finish(self, core: &Rc<Core>, db: &Rc<Database>, idle: bool) {
         if let Some(d) = self.conn {
-            put_back(core.clone(), db.clone(), d, idle).await;
+            put_back(core, db, d, idle);
         }
     }
 }
@@ -334,70 +377,99 @@ fn direct_params(key: &PoolKey, reported: &Reported) -> Vec<(String, String)> {
 }
 
 /// Opens (or takes from `direct_pool`) a connection to `org`'s database through the relay.
+/// At `direct_max` it waits for one to come free with `direct_pool` (up to
+/// `connect_timeout`), or gives up at once without it: the statement goes through the cloud.
 fn open(
     ctx: &Ctx<'_>,
     org: &Rc<str>,
     params: Vec<(String, String)>,
-) -> Pin<Box<dyn Future<Output = Result<DirectConn, String>>>> {
-    let (core, db, key) = (ctx.core, ctx.db, ctx.key);
+) -> Pin<Box<dyn Future<Output = Result<DirectConn, OpenError>>>> {
+    let (core, db, key) = (ctx.core.clone(), ctx.db.clone(), ctx.key);
     let direct_key = PoolKey {
         database: db.name.clone(),
         user: key.user.clone(),
         org: Some(org.clone()),
         params,
     };
-    if db.config.direct_pool {
-        let pooled =
-            core.pool
-                .borrow_mut()
-                .take(&direct_key, db.config.pool_idle_timeout, Instant::now());
-        if let Some(conn) = pooled {
-            return Box::pin(async move {
-                Ok(DirectConn {
-                    conn,
-                    key: direct_key,
-                    version: 0,
-                })
-            });
-        }
-    }
     let org_meta = core
         .meta
         .borrow()
         .get(&*db.name)
         .and_then(|m| m.meta.orgs.get(&**org).and_then(|o| o.direct.clone()));
-    let login = db.config.direct.clone();
-    let password = core.shared.direct_password(&db.config);
-    let timeout = db.config.connect_timeout;
+    let slot = (db.name.clone(), org.clone());
+    let per_core = (db.config.direct_max as usize).div_ceil(core.peers.len().max(1));
     Box::pin(async move {
-        let (Some((addr, dbname)), Some(login)) = (org_meta, login) else {
-            return Err("no direct path configured (metadata changed)".to_owned());
+        let timeout = db.config.connect_timeout;
+        let deadline = Instant::now() + timeout;
+        let permit = loop {
+            if db.config.direct_pool {
+                let pooled = core.pool.borrow_mut().take(
+                    &direct_key,
+                    db.config.pool_idle_timeout,
+                    Instant::now(),
+                );
+                if let Some(conn) = pooled {
+                    return Ok(DirectConn {
+                        conn,
+                        key: direct_key,
+                        version: 0,
+                    });
+                }
+            }
+            if let Some(permit) = core.direct_slots.try_acquire(&slot, per_core) {
+                break permit;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !db.config.direct_pool
+                || left.is_zero()
+                || with_timeout(left, core.direct_slots.wait(&slot))
+                    .await
+                    .is_none()
+            {
+                return Err(OpenError::Busy);
+            }
         };
+        let (Some((addr, dbname)), Some(login)) = (org_meta, db.config.direct.clone()) else {
+            return Err(OpenError::Failed(
+                "no direct path configured (metadata changed)".to_owned(),
+            ));
+        };
+        let password = core.shared.direct_password(&db.config);
         let creds = Credentials::Password(Secret(password.unwrap_or_default()));
         let connect = BackendConn::connect(addr, &login.user, &dbname, &direct_key.params, &creds);
+        let failed = |m: String| Err(OpenError::Failed(m));
         match with_timeout(timeout, connect).await {
-            None => Err(format!("no answer within connect_timeout from the relay at {addr}")),
-            Some(Ok(conn)) => Ok(DirectConn {
-                conn,
-                key: direct_key,
-                version: 0,
-            }),
-            Some(Err(ConnError::Rejected { notice, .. })) => Err(format!(
+            None => failed(format!(
+                "no answer within connect_timeout from the relay at {addr}"
+            )),
+            Some(Ok(mut conn)) => {
+                conn.permit = Some(permit);
+                Ok(DirectConn {
+                    conn,
+                    key: direct_key,
+                    version: 0,
+                })
+            }
+            Some(Err(ConnError::Rejected { notice, .. })) => failed(format!(
                 "the organization's database (through the relay at {addr}, database {dbname}) refused the login of {}: {} ({})",
                 login.user, notice.message, notice.code
             )),
-            Some(Err(e)) => Err(format!("through the relay at {addr}: {e}")),
+            Some(Err(e)) => failed(format!("through the relay at {addr}: {e}")),
         }
     })
 }
 
 /// Ends a session's use of a direct connection: kept in the pool (`direct_pool`) when it
 /// is idle — it holds no session state of the client's but prepared statements, which are
-/// re-parsed by name before use — else closed.
-async fn put_back(core: Rc<Core>, db: Rc<Database>, d: DirectConn, idle: bool) {
+/// re-parsed by name before use — and a session waiting for one woken; else closed.
+fn put_back(core: &Rc<Core>, db: &Rc<Database>, d: DirectConn, idle: bool) {
     if idle && db.config.direct_pool && !core.shutdown.is_fired() && d.conn.is_idle_and_open() {
+        let slot = d.key.org.clone().map(|org| (db.name.clone(), org));
         core.pool.borrow_mut().put(d.key, d.conn, Instant::now());
+        if let Some(slot) = slot {
+            core.direct_slots.wake_one(&slot);
+        }
     } else {
-        d.conn.terminate().await;
+        crate::rt::spawn(d.conn.terminate()).detach();
     }
 }

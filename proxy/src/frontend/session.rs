@@ -389,6 +389,31 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             if reading == Side::Cloud && direct.watch_idle(cx, &mut router, &exchanges, up.held) {
                 progress = true;
             }
+            // direct_pool: between the organization's transactions its connection goes
+            // back to the core's pool, once it has answered everything (the server → client
+            // pipe reads the cloud again: checked after its step, which switches it) and
+            // nothing of the client's is on its way to it.
+            if db.config.direct_pool
+                && direct.conn.is_some()
+                && router.gate == Gate::Closed
+                && exchanges.direct.is_idle()
+                && reading == Side::Cloud
+                && !up.held
+                && !router.holds_begin()
+                && !router.holds_message()
+                && up.at_frame_boundary()
+                && !up.has_unwritten()
+            {
+                let ctx = Ctx {
+                    core,
+                    db: &db,
+                    key: &key,
+                    cancel_pid,
+                };
+                direct.release(&ctx, &mut router, &backend);
+                progress = true;
+            }
+
             if !progress {
                 return Poll::Pending;
             }
@@ -438,9 +463,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         && !up.has_unwritten()
         && down.at_frame_boundary()
         && !down.has_unwritten();
-    direct
-        .finish(core, &db, clean && exchanges.direct.is_idle())
-        .await;
+    direct.finish(core, &db, clean && exchanges.direct.is_idle());
     let reusable = clean && exchanges.cloud.is_settled();
     if !db.config.upstream_pool || !reusable || core.shutdown.is_fired() {
         tracing::debug!(backend_pid = backend.pid, reusable, "closing backend");

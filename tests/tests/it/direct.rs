@@ -307,7 +307,8 @@ async fn a_role_without_the_privilege_is_refused_as_in_the_cloud() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_organization_fails_only_its_own_statements() {
-    let (mut w, proxy) = direct_world(json!({ "direct_pool": true }));
+    // Without direct_pool a session keeps its direct connection between statements.
+    let (mut w, proxy) = direct_world(json!({}));
     let c2 = client(&proxy).await;
     let sql2 = "SELECT count(*) FROM documents WHERE organization_id = 2";
     assert_eq!(one_i64(&c2.simple_query(sql2).await.unwrap()), 100);
@@ -872,4 +873,208 @@ async fn an_orm_feed_joined_with_cloud_tables_is_ordered_and_limited_in_the_orga
         .output()
         .lines()
         .any(|l| l.contains("rewritten=\"false\"") && l.contains("JOIN projects p ON")));
+}
+
+/// A client that speaks the extended protocol by hand, so that it names its prepared
+/// statements itself (tokio-postgres numbers them across the whole test process, so two of
+/// its clients never share a name).
+struct Raw {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    async fn connect(port: u16) -> Raw {
+        use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+        use postgres_protocol::message::frontend;
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let mut raw = Raw {
+            stream,
+            buf: Vec::new(),
+        };
+        let mut out = bytes::BytesMut::new();
+        let user = lokadb_tests::pg::SUPERUSER;
+        frontend::startup_message([("user", user), ("database", "app")], &mut out).unwrap();
+        raw.send(&out).await;
+        let mut scram = ScramSha256::new(
+            lokadb_tests::pg::SUPERUSER_PASSWORD.as_bytes(),
+            ChannelBinding::unsupported(),
+        );
+        loop {
+            let (tag, body) = raw.message().await;
+            let mut out = bytes::BytesMut::new();
+            match (
+                tag,
+                body.get(..4)
+                    .map(|c| i32::from_be_bytes(c.try_into().unwrap())),
+            ) {
+                (b'R', Some(10)) => {
+                    frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut out)
+                        .unwrap();
+                }
+                (b'R', Some(11)) => {
+                    scram.update(&body[4..]).unwrap();
+                    frontend::sasl_response(scram.message(), &mut out).unwrap();
+                }
+                (b'R', Some(12)) => scram.finish(&body[4..]).unwrap(),
+                (b'Z', _) => return raw,
+                (b'E', _) => panic!("login refused: {}", String::from_utf8_lossy(&body)),
+                _ => {}
+            }
+            if !out.is_empty() {
+                raw.send(&out).await;
+            }
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await.unwrap();
+    }
+
+    async fn message(&mut self) -> (u8, Vec<u8>) {
+        use tokio::io::AsyncReadExt;
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() > len {
+                    let body = self.buf[5..=len].to_vec();
+                    let tag = self.buf[0];
+                    self.buf.drain(..=len);
+                    return (tag, body);
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = self.stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the proxy closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Parses `sql` as statement `name` (when `parse`), binds and executes it; the first
+    /// column of each row as text.
+    async fn run(&mut self, name: &str, sql: &str, parse: bool) -> Vec<String> {
+        use postgres_protocol::message::frontend;
+        let mut out = bytes::BytesMut::new();
+        if parse {
+            frontend::parse(name, sql, [], &mut out).unwrap();
+        }
+        let no_values: [Option<&[u8]>; 0] = [];
+        frontend::bind(
+            "",
+            name,
+            [],
+            no_values,
+            |_: Option<&[u8]>, _| Ok(postgres_protocol::IsNull::Yes),
+            [],
+            &mut out,
+        )
+        .map_err(|_| "bind")
+        .unwrap();
+        frontend::execute("", 0, &mut out).unwrap();
+        frontend::sync(&mut out);
+        self.send(&out).await;
+        let mut rows = Vec::new();
+        loop {
+            let (tag, body) = self.message().await;
+            match tag {
+                b'D' => {
+                    let len = i32::from_be_bytes(body[2..6].try_into().unwrap()) as usize;
+                    rows.push(String::from_utf8(body[6..6 + len].to_vec()).unwrap());
+                }
+                b'E' => panic!("{name}: {}", String::from_utf8_lossy(&body)),
+                b'Z' => return rows,
+                _ => {}
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_connections_are_shared_between_transactions_under_direct_max() {
+    // One connection to organization 2 per core (2 over 2 cores) for six clients.
+    let (w, proxy) = direct_world(json!({ "direct_pool": true, "direct_max": 2 }));
+    let port = proxy.port();
+    // Every client names its statement "feed", each with its own text: a client that gets a
+    // connection another one used since must parse its own there again before running it.
+    let mut tasks = Vec::new();
+    for k in 0..6i64 {
+        tasks.push(tokio::spawn(async move {
+            let mut c = Raw::connect(port).await;
+            let sql = format!(
+                "SELECT {k}::bigint + count(*) * 0 FROM documents WHERE organization_id = 2"
+            );
+            for round in 0..30 {
+                let got =
+                    tokio::time::timeout(Duration::from_secs(20), c.run("feed", &sql, round == 0))
+                        .await
+                        .unwrap_or_else(|_| panic!("client {k}, round {round}: no answer"));
+                assert_eq!(got, vec![k.to_string()], "client {k}, round {round}");
+                if round % 3 == 0 {
+                    // A transaction keeps its connection to its end.
+                    let tx = async {
+                        c.send(&simple("BEGIN")).await;
+                        while c.message().await.0 != b'Z' {}
+                        let a = c.run("feed", &sql, false).await;
+                        let b = c.run("feed", &sql, false).await;
+                        c.send(&simple("COMMIT")).await;
+                        while c.message().await.0 != b'Z' {}
+                        (a, b)
+                    };
+                    let (a, b) = tokio::time::timeout(Duration::from_secs(20), tx)
+                        .await
+                        .unwrap_or_else(|_| panic!("client {k}, round {round}: transaction stuck"));
+                    assert_eq!((a, b), (vec![k.to_string()], vec![k.to_string()]));
+                }
+            }
+            c
+        }));
+    }
+    let mut kept = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(c) => kept.push(c),
+            Err(e) => panic!("{e}\n{}", proxy.output()),
+        }
+    }
+    // Every statement ran in organization 2's database, over at most two connections.
+    let org = crate::world::connect(&format!(
+        "host=127.0.0.1 port={} user={APP_USER} password={APP_PASSWORD} dbname={ORG_DB}",
+        w.org.db.port()
+    ))
+    .await
+    .unwrap();
+    let direct: i64 = org
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND backend_type = 'client backend' AND pid <> pg_backend_pid() \
+             AND application_name <> 'postgres_fdw'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!((1..=2).contains(&direct), "{direct} direct connections");
+    let ran = w
+        .org
+        .db
+        .log_contents()
+        .matches("::bigint + count(*) * 0 FROM documents")
+        .count();
+    // 50 runs per client, but the first: its Bind comes in the batch of the Parse, which
+    // named statements leave on the cloud.
+    assert_eq!(
+        ran,
+        6 * 49,
+        "statements logged in organization 2's database"
+    );
+    drop(kept);
+}
+
+fn simple(sql: &str) -> Vec<u8> {
+    let mut out = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::query(sql, &mut out).unwrap();
+    out.to_vec()
 }
