@@ -123,7 +123,7 @@ pub struct DatabaseConfig {
     /// Share direct connections: each goes back to the core's pool at the end of every
     /// transaction of the organization's, for the next statement of any client (per core,
     /// organization, role and settings).
-    #[serde(default)]
+    #[serde(default = "defaults::yes")]
     pub direct_pool: bool,
     /// The most direct connections the proxy opens to one organization's database (split
     /// between the cores). At the limit a statement waits for one with `direct_pool`, or
@@ -466,7 +466,7 @@ mod tests {
         let db = &c.databases["app"];
         assert!(db.upstream_pool);
         assert_eq!(db.auth_query, DEFAULT_AUTH_QUERY);
-        assert!(db.direct.is_none() && !db.direct_pool);
+        assert!(db.direct.is_none() && db.direct_pool);
         assert_eq!(db.direct_max, 32);
         assert_eq!(db.meta_cache.verify, None);
     }
@@ -475,13 +475,13 @@ mod tests {
     fn the_direct_path_and_meta_cache_are_read_and_checked() {
         let c = Config::from_json(&MIN.replace(
             r#""auth_user": "lokadb_auth""#,
-            r#""auth_user": "lokadb_auth", "direct": {"user": "d"}, "direct_pool": true, "meta_cache": {"verify": "1s"}"#,
+            r#""auth_user": "lokadb_auth", "direct": {"user": "d"}, "direct_pool": false, "meta_cache": {"verify": "1s"}"#,
         ))
         .unwrap();
         let db = &c.databases["app"];
         assert_eq!(db.direct.as_ref().unwrap().user, "d");
         assert!(db.direct.as_ref().unwrap().password.is_none());
-        assert!(db.direct_pool);
+        assert!(!db.direct_pool);
         assert_eq!(db.meta_cache.verify, Some(Duration::from_secs(1)));
         for (bad, says) in [
             (r#""meta_cache": {"verify": "soon"}"#, "invalid duration"),

@@ -237,14 +237,15 @@ impl Direct {
             Poll::Pending => false,
             Poll::Ready(Err(OpenError::Busy)) => {
                 self.connecting = None;
-                tracing::debug!(org = %org, "every direct connection to this organization is in use (direct_max); the statement goes through the cloud");
+                tracing::debug!(org = %org, "every direct connection to this organization is in use (direct_max); its statements go through the cloud for {:?}", super::router::BUSY_FOR);
+                router.mark_unavailable(org.clone(), super::router::BUSY_FOR);
                 router.want = None;
                 true
             }
             Poll::Ready(Err(OpenError::Failed(e))) => {
                 self.connecting = None;
                 tracing::warn!(org = %org, error = %e, "the direct path to this organization's database failed; its statements go through the cloud for {:?}", super::router::UNAVAILABLE_FOR);
-                router.mark_unavailable(org.clone());
+                router.mark_unavailable(org.clone(), super::router::UNAVAILABLE_FOR);
                 router.want = None;
                 true
             }

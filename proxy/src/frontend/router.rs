@@ -110,6 +110,10 @@ const MAX_PREPARED: usize = 1000;
 /// database could not be reached directly.
 pub const UNAVAILABLE_FOR: Duration = Duration::from_secs(5);
 
+/// How long a session sends an organization's statements through the cloud after it found
+/// every direct connection to it in use (`direct_max`), before it asks for one again.
+pub const BUSY_FOR: Duration = Duration::from_secs(1);
+
 /// The cloud-side gate of direct writes: a transaction on the client's cloud backend that
 /// passed `lokadb_client.direct_gate(org)` (the pause gate, and the organization still moved
 /// with fdw+direct) and stays open until the organization's transaction ends, so a pause
@@ -233,11 +237,11 @@ impl Router {
         }
     }
 
-    /// Notes that `org`'s database could not be reached: its statements go through the
-    /// cloud for a while (which answers them, or fails them with the reason).
-    pub fn mark_unavailable(&mut self, org: Rc<str>) {
-        self.unavailable
-            .insert(org, Instant::now() + UNAVAILABLE_FOR);
+    /// Notes that `org`'s database could not be reached, or that every direct connection
+    /// to it is in use: its statements go through the cloud for a while (which answers
+    /// them, or fails them with the reason).
+    pub fn mark_unavailable(&mut self, org: Rc<str>, for_: Duration) {
+        self.unavailable.insert(org, Instant::now() + for_);
     }
 
     /// Notes that `org`'s gate refused: its writes go through the cloud for a while.

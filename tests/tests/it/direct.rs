@@ -308,7 +308,7 @@ async fn a_role_without_the_privilege_is_refused_as_in_the_cloud() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_organization_fails_only_its_own_statements() {
     // Without direct_pool a session keeps its direct connection between statements.
-    let (mut w, proxy) = direct_world(json!({}));
+    let (mut w, proxy) = direct_world(json!({ "direct_pool": false }));
     let c2 = client(&proxy).await;
     let sql2 = "SELECT count(*) FROM documents WHERE organization_id = 2";
     assert_eq!(one_i64(&c2.simple_query(sql2).await.unwrap()), 100);

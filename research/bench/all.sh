@@ -1,0 +1,19 @@
+#!/bin/bash
+# Every benchmark, one after the other: research/bench/all.sh [--quick]
+# (full ≈ 2 h on 2 cores; --quick ≈ 20 min, indicative only). Each script writes its own result
+# folder and its section of charts-data.md; a failed one is reported and the rest still run.
+# Binaries from $LOKADB_BENCH_TARGET (default /work/target-bench/release), built beforehand:
+#   CARGO_TARGET_DIR=/work/target-bench cargo build --release -p lokadb -p lokadb-agent -p lokadb-tests
+set -u
+cd "$(dirname "$0")/../.."
+quick=()
+[ "${1:-}" = "--quick" ] && quick=(--quick)
+failed=()
+for bench in run tunnel moves routing orgs clients; do
+    echo "=== $bench ${quick[*]} ($(date -u +%T))"
+    if ! .venv/bin/python "research/bench/$bench.py" "${quick[@]}"; then
+        failed+=("$bench")
+    fi
+done
+echo "=== done ($(date -u +%T)); failed: ${failed[*]:-none}"
+[ ${#failed[@]} -eq 0 ]

@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""LokaDB many-clients benchmark: 1000 clients on one moved organization, refused operations.
+
+    LOKADB_BENCH_TARGET=/work/target/release /work/main/.venv/bin/python research/bench/clients.py [--quick]
+
+The routing benchmark's world (routing.build_world: a cloud cluster with the test schema, organization
+2's database behind the relay and its agent, organization 2 moved with `lokadb move-org 2 --profile
+fdw`), here with the cloud at max_connections 1200 and organization 2's database at Postgres's default
+100, and no statement logging. N clients (1000) connect, then each makes K operations on organization
+2, back to back, autocommit, alternating a read of one document and an update of the body of one of
+its versions (each client its own rows: no two clients wait on one row). Four set-ups, one after the
+other, each with fresh processes (no pooled backend or connection carried over):
+
+- `cloud, fdw`: straight at the cloud (the reference's set-up);
+- `lokadb, fdw`: through `lokadb proxy`, the organization on fdw;
+- `lokadb, fdw+direct`: through the proxy, fdw+direct, `direct_pool` off (a session keeps its direct
+  connection; past `direct_max` a session's statements go through the cloud);
+- `lokadb, fdw+direct, direct_pool`: direct connections shared at the end of each transaction.
+
+Per set-up: operations that failed ÷ attempted ("refused"), by SQLSTATE and message; clients that could
+not connect (their K operations count as refused); wall time and operations per second; p50/p99 latency
+of the operations that succeeded; the peak of connections to organization 2's database (sampled every
+0.1 s); the proxy's CPU per operation.
+
+Writes raw.json, summary.md and clients-refused.png into research/bench/results/<UTC ts>-clients[-quick]/
+and the section "Many clients on one organization" of research/bench/charts-data.md. Builds nothing:
+benchmarks the binaries in $LOKADB_BENCH_TARGET and records their sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import shlex
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as common  # noqa: E402  (log, /proc, cleanup, charts-data, the run wrapper)
+from run import (  # noqa: E402
+    Ctx, catch_signals, fatal, ignore_signals, log, percentile, raise_fd_limit, rerender, result_dir,
+    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_outputs,
+)
+import tunnel  # noqa: E402
+from tunnel import binaries_at_end, binary_info, prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
+import moves  # noqa: E402
+from moves import ORG_DB, SUPER_PASSWORD, fmt  # noqa: E402
+import routing  # noqa: E402  (the world: clusters, schema, move-org; the proxy; the profile switch)
+
+import psycopg  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
+
+BIN_DIR = tunnel.BIN_DIR
+LOKADB_BIN = BIN_DIR / "lokadb"
+AGENT_BIN = BIN_DIR / "lokadb-agent"
+LINK_BIN = BIN_DIR / "latency-link"
+ORG = routing.ORG
+CLIENT_APP = "lokadb-bench-many"
+CLOUD_MAX_CONNECTIONS = "1200"
+PROXY_MAX_CONNECTIONS = 1100
+
+READ_SQL = f"SELECT id, title FROM documents WHERE organization_id = {ORG} AND id = %s"
+# document_versions.body has no constraint the cloud keeps: on fdw+direct the update goes direct.
+UPDATE_SQL = f"UPDATE document_versions SET body = %s WHERE organization_id = {ORG} AND id = %s"
+
+SETUPS = [  # (key, label, target, profile, direct_pool)
+    ("cloud", "cloud, fdw", "cloud", "fdw", False),
+    ("lokadb_fdw", "lokadb, fdw", "proxy", "fdw", False),
+    ("lokadb_direct", "lokadb, fdw+direct", "proxy", "fdw+direct", False),
+    ("lokadb_direct_pool", "lokadb, fdw+direct, direct_pool", "proxy", "fdw+direct", True),
+]
+
+
+class Mode:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.name = "quick" if quick else "full"
+        self.clients = 1000
+        self.ops = 6 if quick else 20  # per client
+        self.connect_concurrency = 50
+
+
+def classify(e: BaseException) -> str:
+    state = getattr(e, "sqlstate", None) or "-"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{state}: {first[:140]}"
+
+
+async def one_client(i: int, kw: dict, rows: tuple, ops: int, sem, start, rec: dict) -> None:
+    doc, version = rows
+    async with sem:
+        try:
+            conn = await psycopg.AsyncConnection.connect(**kw)
+        except Exception as e:  # noqa: BLE001
+            rec["connect_failed"][classify(e)] += 1
+            return
+    rec["connected"] += 1
+    await start.wait()
+    try:
+        for n in range(ops):
+            op = "read" if n % 2 == 0 else "update"
+            t = time.perf_counter()
+            try:
+                if conn.closed or conn.broken:
+                    conn = await psycopg.AsyncConnection.connect(**kw)
+                if op == "read":
+                    cur = await conn.execute(READ_SQL, (doc,))
+                    good = await cur.fetchone() is not None
+                else:
+                    cur = await conn.execute(UPDATE_SQL, (f"client {i} op {n}", version))
+                    good = cur.rowcount == 1
+                if good:
+                    rec["ok"][op] += 1
+                    rec["latency_ms"].append((time.perf_counter() - t) * 1e3)
+                else:
+                    rec["failed"][op]["wrong answer (no row)"] += 1
+            except Exception as e:  # noqa: BLE001
+                rec["failed"][op][classify(e)] += 1
+    finally:
+        try:
+            await conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+async def many_clients(kw: dict, pairs: list, mode: Mode, rec: dict) -> None:
+    sem = asyncio.Semaphore(mode.connect_concurrency)
+    start = asyncio.Event()
+    tasks = [asyncio.create_task(one_client(i, kw, pairs[i % len(pairs)], mode.ops, sem, start, rec))
+             for i in range(mode.clients)]
+    while rec["connected"] + sum(rec["connect_failed"].values()) < mode.clients:
+        await asyncio.sleep(0.05)
+    rec["connect_s"] = round(time.time() - rec["t0"], 2)
+    rec["t_start"] = time.time()
+    start.set()
+    await asyncio.gather(*tasks)
+    rec["ops_s"] = round(time.time() - rec["t_start"], 2)
+
+
+class Sampler(threading.Thread):
+    """The connections to organization 2's database, every 0.1 s (as its superuser, which has a
+    reserved slot)."""
+
+    def __init__(self, org):
+        super().__init__(daemon=True)
+        self.conn = org.conn(ORG_DB, application_name="lokadb-bench-sampler")
+        self.conn.autocommit = True
+        self.peak = 0
+        self.halt = threading.Event()
+
+    def count(self) -> int:
+        return self.conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchone()[0]
+
+    def run(self):
+        while not self.halt.is_set():
+            try:
+                self.peak = max(self.peak, self.count())
+            except psycopg.Error:
+                pass
+            time.sleep(0.1)
+
+    def stop(self) -> int:
+        self.halt.set()
+        self.join(5)
+        return self.peak
+
+
+def wait_org_quiet(ctx, sampler: Sampler, timeout=60.0) -> int:
+    t = time.time()
+    n = sampler.count()
+    while n > 0 and time.time() - t < timeout:
+        time.sleep(0.2)
+        n = sampler.count()
+    return n
+
+
+def one_setup(ctx, key: str, label: str, target: str, profile: str, pool: bool) -> dict:
+    mode = ctx.mode
+    rec = {"key": key, "label": label, "target": target, "profile": profile, "direct_pool": pool,
+           "ok": collections.Counter(), "failed": {"read": collections.Counter(), "update": collections.Counter()},
+           "connect_failed": collections.Counter(), "connected": 0, "latency_ms": []}
+    ctx.proxy = None
+    sampler = Sampler(ctx.org)
+    try:
+        routing.set_profile(ctx, profile)
+        rec["org_connections_before"] = wait_org_quiet(ctx, sampler)
+        if target == "proxy":
+            ctx.proxy = routing.start_proxy(ctx, key, db_extra={"direct_pool": pool},
+                                            extra={"max_connections": PROXY_MAX_CONNECTIONS})
+            port = ctx.proxy.port
+            rec["proxy_config"] = ctx.proxy_config
+        else:
+            port = ctx.cloud.port
+        kw = dict(host="127.0.0.1", port=port, user="postgres", password=SUPER_PASSWORD, dbname="app",
+                  sslmode="disable", autocommit=True, connect_timeout=60, application_name=CLIENT_APP)
+        cpu0 = sched_ns(ctx.proxy.proc.pid) if ctx.proxy else None
+        sampler.start()
+        rec["t0"] = time.time()
+        asyncio.run(many_clients(kw, ctx.pairs, mode, rec))
+        rec["org_connections_peak"] = sampler.stop()
+        if ctx.proxy:
+            rec["proxy_cpu_ns"] = common.delta(cpu0, sched_ns(ctx.proxy.proc.pid))
+            if ctx.proxy.proc.poll() is not None:
+                raise RuntimeError(f"the proxy exited ({ctx.proxy.proc.returncode})")
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = repr(e)
+        rec["traceback"] = traceback.format_exc()
+        ctx.errors.append(f"{label}: {e!r}")
+        log(f"  {label} FAILED: {e!r}")
+    finally:
+        sampler.halt.set()
+        if ctx.proxy is not None:
+            ctx.proxy.stop()
+            rec["proxy_stderr_tail"] = ctx.proxy.stderr_path.read_text(errors="replace")[-3000:]
+        try:
+            sampler.conn.close()
+        except psycopg.Error:
+            pass
+    lat = sorted(rec.pop("latency_ms"))
+    rec["p50_ms"] = round(percentile(lat, 0.5), 2) if lat else None
+    rec["p99_ms"] = round(percentile(lat, 0.99), 2) if lat else None
+    attempted = mode.clients * mode.ops
+    ok = sum(rec["ok"].values())
+    rec["attempted"] = attempted
+    rec["succeeded"] = ok
+    rec["refused_pct"] = round(100.0 * (attempted - ok) / attempted, 2)
+    rec["ops_per_s"] = round(ok / rec["ops_s"], 1) if rec.get("ops_s") else None
+    if rec.get("proxy_cpu_ns") and ok:
+        rec["proxy_us_per_op"] = round(rec["proxy_cpu_ns"] / 1e3 / ok, 1)
+    rec["ok"] = dict(rec["ok"])
+    rec["failed"] = {op: dict(c) for op, c in rec["failed"].items()}
+    rec["connect_failed"] = dict(rec["connect_failed"])
+    log(f"  {label}: refused {rec['refused_pct']} % of {attempted} operations "
+        f"({sum(rec['connect_failed'].values())} clients could not connect), "
+        f"{rec['ops_per_s']} ops/s, p50 {rec['p50_ms']} ms, organization's connections at most "
+        f"{rec.get('org_connections_peak')}")
+    return rec
+
+
+# --------------------------------------------------------------------------------------
+# Summary
+
+
+def summary_markdown(raw: dict, s: dict) -> str:
+    m = raw["meta"]
+    out = [f"# Many clients on one organization — run {m['run_id']}", "",
+           f"`{m['command']}`, {m['mode_settings']['clients']} clients × {m['mode_settings']['ops']} operations "
+           f"(alternately a read and an update of organization {ORG}'s rows, autocommit), organization {ORG}'s "
+           f"database at max_connections {m['postgres_settings']['org']['max_connections']}, the cloud at "
+           f"{m['postgres_settings']['cloud']['max_connections']}; proxy defaults but max_connections "
+           f"{PROXY_MAX_CONNECTIONS} (direct_max 32).", ""]
+    out += ["| set-up | refused | clients not connected | ops/s | p50 ms | p99 ms | org connections, peak | proxy µs/op |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in raw["setups"]:
+        out.append(f"| {r['label']} | {r['refused_pct']} % | {sum(r['connect_failed'].values())} | "
+                   f"{fmt(r.get('ops_per_s'), 0)} | {fmt(r.get('p50_ms'))} | {fmt(r.get('p99_ms'))} | "
+                   f"{r.get('org_connections_peak', '–')} | {fmt(r.get('proxy_us_per_op'), 1)} |")
+    out += ["", "## Failures by kind", ""]
+    for r in raw["setups"]:
+        kinds = collections.Counter()
+        for op, c in r["failed"].items():
+            for k, n in c.items():
+                kinds[f"{op}: {k}"] += n
+        for k, n in r["connect_failed"].items():
+            kinds[f"connect: {k}"] += n
+        out.append(f"- **{r['label']}**: " + ("none" if not kinds else "; ".join(
+            f"{n} × {k}" for k, n in kinds.most_common(6))))
+        if r.get("error"):
+            out.append(f"  - set-up error: {r['error']}")
+    if m["errors"]:
+        out += ["", "## Errors", ""] + [f"- {e[:1500]}" for e in m["errors"]]
+    return "\n".join(out) + "\n"
+
+
+def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
+    rows = raw["setups"]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    labels = [r["label"].replace(", ", ",\n", 1) for r in rows]
+    vals = [r["refused_pct"] for r in rows]
+    bars = ax.bar(range(len(rows)), vals, color=["#999", "#c66", "#e9a", "#4a8"][:len(rows)])
+    for b, v in zip(bars, vals):
+        ax.text(b.get_x() + b.get_width() / 2, v + 1, f"{v:g} %", ha="center", fontsize=9)
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("operations refused (%)")
+    m = raw["meta"]["mode_settings"]
+    ax.set_title(f"{m['clients']} clients on one moved organization (goal 0 %)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(outdir / "clients-refused.png", dpi=110)
+    plt.close(fig)
+    return ["clients-refused.png"]
+
+
+def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> None:
+    m = raw["meta"]
+    rel = f"results/{outdir.name}"
+    body = ["## Many clients on one organization" + (", quick mode — indicative only" if m["mode"] == "quick" else ""),
+            "",
+            f"Run `{outdir.name}` (folder `{rel}/`), commit `{m['git']['commit'][:12]}`"
+            f"{' (dirty tree)' if m['git']['dirty'] else ''}, lokadb sha256 `{m['binaries']['lokadb']['sha256'][:12]}`, "
+            f"{m['machine']['nproc']} cores, written by `research/bench/clients.py` (`{m['command'].strip()}`). "
+            f"Charts: " + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", "",
+            "### clients-refused.png — operations refused (%), and what else each set-up did", "",
+            "| set-up | refused % | clients not connected | ops/s | p50 ms | org connections, peak |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for r in raw["setups"]:
+        body.append(f"| {r['label']} | {r['refused_pct']} | {sum(r['connect_failed'].values())} | "
+                    f"{fmt(r.get('ops_per_s'), 0)} | {fmt(r.get('p50_ms'))} | {r.get('org_connections_peak', '–')} |")
+    write_charts_section(f"clients {m['mode']}", "\n".join(body))
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    s = {}
+    if not raw.get("setups"):
+        md = f"# Many clients — run {raw['meta']['run_id']}\n\nNo set-up completed.\n\n" + "\n".join(
+            f"- {e[:2000]}" for e in raw["meta"]["errors"]) + "\n"
+        (outdir / "summary.md").write_text(md)
+        return md
+    return write_outputs(raw, s, outdir, charts_data, summary_markdown, draw_charts, update_charts_data)
+
+
+# --------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="6 operations per client instead of 20 (≈ 3 min)")
+    ap.add_argument("--out", type=Path, help="result folder; a trial run: charts-data.md is left alone")
+    ap.add_argument("--clients", type=int, help="clients (default 1000)")
+    ap.add_argument("--setups", help="comma-separated subset of: " + ",".join(k for k, *_ in SETUPS))
+    ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json")
+    args = ap.parse_args()
+    if args.render:
+        return rerender(args.render, render, not args.no_charts_data)
+    if os.geteuid() != 0:
+        sys.exit("clients.py must run as root (it starts Postgres as the user lokadb-pg)")
+    for p in (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN):
+        if not Path(p).exists():
+            sys.exit(f"missing {p}: run scripts/setup.sh and the cargo build in the README first")
+    mode = Mode(args.quick)
+    if args.clients:
+        mode.clients = args.clients
+    setups = SETUPS
+    if args.setups:
+        want = args.setups.split(",")
+        setups = [s for s in SETUPS if s[0] in want]
+    started, run_id, outdir = result_dir(args.out, "-clients", mode.quick)
+    catch_signals()
+    raise_fd_limit()
+    # The routing world, with room in the cloud for every client and no statement logging.
+    routing.CLOUD_PG = {**moves.CLOUD_PG, "max_connections": CLOUD_MAX_CONNECTIONS}
+    routing.ORG_DB_SETTINGS = {}
+    ctx = Ctx(mode)
+    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+            "command": ("/work/main/.venv/bin/python research/bench/clients.py " + shlex.join(sys.argv[1:])).strip(),
+            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
+            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
+            "postgres_settings": {"cloud": routing.CLOUD_PG, "org": moves.ORG_PG},
+            "operations": {"read": READ_SQL, "update": UPDATE_SQL},
+            "setups": [{"key": k, "label": lab, "target": t, "profile": p, "direct_pool": pool}
+                       for k, lab, t, p, pool in setups],
+            "setup_commands": ctx.commands, "errors": ctx.errors}
+    raw = {"meta": meta, "world": None, "setups": []}
+    t_start = time.time()
+    rc = 0
+    try:
+        ctx.tmp = temp_dir("lokadb-clients-bench-")
+        prepare_tunnel(ctx, ORG)
+        log(f"mode={mode.name} clients={mode.clients} ops={mode.ops} binaries={BIN_DIR} out={outdir}")
+        log("building the world (cloud + organization clusters, move-org)")
+        raw["world"] = routing.build_world(ctx)
+        with ctx.org.conn(ORG_DB) as c:
+            versions = [r[0] for r in c.execute(
+                f"SELECT id FROM document_versions WHERE organization_id = {ORG} ORDER BY id").fetchall()]
+        ctx.pairs = list(zip(ctx.ids2, versions))
+        if len(ctx.pairs) < mode.clients:
+            raise RuntimeError(f"{len(ctx.pairs)} rows of organization {ORG} for {mode.clients} clients")
+        # The relay and the agent, no latency link: what is measured is connections, not distance.
+        ctx.relay = tunnel_relay(ctx, ORG, "relay")
+        ctx.agent = tunnel_agent(ctx, ctx.relay.agents_port, ctx.org.addr())
+        ctx.relay.wait_connected(1, timeout=60)
+        for key, label, target, profile, pool in setups:
+            log(f"{label}: {mode.clients} clients")
+            r = one_setup(ctx, key, label, target, profile, pool)
+            raw["setups"].append(r)
+            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+            if r.get("error"):
+                rc = 1
+        if ctx.errors:
+            rc = 1
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        rc = fatal(ctx.errors, e)
+    finally:
+        ignore_signals()
+        for proc in (getattr(ctx, "agent", None),):
+            if proc is not None:
+                stop_agents([proc])
+        if getattr(ctx, "relay", None) is not None:
+            ctx.relay.stop()
+        safe_cleanup()
+        meta["wall_seconds"] = round(time.time() - t_start, 1)
+        binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN))
+        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
+        save_rendered(raw, outdir / "raw.json", render, not args.no_charts_data and not args.out)
+        log(f"results in {outdir}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
