@@ -42,6 +42,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "the join rewrite: the foreign keys an inner join may lean on",
         include_str!("sql/0007_joins.sql"),
     ),
+    (
+        8,
+        "the key-map rewrite: a key's organization for statements that name none",
+        include_str!("sql/0008_keys.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

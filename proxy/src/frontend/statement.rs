@@ -241,7 +241,8 @@ impl ClientFrames<'_> {
 }
 
 impl ClientFrames<'_> {
-    /// A Query or Parse whose statement the join rewrite changes ([`crate::route::rewrite`]),
+    /// A Query or Parse whose statement the join or key-map rewrite changes
+    /// ([`crate::route::rewrite`]),
     /// as the same message with the rewritten text (a Parse keeps its parameter types).
     fn rewrite(&self, tag: u8, body: &[u8]) -> Option<Vec<u8>> {
         let meta = self.meta?;
@@ -252,14 +253,17 @@ impl ClientFrames<'_> {
             None
         };
         let sql = f.cstr().ok()?;
-        // Only a join can be rewritten: the rest pay a short scan, no lookup.
-        if !mentions(sql, b"join") {
+        // Only a join, or a statement that may look a key up, can be rewritten: the rest
+        // pay a short scan, no lookup.
+        let keyed = meta.meta.catalog.has_key_maps() && mentions(sql, b"where");
+        if !keyed && !mentions(sql, b"join") {
             return None;
         }
-        let Analysis::Org {
+        let (Analysis::Org {
             rewrite: Some(rewritten),
             ..
-        } = meta.analyze(sql)
+        }
+        | Analysis::Keyed(rewritten)) = meta.analyze(sql)
         else {
             return None;
         };
@@ -370,6 +374,7 @@ impl ClientFrames<'_> {
                 org: Org::Param(n), ..
             } => (format!("${n}"), ""),
             Analysis::Unplaced(why) => ("?".to_owned(), *why),
+            Analysis::Keyed(_) => ("key".to_owned(), ""),
         };
         // The join rewrite sent this statement to the cloud rewritten (a Bind's statement:
         // see its Parse's line).
@@ -379,7 +384,8 @@ impl ClientFrames<'_> {
                 _,
                 Analysis::Org {
                     rewrite: Some(_), ..
-                },
+                }
+                | Analysis::Keyed(_),
             ) => "true",
             _ => "false",
         };

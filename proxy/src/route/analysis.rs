@@ -46,6 +46,20 @@ pub struct JoinKey {
     pub target_columns: Vec<String>,
 }
 
+/// A key map the key-map rewrite may use (`lokadb.key_meta()`): a backfilled map of one
+/// column of a LokaDB table without row-level security.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyMap {
+    /// The LokaDB table (catalog index).
+    pub table: usize,
+    pub column: String,
+    /// The key's and the organization column's SQL types (`bigint`, `uuid`, …).
+    pub column_type: String,
+    pub org_type: String,
+    /// The key map's name in schema `lokadb`.
+    pub keymap: String,
+}
+
 /// The LokaDB tables, looked up by the names a statement may use.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
@@ -53,6 +67,7 @@ pub struct Catalog {
     by_name: HashMap<String, usize>,
     tables: Vec<LokaTable>,
     join_keys: Vec<JoinKey>,
+    key_maps: Vec<KeyMap>,
     /// Lowercased bare names, for the fast path.
     needles: Vec<memchr::memmem::Finder<'static>>,
 }
@@ -74,6 +89,7 @@ impl Catalog {
             by_name,
             tables,
             join_keys: Vec::new(),
+            key_maps: Vec::new(),
             needles,
         }
     }
@@ -89,6 +105,25 @@ impl Catalog {
         &self.tables
     }
 
+    /// The catalog with the key maps the key-map rewrite may use.
+    #[must_use]
+    pub fn with_key_maps(mut self, maps: Vec<KeyMap>) -> Catalog {
+        self.key_maps = maps;
+        self
+    }
+
+    /// The key map of `table`'s column `column`, if the key-map rewrite may use one.
+    pub fn key_map(&self, table: usize, column: &str) -> Option<&KeyMap> {
+        self.key_maps
+            .iter()
+            .find(|k| k.table == table && k.column == column)
+    }
+
+    /// Whether any key map may be used (else no statement is looked at for one).
+    pub fn has_key_maps(&self) -> bool {
+        !self.key_maps.is_empty()
+    }
+
     /// The [`JoinKey`]s of table `table` (catalog index).
     pub fn join_keys(&self, table: usize) -> impl Iterator<Item = &JoinKey> {
         self.join_keys.iter().filter(move |k| k.table == table)
@@ -96,7 +131,9 @@ impl Catalog {
 
     /// Whether an analysis made with `other` holds with this one: the same tables and keys.
     pub fn same_as(&self, other: &Catalog) -> bool {
-        self.tables == other.tables && self.join_keys == other.join_keys
+        self.tables == other.tables
+            && self.join_keys == other.join_keys
+            && self.key_maps == other.key_maps
     }
 
     /// Whether `sql` may mention a LokaDB table (a substring test on the lowercased
@@ -190,6 +227,9 @@ pub enum Analysis {
     },
     /// Touches LokaDB tables but cannot be placed in one organization; why.
     Unplaced(&'static str),
+    /// Names no organization, but one key a key map keeps: sent to the cloud as this text,
+    /// which adds the key's organization ([`super::rewrite::key_lookup`]).
+    Keyed(Arc<str>),
 }
 
 /// Analyses `sql` (one or more statements).
@@ -220,6 +260,10 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
                 .flatten()
                 .map(Arc::from),
             tables,
+        },
+        Analysis::Unplaced(why) => match super::rewrite::key_lookup(sql, &statements, catalog) {
+            Some(rewritten) => Analysis::Keyed(Arc::from(rewritten)),
+            None => Analysis::Unplaced(why),
         },
         other => other,
     }
@@ -758,7 +802,7 @@ fn strip(e: &Expr) -> &Expr {
 }
 
 /// A constant or parameter value.
-fn constant(e: &Expr) -> Option<Org> {
+pub(super) fn constant(e: &Expr) -> Option<Org> {
     match strip(e) {
         Expr::Value(v) => match &v.value {
             Value::Number(n, _) => Some(Org::Literal(n.clone())),

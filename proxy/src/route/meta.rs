@@ -5,7 +5,7 @@
 //! generation changes and hands it to every core, which swaps it in with an empty cache of
 //! analyses ([`CoreMeta`]). Per statement a core reads only its own copy.
 
-use super::analysis::{analyze, Analysis, Catalog, JoinKey, LokaTable};
+use super::analysis::{analyze, Analysis, Catalog, JoinKey, KeyMap, LokaTable};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -72,6 +72,9 @@ const DIRECT_META_SQL: &str =
 
 /// The foreign keys the join rewrite may lean on (schema version 7).
 const JOIN_META_SQL: &str = "SELECT schema_name, table_name, columns, target_schema, target_table, target_columns FROM lokadb.join_meta()";
+
+/// The key maps the key-map rewrite may use (schema version 8).
+const KEY_META_SQL: &str = "SELECT schema_name, table_name, column_name, column_type, org_type, keymap, row_security FROM lokadb.key_meta()";
 
 /// Reads the whole metadata in one snapshot, so the generation and the rows agree.
 pub const LOAD_SQL: &str = "\
@@ -144,10 +147,12 @@ impl Meta {
         // Functions of later schema versions: an older cloud schema has fewer rules.
         let versions = client.query_one(
             "SELECT to_regprocedure('lokadb.direct_meta()') IS NOT NULL, \
-                    to_regprocedure('lokadb.join_meta()') IS NOT NULL",
+                    to_regprocedure('lokadb.join_meta()') IS NOT NULL, \
+                    to_regprocedure('lokadb.key_meta()') IS NOT NULL",
             &[],
         )?;
-        let (has_direct_meta, has_join_meta): (bool, bool) = (versions.get(0), versions.get(1));
+        let (has_direct_meta, has_join_meta, has_key_meta): (bool, bool, bool) =
+            (versions.get(0), versions.get(1), versions.get(2));
         let mut writes = Vec::new();
         if has_direct_meta {
             writes = vec![DirectWrites::default(); tables.len()];
@@ -186,9 +191,34 @@ impl Meta {
                 });
             }
         }
+        let mut key_maps = Vec::new();
+        if has_key_meta {
+            for row in client.query(KEY_META_SQL, &[])? {
+                let (schema, name): (&str, &str) = (row.get(0), row.get(1));
+                let Some(table) = tables
+                    .iter()
+                    .position(|t| t.schema == schema && t.name == name)
+                else {
+                    continue;
+                };
+                // Row-level security: the key's organization is not looked up for it.
+                if row.get::<_, bool>(6) {
+                    continue;
+                }
+                key_maps.push(KeyMap {
+                    table,
+                    column: row.get(2),
+                    column_type: row.get(3),
+                    org_type: row.get(4),
+                    keymap: row.get(5),
+                });
+            }
+        }
         Ok(Meta {
             generation,
-            catalog: Catalog::new(tables).with_join_keys(join_keys),
+            catalog: Catalog::new(tables)
+                .with_join_keys(join_keys)
+                .with_key_maps(key_maps),
             direct_orgs: orgs.values().filter(|o| o.is_direct()).count(),
             orgs,
             writes,

@@ -31,8 +31,24 @@
 //! - WHERE, ORDER BY only on the LokaDB table's columns (written `alias.column`), WHERE with
 //!   the organization condition and simple operators only (no function, no subquery);
 //! - LIMIT a number or a parameter; OFFSET, if any, a number with a numeric LIMIT.
+//!
+//! Key-map rewrite ([`key_lookup`]): a statement on one LokaDB table that names no
+//! organization but a key a key map keeps — `SELECT … WHERE id = $1`, an ORM's get by primary
+//! key, its UPDATE and DELETE — is sent with the key's organization added:
+//!
+//! ```sql
+//! SELECT … FROM documents WHERE documents.id = $1
+//! -- is sent as
+//! SELECT … FROM documents WHERE documents.organization_id =
+//!   lokadb_client.key_org('km_documents_id', CAST($1 AS bigint))::bigint AND documents.id = $1
+//! ```
+//!
+//! The cloud evaluates the function once, as the statement starts, and prunes every other
+//! partition: one organization is touched instead of all of them (for a moved one a round
+//! trip to its database each). The rows are the same: every row's key is in the key map with
+//! its organization, and no other organization has a row with that key.
 
-use super::analysis::{conjuncts, fold, Catalog, JoinKey};
+use super::analysis::{conjuncts, constant, fold, Catalog, JoinKey};
 use sqlparser::ast::{
     BinaryOperator, Expr, Join, JoinOperator, LimitClause, ObjectName, ObjectNamePart, OrderByKind,
     Query, Select, SelectItem, SetExpr, Statement, TableFactor, UnaryOperator, Value,
@@ -108,6 +124,241 @@ pub fn limit_pushdown(sql: &str, statements: &[Statement], catalog: &Catalog) ->
     );
     let rewritten = format!("{}{inner}{}", &sql[..start], &sql[end..]);
     same_but_the_table(q, &rewritten).then_some(rewritten)
+}
+
+/// The statement to send instead of `sql` (one statement, `statements`, that the analysis
+/// could not place) when it reads, updates or deletes rows of one LokaDB table by a key a key
+/// map keeps: a top-level WHERE conjunct `key = constant` (or `IN` one constant). See the
+/// module's doc.
+pub fn key_lookup(sql: &str, statements: &[Statement], catalog: &Catalog) -> Option<String> {
+    if !catalog.has_key_maps() {
+        return None;
+    }
+    let [statement] = statements else {
+        return None;
+    };
+    let (relation, others, selection) = match statement {
+        Statement::Query(q) if q.with.is_none() => {
+            let SetExpr::Select(s) = q.body.as_ref() else {
+                return None;
+            };
+            let [from] = s.from.as_slice() else {
+                return None;
+            };
+            (
+                &from.relation,
+                !from.joins.is_empty(),
+                s.selection.as_ref()?,
+            )
+        }
+        Statement::Update(u) if u.from.is_none() && u.table.joins.is_empty() => {
+            (&u.table.relation, false, u.selection.as_ref()?)
+        }
+        Statement::Delete(d) if d.using.is_none() => {
+            let (sqlparser::ast::FromTable::WithFromKeyword(from)
+            | sqlparser::ast::FromTable::WithoutKeyword(from)) = &d.from;
+            let [from] = from.as_slice() else {
+                return None;
+            };
+            if !from.joins.is_empty() {
+                return None;
+            }
+            (&from.relation, false, d.selection.as_ref()?)
+        }
+        _ => return None,
+    };
+    let TableFactor::Table {
+        name,
+        alias,
+        args: None,
+        ..
+    } = relation
+    else {
+        return None;
+    };
+    let table = catalog.lookup(name)?;
+    // The only LokaDB table anywhere in the statement (joined ones are cloud tables).
+    if loka_references(statement, catalog) != 1 {
+        return None;
+    }
+    let qualifier = match alias {
+        Some(a) => fold(&a.name.value, a.name.quote_style.is_some()),
+        None => bare_name(name)?,
+    };
+    let org_column = &catalog.tables()[table].org_column;
+    let parts = conjuncts(selection);
+    // A statement that names an organization column already is not helped.
+    let names_org = |e: &Expr| {
+        let mut found = false;
+        let _ = sqlparser::ast::visit_expressions(e, |x| {
+            if column_named(x, &qualifier, others).as_deref() == Some(org_column.as_str()) {
+                found = true;
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        found
+    };
+    if parts.iter().any(|p| names_org(p)) {
+        return None;
+    }
+    let (map, value) = parts.iter().find_map(|p| {
+        let (column, value) = key_equality(p, &qualifier, others)?;
+        Some((catalog.key_map(table, &column)?, value))
+    })?;
+    let qualifier_sql = match alias {
+        Some(a) => a.name.to_string(),
+        None => name.0.last()?.to_string(),
+    };
+    let condition = format!(
+        "{qualifier_sql}.{} = lokadb_client.key_org('{}', CAST({value} AS {}))::{}",
+        quote_ident(org_column),
+        map.keymap.replace('\'', "''"),
+        map.column_type,
+        map.org_type,
+    );
+    let at = after_where(sql)?;
+    let rewritten = format!("{} {condition} AND{}", &sql[..at], &sql[at..]);
+    adds_only(statement, &condition, &rewritten).then_some(rewritten)
+}
+
+/// How many references to LokaDB tables `statement` holds.
+fn loka_references(statement: &Statement, catalog: &Catalog) -> usize {
+    let mut n = 0;
+    let _ = sqlparser::ast::visit_relations(statement, |r| {
+        if catalog.lookup(r).is_some() {
+            n += 1;
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    n
+}
+
+/// The column `e` names, when it is `qualifier.column`, or a bare column when the statement
+/// has no join (then it can only be the table's).
+fn column_named(e: &Expr, qualifier: &str, joined: bool) -> Option<String> {
+    match e {
+        Expr::CompoundIdentifier(p) => column_of(p, qualifier),
+        Expr::Identifier(i) if !joined => Some(fold(&i.value, i.quote_style.is_some())),
+        _ => None,
+    }
+}
+
+/// `column = constant` (either way round, casts allowed) or `column IN (constant)`: the
+/// column and the constant's text.
+fn key_equality(e: &Expr, qualifier: &str, joined: bool) -> Option<(String, String)> {
+    let (column, value) = match e {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::Eq,
+            right,
+        } => match (
+            column_named(strip_casts(left), qualifier, joined),
+            column_named(strip_casts(right), qualifier, joined),
+        ) {
+            (Some(c), None) => (c, right.as_ref()),
+            (None, Some(c)) => (c, left.as_ref()),
+            _ => return None,
+        },
+        Expr::In {
+            expr,
+            target: sqlparser::ast::InTarget::List(list),
+            negated: false,
+            ..
+        } if list.len() == 1 => (
+            column_named(strip_casts(expr), qualifier, joined)?,
+            &list[0],
+        ),
+        _ => return None,
+    };
+    constant(value)?;
+    // As written, casts included: a parameter's type is the one the statement gives it.
+    Some((column, value.to_string()))
+}
+
+/// The byte offset just after the statement's one top-level `WHERE` keyword (none in
+/// parentheses counted; two, or none, and there is no offset).
+fn after_where(sql: &str) -> Option<usize> {
+    use sqlparser::keywords::Keyword;
+    use sqlparser::tokenizer::{Token, Tokenizer};
+    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize_with_location()
+        .ok()?;
+    let mut depth = 0usize;
+    let mut found = None;
+    for t in &tokens {
+        match &t.token {
+            Token::LParen | Token::LBracket => depth += 1,
+            Token::RParen | Token::RBracket => depth = depth.saturating_sub(1),
+            Token::Word(w) if depth == 0 && w.keyword == Keyword::WHERE => {
+                if found.is_some() {
+                    return None;
+                }
+                found = Some(byte_at(sql, t.span.end)?);
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+/// Whether `rewritten` parses as `original` with `condition` as its WHERE's first conjunct
+/// and nothing else changed: the text went in where it should.
+fn adds_only(original: &Statement, condition: &str, rewritten: &str) -> bool {
+    let Ok(parsed) = Parser::parse_sql(&PostgreSqlDialect {}, rewritten) else {
+        return false;
+    };
+    let [new] = parsed.as_slice() else {
+        return false;
+    };
+    let Ok(cond) = Parser::new(&PostgreSqlDialect {})
+        .try_with_sql(condition)
+        .and_then(|mut p| p.parse_expr())
+    else {
+        return false;
+    };
+    let (mut old, mut new) = (original.clone(), new.clone());
+    let (Some(old_where), Some(new_where)) = (take_selection(&mut old), take_selection(&mut new))
+    else {
+        return false;
+    };
+    let text = |e: &Expr| {
+        conjuncts(e)
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    let mut want = vec![cond.to_string()];
+    want.extend(text(&old_where));
+    text(&new_where) == want && old.to_string() == new.to_string()
+}
+
+/// Takes the WHERE out of a SELECT, UPDATE or DELETE.
+fn take_selection(s: &mut Statement) -> Option<Expr> {
+    match s {
+        Statement::Query(q) => match q.body.as_mut() {
+            SetExpr::Select(s) => s.selection.take(),
+            _ => None,
+        },
+        Statement::Update(u) => u.selection.take(),
+        Statement::Delete(d) => d.selection.take(),
+        _ => None,
+    }
+}
+
+/// An identifier as SQL needs it written (quoted unless plain lower case).
+fn quote_ident(name: &str) -> String {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
 }
 
 /// The SELECT of a query of the rewritable shape, and the inner LIMIT's text.
@@ -523,6 +774,68 @@ mod tests {
             "SELECT d.id FROM documents d LEFT JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 1 ORDER BY d.id LIMIT 5 FOR UPDATE",
         ] {
             assert_eq!(rewrite(sql), None, "{sql}");
+        }
+    }
+
+    fn keyed(sql: &str) -> Option<String> {
+        let catalog = catalog().with_key_maps(vec![super::super::analysis::KeyMap {
+            table: 0,
+            column: "id".into(),
+            column_type: "bigint".into(),
+            org_type: "bigint".into(),
+            keymap: "km_documents_id".into(),
+        }]);
+        match super::super::analysis::analyze(sql, &catalog) {
+            super::super::analysis::Analysis::Keyed(r) => Some(r.to_string()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_lookup_by_a_mapped_key_gets_the_keys_organization() {
+        let org = |q: &str, v: &str| {
+            format!("{q}.organization_id = lokadb_client.key_org('km_documents_id', CAST({v} AS bigint))::bigint AND")
+        };
+        // Django's get by primary key, its UPDATE and DELETE, select_related's get.
+        for (sql, want) in [
+            (
+                r#"SELECT "documents"."id", "documents"."title" FROM "documents" WHERE "documents"."id" = $1 LIMIT 21"#,
+                format!(r#"SELECT "documents"."id", "documents"."title" FROM "documents" WHERE {} "documents"."id" = $1 LIMIT 21"#, org("\"documents\"", "$1")),
+            ),
+            (
+                "UPDATE documents SET title = 'x' WHERE id = 5 RETURNING id",
+                format!("UPDATE documents SET title = 'x' WHERE {} id = 5 RETURNING id", org("documents", "5")),
+            ),
+            (
+                r#"DELETE FROM "documents" WHERE "documents"."id" IN ($1)"#,
+                format!(r#"DELETE FROM "documents" WHERE {} "documents"."id" IN ($1)"#, org("\"documents\"", "$1")),
+            ),
+            (
+                "SELECT d.id, p.id FROM documents d LEFT JOIN projects p ON p.id = d.project_id\nWHERE (d.title IS NOT NULL) AND d.id = '7'::bigint",
+                format!("SELECT d.id, p.id FROM documents d LEFT JOIN projects p ON p.id = d.project_id\nWHERE {} (d.title IS NOT NULL) AND d.id = '7'::bigint", org("d", "'7'::BIGINT")),
+            ),
+        ] {
+            assert_eq!(keyed(sql).as_deref(), Some(want.as_str()), "{sql}");
+        }
+    }
+
+    #[test]
+    fn statements_a_key_does_not_place_are_sent_as_written() {
+        for sql in [
+            // The key under OR, not mapped, or compared to a column.
+            "SELECT * FROM documents WHERE id = 1 OR id = 2",
+            "SELECT * FROM documents WHERE title = 'x'",
+            "SELECT * FROM documents WHERE id = project_id",
+            // Unqualified with a join: it may be the joined table's column.
+            "SELECT * FROM documents d JOIN projects p ON p.id = d.project_id WHERE id = 1",
+            // Two LokaDB tables, a WITH, a subquery's WHERE only.
+            "SELECT * FROM documents d, document_versions v WHERE d.id = 1 AND v.id = 2",
+            "WITH x AS (SELECT 1) SELECT * FROM documents WHERE id = 1",
+            "SELECT * FROM documents WHERE id IN (SELECT id FROM documents WHERE id = 1)",
+            // Placed by its organization already.
+            "SELECT * FROM documents WHERE id = 1 AND organization_id = 2",
+        ] {
+            assert_eq!(keyed(sql), None, "{sql}");
         }
     }
 

@@ -1078,3 +1078,80 @@ fn simple(sql: &str) -> Vec<u8> {
     postgres_protocol::message::frontend::query(sql, &mut out).unwrap();
     out.to_vec()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_by_primary_key_touches_only_the_keys_organization() {
+    let (w, proxy) = direct_world(json!({}));
+    let c = client(&proxy).await;
+    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
+        .await
+        .unwrap();
+    let id_of = |org: i64| {
+        let cloud = &cloud;
+        async move {
+            cloud
+                .query_one(
+                    "SELECT min(id) FROM documents WHERE organization_id = $1",
+                    &[&org],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    let (id1, id2) = (id_of(1).await, id_of(2).await);
+    let get = r#"SELECT "documents"."id", "documents"."organization_id" FROM "documents" WHERE "documents"."id" = $1 LIMIT 21"#;
+
+    // Straight at the cloud, a lookup of organization 1's row asks organization 2's database
+    // too (every partition is scanned).
+    let from = w.org.db.log_contents().len();
+    let row = cloud.query_one(get, &[&id1]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(1), 1);
+    assert_eq!(remote_queries(&w, from).len(), 1, "the cloud as written");
+
+    // Through the proxy the key's organization is added: organization 2's database hears
+    // nothing of it, and the row is the same.
+    let before = w.org.db.log_contents().len();
+    let row = c.query_one(get, &[&id1]).await.unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (id1, 1));
+    let update = "UPDATE documents SET title = 'by key' WHERE id = $1";
+    assert_eq!(c.execute(update, &[&id1]).await.unwrap(), 1);
+    assert_eq!(
+        c.execute("SELECT 1 FROM documents WHERE id = $1", &[&-5i64])
+            .await
+            .unwrap(),
+        0,
+        "a key no organization has"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let heard = &w.org.db.log_contents()[before..];
+    assert!(
+        !heard.contains("DECLARE"),
+        "organization 2 was asked:\n{heard}"
+    );
+    assert!(proxy
+        .output()
+        .lines()
+        .any(|l| l.contains("org=key") && l.contains("rewritten=\"true\"")));
+
+    // Organization 2's row is read from its database, and updated and deleted there.
+    let row = c.query_one(get, &[&id2]).await.unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (id2, 2));
+    assert_eq!(c.execute(update, &[&id2]).await.unwrap(), 1);
+    let title: String = cloud
+        .query_one("SELECT title FROM documents WHERE id = $1", &[&id2])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(title, "by key");
+    let delete = r#"DELETE FROM "document_versions" WHERE "document_versions"."id" IN ($1)"#;
+    let version: i64 = cloud
+        .query_one(
+            "SELECT min(id) FROM document_versions WHERE organization_id = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(c.execute(delete, &[&version]).await.unwrap(), 1);
+}
