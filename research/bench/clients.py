@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (log, /proc, cleanup, charts-data, the run wrapper)
 from run import (  # noqa: E402
     Ctx, catch_signals, fatal, ignore_signals, log, percentile, raise_fd_limit, rerender, result_dir,
-    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_outputs,
+    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_outputs, preflight,
 )
 import tunnel  # noqa: E402
 from tunnel import binaries_at_end, binary_info, prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
@@ -344,11 +344,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)
-    if os.geteuid() != 0:
-        sys.exit("clients.py must run as root (it starts Postgres as the user lokadb-pg)")
-    for p in (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN):
-        if not Path(p).exists():
-            sys.exit(f"missing {p}: run scripts/setup.sh and the cargo build in the README first")
+    preflight("clients.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.clients:
         mode.clients = args.clients

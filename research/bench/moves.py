@@ -48,7 +48,7 @@ import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, 
 from run import (  # noqa: E402
     CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cpu_ticks, fatal, free_port, ignore_signals, log,
     percentile, rerender, result_dir, run_checked, safe_cleanup, save_rendered, stop_process, temp_dir,
-    write_charts_section, write_outputs,
+    write_charts_section, write_outputs, preflight,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
 from tunnel import (  # noqa: E402
@@ -1310,11 +1310,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)
-    if os.geteuid() != 0:
-        sys.exit("moves.py must run as root (it starts Postgres as the user lokadb-pg)")
-    for p in (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN):
-        if not Path(p).exists():
-            sys.exit(f"missing {p}: run scripts/setup.sh and the cargo build in the README first")
+    preflight("moves.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.sizes:
         mode.sizes_mb = [int(x) for x in args.sizes.split(",")]

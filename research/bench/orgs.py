@@ -55,7 +55,7 @@ import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, 
 from run import (  # noqa: E402
     PG_BIN, Ctx, catch_signals, cpu_ticks, delta, fatal, ignore_signals, log, parse_pgbench, percentile,
     pgbench_errors, raise_fd_limit, rerender, result_dir, rss_kib, run_captured, safe_cleanup, save_rendered,
-    sched_ns, temp_dir, write_charts_section, write_outputs,
+    sched_ns, temp_dir, write_charts_section, write_outputs, preflight,
 )
 import tunnel  # noqa: E402  (relay, agent, certificates, LineProc)
 from tunnel import (  # noqa: E402
@@ -1270,11 +1270,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)
-    if os.geteuid() != 0:
-        sys.exit("orgs.py must run as root (it starts Postgres as the user lokadb-pg)")
-    for p in (PG_BIN / "postgres", PG_BIN / "pgbench", LOKADB_BIN, AGENT_BIN):
-        if not Path(p).exists():
-            sys.exit(f"missing {p}: run scripts/setup.sh and build the binaries (see research/bench/README.md)")
+    preflight("orgs.py", (PG_BIN / "postgres", PG_BIN / "pgbench", LOKADB_BIN, AGENT_BIN), 'run scripts/setup.sh and build the binaries (see research/bench/README.md)')
     mode = Mode(args.quick)
     if args.orgs:
         mode.orgs = sorted({int(x) for x in args.orgs.split(",")})

@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
     Ctx, catch_signals, cpu_ticks, delta, fatal, ignore_signals, log, percentile, rerender, result_dir,
-    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_outputs,
+    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_outputs, preflight,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
 from tunnel import (  # noqa: E402
@@ -984,11 +984,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)
-    if os.geteuid() != 0:
-        sys.exit("routing.py must run as root (it starts Postgres as the user lokadb-pg)")
-    for p in (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN):
-        if not Path(p).exists():
-            sys.exit(f"missing {p}: run scripts/setup.sh and the cargo build in the README first")
+    preflight("routing.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.rtts:
         mode.rtts_ms = [float(x) for x in args.rtts.split(",")]

@@ -193,6 +193,16 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def preflight(script: str, paths, hint: str = "run scripts/setup.sh and the cargo build in the README first") -> None:
+    """Exits with a message unless run as root (Postgres runs as the user lokadb-pg) and every
+    path in `paths` exists."""
+    if os.geteuid() != 0:
+        sys.exit(f"{script} must run as root (it starts Postgres as the user lokadb-pg)")
+    for p in paths:
+        if not Path(p).exists():
+            sys.exit(f"missing {p}: {hint}")
+
+
 def temp_dir(prefix: str) -> Path:
     """A temporary folder that cleanup() removes, readable by all (the Postgres user's clusters)."""
     d = Path(tempfile.mkdtemp(prefix=prefix))

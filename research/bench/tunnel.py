@@ -52,7 +52,7 @@ import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc r
 from run import (  # noqa: E402
     CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cleanup, cpu_ticks, free_port, log, raise_fd_limit,
     read_txn_logs, result_dir, rss_kib, run_checked, stop_process, temp_dir, write_charts_section,
-    write_outputs,
+    write_outputs, preflight,
 )
 
 import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
@@ -1140,11 +1140,7 @@ def main() -> int:
             update_charts_data(raw, s, outdir, charts)
         print(md)
         return 0
-    if os.geteuid() != 0:
-        sys.exit("tunnel.py must run as root (it starts Postgres as the user lokadb-pg)")
-    for p in (PG_BIN / "postgres", PG_BIN / "pgbench", LOKADB_BIN, AGENT_BIN, LINK_BIN):
-        if not Path(p).exists():
-            sys.exit(f"missing {p}: run scripts/setup.sh and the cargo build in the README first")
+    preflight("tunnel.py", (PG_BIN / "postgres", PG_BIN / "pgbench", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     only = set(args.only.split(","))
     mode = Mode(args.quick)
     if args.streams:

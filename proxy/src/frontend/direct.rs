@@ -333,7 +333,9 @@ impl Direct {
 }
 
 /// Sends a simple query of the proxy's own on `conn` (which has answered everything the
-/// client sent), its answers to be dropped. Pending while an earlier send is in flight.
+/// client sent), its answers to be dropped. Pending while an earlier send is in flight. The
+/// runtime takes a write of up to 256 KiB whole (`rt::net`); these queries are far shorter,
+/// so a short write would be a broken promise of the runtime, reported as an error.
 pub fn send_own(
     cx: &mut Context<'_>,
     conn: &mut BackendConn,

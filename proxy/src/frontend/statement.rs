@@ -11,6 +11,7 @@ use super::router::{Exchanges, Router, Side};
 use crate::record::{Kind, Recorder};
 use crate::route::analysis::{copy_out_of_loka_table, mentions, Analysis, Org};
 use crate::route::meta::CoreMeta;
+use crate::route::rewrite::quote_ident;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::FrameError;
@@ -155,16 +156,25 @@ impl Inspect for ClientFrames<'_> {
         // A refused or rewritten statement is routed in place of the client's (a COPY of a
         // whole LokaDB table goes to the cloud, which raises the refusal, whatever was added
         // before it).
-        let refusal = match frame {
-            Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => self
-                .refusal(header.tag, &f[5..])
-                .or_else(|| self.rewrite(header.tag, &f[5..])),
-            _ => None,
+        let (refusal, refused) = match frame {
+            Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => {
+                match self.refusal(header.tag, &f[5..]) {
+                    Some(r) => (Some(r), true),
+                    None => (self.rewrite(header.tag, &f[5..]), false),
+                }
+            }
+            _ => (None, false),
         };
         let routed = refusal.as_deref().or(frame);
         let action = self.route(header.tag, routed);
+        // A held message is shown again once the switch is made: logged then, once.
         if action == Action::Hold {
             return action;
+        }
+        if refused && self.route_log {
+            if let Some(f) = frame {
+                log_refused(header.tag, &f[5..]);
+            }
         }
         let action = match (action, refusal) {
             (Action::Forward, Some(refusal)) => Action::Replace(refusal),
@@ -181,6 +191,45 @@ impl Inspect for ClientFrames<'_> {
     }
 }
 
+/// The `route_log` line of a refused Query or Parse.
+fn log_refused(tag: u8, body: &[u8]) {
+    let Some((_, sql, _)) = statement_of(tag, body) else {
+        return;
+    };
+    let kind = if tag == FE_PARSE { "parse" } else { "query" };
+    tracing::info!(target: "lokadb::route", route = "refused", kind, statement = %sql.chars().take(200).collect::<String>());
+}
+
+/// A Query's or Parse's statement: the Parse's statement name, the SQL, and what follows it
+/// (a Parse's parameter types).
+fn statement_of(tag: u8, body: &[u8]) -> Option<(Option<&str>, &str, &[u8])> {
+    let mut f = Fields::new(body, "statement");
+    let name = if tag == FE_PARSE {
+        Some(f.cstr().ok()?)
+    } else {
+        None
+    };
+    let sql = f.cstr().ok()?;
+    Some((name, sql, f.rest()))
+}
+
+/// The same Query or Parse (`tag`, statement `name`) with `sql` instead and `rest` after it.
+fn statement_frame(tag: u8, name: Option<&str>, sql: &str, rest: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(sql.len() + rest.len() + 64);
+    frame.push(tag);
+    frame.extend_from_slice(&[0; 4]);
+    if let Some(name) = name {
+        frame.extend_from_slice(name.as_bytes());
+        frame.push(0);
+    }
+    frame.extend_from_slice(sql.as_bytes());
+    frame.push(0);
+    frame.extend_from_slice(rest);
+    let len = (frame.len() - 1) as u32;
+    frame[1..5].copy_from_slice(&len.to_be_bytes());
+    frame
+}
+
 /// Dollar-quote tag of the refusal's DO block.
 const REFUSAL_TAG: &str = "$lokadb_refusal$";
 
@@ -192,26 +241,20 @@ impl ClientFrames<'_> {
     /// `COPY <LokaDB table> TO …` (the whole message is refused).
     fn refusal(&self, tag: u8, body: &[u8]) -> Option<Vec<u8>> {
         let meta = self.meta?;
-        let mut f = Fields::new(body, "statement");
-        let statement = if tag == FE_PARSE {
-            Some(f.cstr().ok()?)
-        } else {
-            None
-        };
-        let sql = f.cstr().ok()?;
+        let (statement, sql, _) = statement_of(tag, body)?;
         let table = copy_out_of_loka_table(sql, &meta.meta.catalog)?;
-        let name = format!("{}.{}", ident(&table.schema), ident(&table.name));
+        let name = format!(
+            "{}.{}",
+            quote_ident(&table.schema),
+            quote_ident(&table.name)
+        );
         let message = format!(
             "COPY of LokaDB table {name} needs an organization: the table holds every organization's rows"
         );
         let hint = format!(
             "Copy one organization's rows: COPY (SELECT * FROM {name} WHERE {} = '…') TO STDOUT",
-            ident(&table.org_column)
+            quote_ident(&table.org_column)
         );
-        if self.route_log {
-            let kind = if tag == FE_PARSE { "parse" } else { "query" };
-            tracing::info!(target: "lokadb::route", route = "refused", kind, statement = %sql.chars().take(200).collect::<String>());
-        }
         let (message, hint) = if message.contains(REFUSAL_TAG) || hint.contains(REFUSAL_TAG) {
             (
                 "COPY of a LokaDB table needs an organization".to_owned(),
@@ -221,22 +264,9 @@ impl ClientFrames<'_> {
             (message, hint)
         };
         let sql = raise_sql("0A000", &message, &hint);
-        let mut body = Vec::with_capacity(sql.len() + 64);
-        if let Some(statement) = statement {
-            body.extend_from_slice(statement.as_bytes());
-            body.push(0);
-        }
-        body.extend_from_slice(sql.as_bytes());
-        body.push(0);
-        if statement.is_some() {
-            // No parameter types: the DO block takes none.
-            body.extend_from_slice(&0i16.to_be_bytes());
-        }
-        let mut frame = Vec::with_capacity(body.len() + 5);
-        frame.push(tag);
-        frame.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-        frame.extend_from_slice(&body);
-        Some(frame)
+        // No parameter types: the DO block takes none.
+        let rest: &[u8] = if statement.is_some() { &[0, 0] } else { &[] };
+        Some(statement_frame(tag, statement, &sql, rest))
     }
 }
 
@@ -246,13 +276,7 @@ impl ClientFrames<'_> {
     /// as the same message with the rewritten text (a Parse keeps its parameter types).
     fn rewrite(&self, tag: u8, body: &[u8]) -> Option<Vec<u8>> {
         let meta = self.meta?;
-        let mut f = Fields::new(body, "statement");
-        let statement = if tag == FE_PARSE {
-            Some(f.cstr().ok()?)
-        } else {
-            None
-        };
-        let sql = f.cstr().ok()?;
+        let (statement, sql, rest) = statement_of(tag, body)?;
         // Only a join, or a statement that may look a key up, can be rewritten: the rest
         // pay a short scan, no lookup.
         let keyed = meta.meta.catalog.has_key_maps() && mentions(sql, b"where");
@@ -267,20 +291,7 @@ impl ClientFrames<'_> {
         else {
             return None;
         };
-        let rest = f.rest();
-        let mut frame = Vec::with_capacity(body.len() + rewritten.len());
-        frame.push(tag);
-        frame.extend_from_slice(&[0; 4]);
-        if let Some(statement) = statement {
-            frame.extend_from_slice(statement.as_bytes());
-            frame.push(0);
-        }
-        frame.extend_from_slice(rewritten.as_bytes());
-        frame.push(0);
-        frame.extend_from_slice(rest);
-        let len = (frame.len() - 1) as u32;
-        frame[1..5].copy_from_slice(&len.to_be_bytes());
-        Some(frame)
+        Some(statement_frame(tag, statement, &rewritten, rest))
     }
 }
 
@@ -293,22 +304,6 @@ pub(super) fn raise_sql(code: &str, message: &str, hint: &str) -> String {
         message.replace('\'', "''"),
         hint.replace('\'', "''"),
     )
-}
-
-/// An identifier as SQL would need it written (quoted unless plain lower case).
-fn ident(name: &str) -> String {
-    let plain = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        name.to_owned()
-    } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
-    }
 }
 
 impl ClientFrames<'_> {

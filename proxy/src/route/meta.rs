@@ -156,13 +156,8 @@ impl Meta {
         let mut writes = Vec::new();
         if has_direct_meta {
             writes = vec![DirectWrites::default(); tables.len()];
-            let index = |s: &str, n: &str| tables.iter().position(|t| t.schema == s && t.name == n);
-            for row in client.query(DIRECT_META_SQL, &[])? {
-                let (kind, schema, name): (&str, &str, &str) = (row.get(0), row.get(1), row.get(2));
-                let Some(i) = index(schema, name) else {
-                    continue;
-                };
-                match kind {
+            for (i, row) in per_table(client, DIRECT_META_SQL, &tables)? {
+                match row.get::<_, &str>(0) {
                     "c" => {
                         if let Some(column) = row.get::<_, Option<String>>(3) {
                             writes[i].constrained.insert(column);
@@ -174,14 +169,7 @@ impl Meta {
         }
         let mut join_keys = Vec::new();
         if has_join_meta {
-            for row in client.query(JOIN_META_SQL, &[])? {
-                let (schema, name): (&str, &str) = (row.get(0), row.get(1));
-                let Some(table) = tables
-                    .iter()
-                    .position(|t| t.schema == schema && t.name == name)
-                else {
-                    continue;
-                };
+            for (table, row) in per_table(client, JOIN_META_SQL, &tables)? {
                 join_keys.push(JoinKey {
                     table,
                     columns: row.get(2),
@@ -193,14 +181,7 @@ impl Meta {
         }
         let mut key_maps = Vec::new();
         if has_key_meta {
-            for row in client.query(KEY_META_SQL, &[])? {
-                let (schema, name): (&str, &str) = (row.get(0), row.get(1));
-                let Some(table) = tables
-                    .iter()
-                    .position(|t| t.schema == schema && t.name == name)
-                else {
-                    continue;
-                };
+            for (table, row) in per_table(client, KEY_META_SQL, &tables)? {
                 // Row-level security: the key's organization is not looked up for it.
                 if row.get::<_, bool>(6) {
                     continue;
@@ -224,6 +205,26 @@ impl Meta {
             writes,
         })
     }
+}
+
+/// The rows of `sql`, whose columns `schema_name` and `table_name` name a LokaDB table, with
+/// that table's index in `tables` (rows of other tables skipped).
+fn per_table(
+    client: &mut impl postgres::GenericClient,
+    sql: &str,
+    tables: &[LokaTable],
+) -> Result<Vec<(usize, postgres::Row)>, postgres::Error> {
+    Ok(client
+        .query(sql, &[])?
+        .into_iter()
+        .filter_map(|row| {
+            let (schema, name): (&str, &str) = (row.get("schema_name"), row.get("table_name"));
+            let i = tables
+                .iter()
+                .position(|t| t.schema == schema && t.name == name)?;
+            Some((i, row))
+        })
+        .collect())
 }
 
 /// `host:port` as the first address it resolves to (IPv6 literals in brackets).

@@ -346,7 +346,7 @@ fn take_selection(s: &mut Statement) -> Option<Expr> {
 }
 
 /// An identifier as SQL needs it written (quoted unless plain lower case).
-fn quote_ident(name: &str) -> String {
+pub fn quote_ident(name: &str) -> String {
     let plain = name
         .chars()
         .next()
