@@ -119,6 +119,13 @@ impl Catalog {
             .find(|k| k.table == table && k.column == column)
     }
 
+    /// Whether `sql` mentions any LokaDB table's organization column (a scan, no parse).
+    pub fn names_org_column(&self, sql: &str) -> bool {
+        self.tables
+            .iter()
+            .any(|t| mentions(sql, t.org_column.as_bytes()))
+    }
+
     /// Whether any key map may be used (else no statement is looked at for one).
     pub fn has_key_maps(&self) -> bool {
         !self.key_maps.is_empty()
@@ -181,7 +188,7 @@ pub fn copy_out_of_loka_table<'c>(sql: &str, catalog: &'c Catalog) -> Option<&'c
     })
 }
 
-/// Whether `sql` holds `word` (ASCII, lower case) in any case: a scan with no allocation,
+/// Whether `sql` holds `word` (ASCII) in any case: a scan with no allocation,
 /// to skip statements a rule cannot concern before any lookup or parse.
 pub fn mentions(sql: &str, word: &[u8]) -> bool {
     sql.as_bytes()
