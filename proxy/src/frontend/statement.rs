@@ -279,11 +279,12 @@ impl ClientFrames<'_> {
         let (statement, sql, rest) = statement_of(tag, body)?;
         // Only a join, or a statement that may look a key up, can be rewritten: the rest
         // pay a short scan, no lookup (a simple query's text differs with every value, so
-        // an analysis is a parse). A statement that names an organization column needs no
-        // key's organization.
+        // an analysis is a parse). A statement whose WHERE names an organization column needs no
+        // key's organization (its select list may).
         let catalog = &meta.meta.catalog;
-        let keyed =
-            catalog.has_key_maps() && mentions(sql, b"where") && !catalog.names_org_column(sql);
+        let keyed = catalog.has_key_maps()
+            && mentions(sql, b"where")
+            && !catalog.org_column_after_where(sql);
         if !keyed && !mentions(sql, b"join") {
             return None;
         }

@@ -119,11 +119,16 @@ impl Catalog {
             .find(|k| k.table == table && k.column == column)
     }
 
-    /// Whether `sql` mentions any LokaDB table's organization column (a scan, no parse).
-    pub fn names_org_column(&self, sql: &str) -> bool {
+    /// Whether `sql`, from its first `where` on, mentions any LokaDB table's organization
+    /// column (a scan, no parse): a statement may look for a key's organization only if not.
+    pub fn org_column_after_where(&self, sql: &str) -> bool {
+        let Some(at) = find(sql, b"where") else {
+            return false;
+        };
+        let rest = &sql[at..];
         self.tables
             .iter()
-            .any(|t| mentions(sql, t.org_column.as_bytes()))
+            .any(|t| mentions(rest, t.org_column.as_bytes()))
     }
 
     /// Whether any key map may be used (else no statement is looked at for one).
@@ -191,9 +196,14 @@ pub fn copy_out_of_loka_table<'c>(sql: &str, catalog: &'c Catalog) -> Option<&'c
 /// Whether `sql` holds `word` (ASCII) in any case: a scan with no allocation,
 /// to skip statements a rule cannot concern before any lookup or parse.
 pub fn mentions(sql: &str, word: &[u8]) -> bool {
+    find(sql, word).is_some()
+}
+
+/// Where `word` (ASCII) first occurs in `sql`, in any case.
+pub fn find(sql: &str, word: &[u8]) -> Option<usize> {
     sql.as_bytes()
         .windows(word.len())
-        .any(|w| w.eq_ignore_ascii_case(word))
+        .position(|w| w.eq_ignore_ascii_case(word))
 }
 
 /// Postgres folds unquoted identifiers to lower case.
