@@ -21,6 +21,9 @@ pub struct PoolKey {
     pub user: String,
     /// For a direct connection (`direct_pool`): the organization whose database it is.
     pub org: Option<Rc<str>>,
+    /// For a direct connection: where it leads (the relay's address, `ORG/DBNAME`), so that
+    /// one to where an organization was is not reused once it moved elsewhere.
+    pub target: Option<String>,
     /// Startup parameters other than user and database, sorted: they become the
     /// session's defaults that `RESET ALL` returns to, so only equal sets can share.
     pub params: Vec<(String, String)>,
@@ -57,6 +60,24 @@ impl Pool {
             );
         }
         None
+    }
+
+    /// Takes the longest idle backend whose key `matches` (to close it: another key needs
+    /// its place under a cap).
+    pub fn take_oldest(&mut self, matches: impl Fn(&PoolKey) -> bool) -> Option<BackendConn> {
+        let (key, at) = self
+            .idle
+            .iter()
+            .filter(|(k, l)| matches(k) && !l.is_empty())
+            .map(|(k, l)| (k, 0, l[0].since))
+            .min_by_key(|&(_, _, since)| since)
+            .map(|(k, i, _)| (k.clone(), i))?;
+        let list = self.idle.get_mut(&key)?;
+        let conn = list.remove(at).conn;
+        if list.is_empty() {
+            self.idle.remove(&key);
+        }
+        Some(conn)
     }
 
     /// Keeps a backend that has been reset.

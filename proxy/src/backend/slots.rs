@@ -148,12 +148,25 @@ impl Drop for Wait {
         let Some(id) = self.id else {
             return;
         };
-        let mut inner = self.slots.0.borrow_mut();
-        if let Some(count) = inner.counts.get_mut(&self.key) {
-            count.waiters.retain(|(w, _)| *w != id);
-            if count.open == 0 && count.waiters.is_empty() {
-                inner.counts.remove(&self.key);
+        let woken = {
+            let mut inner = self.slots.0.borrow_mut();
+            match inner.counts.get_mut(&self.key) {
+                Some(count) => {
+                    let queued = count.waiters.len();
+                    count.waiters.retain(|(w, _)| *w != id);
+                    let woken = count.waiters.len() == queued;
+                    if count.open == 0 && count.waiters.is_empty() {
+                        inner.counts.remove(&self.key);
+                    }
+                    woken
+                }
+                None => true,
             }
+        };
+        // Woken but gone before it looked (its session ended, or wants another
+        // organization now): the wake-up goes on to the next waiter.
+        if woken {
+            self.slots.wake_one(&self.key);
         }
     }
 }
@@ -200,6 +213,26 @@ mod tests {
         assert_eq!(second.0.load(Ordering::SeqCst), 0);
         assert!(w1.as_mut().poll(&mut Context::from_waker(&wf)).is_ready());
         assert!(slots.try_acquire(&key(), 2).is_some());
+    }
+
+    #[test]
+    fn a_wake_up_to_a_waiter_that_left_goes_on_to_the_next() {
+        let slots = Slots::default();
+        let a = slots.try_acquire(&key(), 1).unwrap();
+        let (left, next) = (
+            Arc::new(Counter(AtomicUsize::new(0))),
+            Arc::new(Counter(AtomicUsize::new(0))),
+        );
+        let (wl, wn) = (Waker::from(left.clone()), Waker::from(next.clone()));
+        let mut w1 = Box::pin(slots.wait(&key()));
+        let mut w2 = Box::pin(slots.wait(&key()));
+        assert!(w1.as_mut().poll(&mut Context::from_waker(&wl)).is_pending());
+        assert!(w2.as_mut().poll(&mut Context::from_waker(&wn)).is_pending());
+        drop(a);
+        assert_eq!(left.0.load(Ordering::SeqCst), 1);
+        drop(w1); // woken, never polled again
+        assert_eq!(next.0.load(Ordering::SeqCst), 1);
+        assert!(w2.as_mut().poll(&mut Context::from_waker(&wn)).is_ready());
     }
 
     #[test]

@@ -388,17 +388,20 @@ fn open(
     params: Vec<(String, String)>,
 ) -> Pin<Box<dyn Future<Output = Result<DirectConn, OpenError>>>> {
     let (core, db, key) = (ctx.core.clone(), ctx.db.clone(), ctx.key);
-    let direct_key = PoolKey {
-        database: db.name.clone(),
-        user: key.user.clone(),
-        org: Some(org.clone()),
-        params,
-    };
     let org_meta = core
         .meta
         .borrow()
         .get(&*db.name)
         .and_then(|m| m.meta.orgs.get(&**org).and_then(|o| o.direct.clone()));
+    let direct_key = PoolKey {
+        database: db.name.clone(),
+        user: key.user.clone(),
+        org: Some(org.clone()),
+        target: org_meta
+            .as_ref()
+            .map(|(addr, dbname)| format!("{addr}/{dbname}")),
+        params,
+    };
     let slot = (db.name.clone(), org.clone());
     let per_core = (db.config.direct_max as usize).div_ceil(core.peers.len().max(1));
     Box::pin(async move {
@@ -421,6 +424,16 @@ fn open(
             }
             if let Some(permit) = core.direct_slots.try_acquire(&slot, per_core) {
                 break permit;
+            }
+            // At the cap, an idle pooled connection to this organization opened for another
+            // role or other settings gives its place up (it would hold it until it expires).
+            let idle = core.pool.borrow_mut().take_oldest(|k| {
+                k.database == direct_key.database && k.org == direct_key.org && *k != direct_key
+            });
+            if let Some(mut other) = idle {
+                drop(other.permit.take());
+                crate::rt::spawn(other.terminate()).detach();
+                continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if !db.config.direct_pool

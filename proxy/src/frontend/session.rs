@@ -110,6 +110,7 @@ async fn attach(
         database: db.name.clone(),
         user: user.to_owned(),
         org: None,
+        target: None,
         params,
     };
     let pooled = if db.config.upstream_pool {

@@ -93,6 +93,7 @@ pub fn limit_pushdown(sql: &str, statements: &[Statement], catalog: &Catalog) ->
             .joins
             .iter()
             .all(|j| keeps_every_row(j, &alias, table, catalog))
+        || !same_columns_through_a_subquery(q, &alias)
     {
         return None;
     }
@@ -177,6 +178,10 @@ pub fn key_lookup(sql: &str, statements: &[Statement], catalog: &Catalog) -> Opt
         return None;
     };
     let table = catalog.lookup(name)?;
+    // `AS d(a, b)` renames the columns: `d.organization_id` may be another one.
+    if alias.as_ref().is_some_and(|a| !a.columns.is_empty()) {
+        return None;
+    }
     // The only LokaDB table anywhere in the statement (joined ones are cloud tables).
     if loka_references(statement, catalog) != 1 {
         return None;
@@ -251,9 +256,10 @@ fn key_equality(e: &Expr, qualifier: &str, joined: bool) -> Option<(String, Stri
             left,
             op: BinaryOperator::Eq,
             right,
+            // The column bare: `id::float4 = 16777217` matches more keys than one.
         } => match (
-            column_named(strip_casts(left), qualifier, joined),
-            column_named(strip_casts(right), qualifier, joined),
+            column_named(left, qualifier, joined),
+            column_named(right, qualifier, joined),
         ) {
             (Some(c), None) => (c, right.as_ref()),
             (None, Some(c)) => (c, left.as_ref()),
@@ -264,10 +270,7 @@ fn key_equality(e: &Expr, qualifier: &str, joined: bool) -> Option<(String, Stri
             target: sqlparser::ast::InTarget::List(list),
             negated: false,
             ..
-        } if list.len() == 1 => (
-            column_named(strip_casts(expr), qualifier, joined)?,
-            &list[0],
-        ),
+        } if list.len() == 1 => (column_named(expr, qualifier, joined)?, &list[0]),
         _ => return None,
     };
     constant(value)?;
@@ -361,6 +364,38 @@ pub fn quote_ident(name: &str) -> String {
     }
 }
 
+/// Whether every reference to the LokaDB table (`alias`) in `q` means the same through a
+/// subquery `SELECT *` of it: no system column (`ctid`, `tableoid`, …), no whole-row
+/// reference (its type would become `record`); and no parameter in a join's ON (its type
+/// would now come from the subquery's WHERE, analysed before it).
+fn same_columns_through_a_subquery(q: &Query, alias: &str) -> bool {
+    const SYSTEM: &[&str] = &["ctid", "tableoid", "xmin", "xmax", "cmin", "cmax"];
+    let mut ok = true;
+    let _ = sqlparser::ast::visit_expressions(q, |e| {
+        match e {
+            Expr::Identifier(i) if fold(&i.value, i.quote_style.is_some()) == alias => ok = false,
+            Expr::CompoundIdentifier(p)
+                if column_of(p, alias).is_some_and(|c| SYSTEM.contains(&c.as_str())) =>
+            {
+                ok = false;
+            }
+            _ => {}
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    if let SetExpr::Select(s) = q.body.as_ref() {
+        for j in s.from.iter().flat_map(|f| &f.joins) {
+            let _ = sqlparser::ast::visit_expressions(&j.join_operator, |e| {
+                if matches!(e, Expr::Value(v) if matches!(v.value, Value::Placeholder(_))) {
+                    ok = false;
+                }
+                std::ops::ControlFlow::<()>::Continue(())
+            });
+        }
+    }
+    ok
+}
+
 /// The SELECT of a query of the rewritable shape, and the inner LIMIT's text.
 fn shape(q: &Query) -> Option<(&Select, String)> {
     if q.with.is_some()
@@ -428,11 +463,11 @@ fn shape(q: &Query) -> Option<(&Select, String)> {
 
 /// A select-list item that is evaluated per row of the join: columns, wildcards, constants.
 fn plain_item(item: &SelectItem) -> bool {
-    let plain = |e: &Expr| {
-        matches!(
-            strip_casts(e),
-            Expr::Identifier(_) | Expr::CompoundIdentifier(_) | Expr::Value(_)
-        )
+    // A parameter here would get its type from the subquery's WHERE, analysed first now.
+    let plain = |e: &Expr| match strip_casts(e) {
+        Expr::Identifier(_) | Expr::CompoundIdentifier(_) => true,
+        Expr::Value(v) => !matches!(v.value, Value::Placeholder(_)),
+        _ => false,
     };
     match item {
         SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => plain(e),
@@ -671,7 +706,7 @@ fn same_but_the_table(original: &Query, rewritten: &str) -> bool {
     else {
         return false;
     };
-    let TableFactor::Derived { subquery, .. } = &new.from[0].relation else {
+    let Some(TableFactor::Derived { subquery, .. }) = new.from.first().map(|f| &f.relation) else {
         return false;
     };
     let SetExpr::Select(inner) = subquery.body.as_ref() else {
@@ -767,6 +802,11 @@ mod tests {
             "SELECT d.id FROM documents d LEFT JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 1 ORDER BY d.id LIMIT $1 OFFSET $2",
             // The organization only in an inner join's ON, not in WHERE.
             "SELECT d.id FROM documents d JOIN organizations o ON o.id = d.organization_id WHERE d.id > 1 ORDER BY d.id LIMIT 5",
+            // A parameter in the select list or an ON, a system column, a whole-row reference.
+            "SELECT d.id, $2 FROM documents d LEFT JOIN projects p ON p.id = d.project_id WHERE d.organization_id = $1 ORDER BY d.id LIMIT 5",
+            "SELECT d.id FROM documents d LEFT JOIN projects p ON p.id = d.project_id AND p.id > $2 WHERE d.organization_id = $1 ORDER BY d.id LIMIT 5",
+            "SELECT d.ctid FROM documents d LEFT JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 1 ORDER BY d.id LIMIT 5",
+            "SELECT d FROM documents d LEFT JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 1 ORDER BY d.id LIMIT 5",
             // No join, or the LokaDB table not first, or two FROM items, or FOR UPDATE.
             "SELECT d.id FROM documents d WHERE d.organization_id = 1 ORDER BY d.id LIMIT 5",
             "SELECT d.id FROM projects p RIGHT JOIN documents d ON p.id = d.project_id WHERE d.organization_id = 1 ORDER BY d.id LIMIT 5",
@@ -834,6 +874,9 @@ mod tests {
             "SELECT * FROM documents WHERE id IN (SELECT id FROM documents WHERE id = 1)",
             // Placed by its organization already.
             "SELECT * FROM documents WHERE id = 1 AND organization_id = 2",
+            // A cast of the column matches more keys than one; renamed columns.
+            "SELECT * FROM documents WHERE id::float4 = 16777217",
+            "SELECT * FROM documents AS d(organization_id, id) WHERE d.id = 1",
         ] {
             assert_eq!(keyed(sql), None, "{sql}");
         }

@@ -1154,4 +1154,24 @@ async fn a_lookup_by_primary_key_touches_only_the_keys_organization() {
         .unwrap()
         .get(0);
     assert_eq!(c.execute(delete, &[&version]).await.unwrap(), 1);
+
+    // The lookup fails loudly, never answers "no organization", for a key map not in use
+    // and for a table that got row-level security after the proxy loaded its metadata.
+    let state = |e: tokio_postgres::Error| e.code().map(|c| c.code().to_owned());
+    let e = cloud
+        .query_one("SELECT lokadb_client.key_org('km_nope', 1::bigint)", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(state(e).as_deref(), Some("55000"));
+    cloud
+        .batch_execute("ALTER TABLE documents ENABLE ROW LEVEL SECURITY")
+        .await
+        .unwrap();
+    let e = c.query_one(get, &[&id1]).await.unwrap_err();
+    assert_eq!(state(e).as_deref(), Some("55000"));
+    cloud
+        .batch_execute("ALTER TABLE documents DISABLE ROW LEVEL SECURITY")
+        .await
+        .unwrap();
+    assert_eq!(c.query(get, &[&id1]).await.unwrap().len(), 1);
 }

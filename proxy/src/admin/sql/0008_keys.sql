@@ -8,14 +8,15 @@
 -- organization (once backfilled), and no other organization has a row with that key.
 
 -- The key maps the proxy may use: backfilled, on one column; with the key's and the
--- organization column's types (the proxy casts to them) and whether the table has row-level
+-- organization column's types, without a length (the proxy casts to them: a parameter the
+-- statement leaves untyped gets the key's type, as `key = $1` gives it) and whether the table has row-level
 -- security (then the rewrite is not made). Read by the proxy's metadata watcher.
 CREATE FUNCTION lokadb.key_meta()
 RETURNS TABLE (schema_name text, table_name text, column_name text, column_type text,
                org_type text, keymap text, row_security boolean)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT k.schema_name::text, k.table_name::text, k.columns[1]::text,
-           format_type(a.atttypid, a.atttypmod), format_type(o.atttypid, o.atttypmod),
+           format_type(a.atttypid, NULL), format_type(o.atttypid, NULL),
            k.keymap::text, c.relrowsecurity
     FROM lokadb.keys k
     JOIN lokadb.tables t ON t.schema_name = k.schema_name AND t.table_name = k.table_name
@@ -29,30 +30,65 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $$
 $$;
 
 -- The organization of a key, as text (the proxy casts it to the organization column's
--- type; NULL for a key no row has), for a role that may read a column of the table: a
--- statement that compares the key needs that, so any other role's fails as it would have
--- (42501). STABLE: the cloud calls it once per statement, at its start.
+-- type; NULL for a key no row has). For a role that may read the key column (itself, or a
+-- role it may SET ROLE to): a statement that compares the key needs that, so any other
+-- role's fails as it would have (42501). A key map that is gone, not backfilled yet, or of
+-- a table with row-level security raises an error: the proxy's metadata is behind (it
+-- learns at the next generation), and a statement must fail rather than find nothing.
+-- STABLE: the cloud calls it once per statement, at its start.
 CREATE FUNCTION lokadb_client.key_org(keymap text, key anyelement) RETURNS text
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     k record;
-    org text;
+    tbl regclass;
+    org pg_catalog.text;
 BEGIN
-    SELECT km.schema_name, km.table_name, km.columns[1] AS key_column, t.org_column
+    SELECT km.schema_name, km.table_name, km.columns[1] AS key_column, km.backfilled,
+           t.org_column
     INTO k
     FROM lokadb.keys km
     JOIN lokadb.tables t ON t.schema_name = km.schema_name AND t.table_name = km.table_name
-    WHERE km.keymap = key_org.keymap;
-    IF NOT FOUND THEN
-        RETURN NULL;
+    WHERE km.keymap = key_org.keymap AND pg_catalog.cardinality(km.columns) = 1;
+    IF NOT FOUND OR NOT k.backfilled THEN
+        RAISE EXCEPTION 'LokaDB key map % is not in use', key_org.keymap
+            USING ERRCODE = '55000',
+                  HINT = 'The proxy''s routing metadata is behind; retry the statement.';
     END IF;
-    IF NOT has_any_column_privilege(session_user, format('%I.%I', k.schema_name, k.table_name),
-                                    'SELECT') THEN
+    tbl := pg_catalog.format('%I.%I', k.schema_name, k.table_name)::regclass;
+    IF (SELECT c.relrowsecurity FROM pg_catalog.pg_class c WHERE c.oid = tbl) THEN
+        RAISE EXCEPTION 'LokaDB does not look keys up for table % (row-level security)', tbl
+            USING ERRCODE = '55000',
+                  HINT = 'Run SELECT lokadb.touch() in the cloud so proxies reload their metadata, then retry.';
+    END IF;
+    IF NOT pg_catalog.has_column_privilege(session_user, tbl, k.key_column, 'SELECT')
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                       WHERE pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER')
+                         AND pg_catalog.has_column_privilege(r.oid, tbl, k.key_column, 'SELECT')) THEN
         RAISE EXCEPTION 'permission denied for table %', k.table_name USING ERRCODE = '42501';
     END IF;
-    EXECUTE format('SELECT %I::text FROM lokadb.%I WHERE %I = $1',
-                   k.org_column, key_org.keymap, k.key_column)
+    EXECUTE pg_catalog.format('SELECT %I::pg_catalog.text FROM lokadb.%I WHERE %I = $1',
+                              k.org_column, key_org.keymap, k.key_column)
     INTO org USING key;
     RETURN org;
 END
 $$;
+
+-- Bumps the metadata generation by hand: proxies reload at once. For changes LokaDB does not
+-- see, such as row-level security turned on for a LokaDB table.
+CREATE FUNCTION lokadb.touch() RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    g bigint;
+BEGIN
+    UPDATE lokadb.meta SET generation = generation + 1 RETURNING generation INTO g;
+    PERFORM pg_notify('lokadb_meta', g::text);
+    RETURN g;
+END
+$$;
+
+-- The SECURITY DEFINER functions of versions 6 and 7 searched pg_temp first for relations and
+-- types (it was not in their search_path); as every other LokaDB function, last.
+ALTER FUNCTION lokadb.direct_meta() SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION lokadb_client.direct_gate(text) SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION lokadb_client.generation() SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION lokadb.join_meta() SET search_path = pg_catalog, pg_temp;
