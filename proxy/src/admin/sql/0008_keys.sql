@@ -76,13 +76,17 @@ $$;
 -- Bumps the metadata generation by hand: proxies reload at once. For changes LokaDB does not
 -- see, such as row-level security turned on for a LokaDB table.
 CREATE FUNCTION lokadb.touch() RETURNS bigint
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    g bigint;
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH g AS (UPDATE lokadb.meta SET generation = generation + 1 RETURNING generation)
+    SELECT generation FROM g, pg_notify('lokadb_meta', generation::text)
+$$;
+
+-- The generation trigger does the same.
+CREATE OR REPLACE FUNCTION lokadb.bump_generation() RETURNS trigger
+LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE lokadb.meta SET generation = generation + 1 RETURNING generation INTO g;
-    PERFORM pg_notify('lokadb_meta', g::text);
-    RETURN g;
+    PERFORM lokadb.touch();
+    RETURN NULL;
 END
 $$;
 
