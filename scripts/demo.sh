@@ -453,6 +453,16 @@ echo "    (BEGIN went with the SELECT, the UPDATE passed the cloud's pause gate;
 echo "     cloud catalog table, so they went through the cloud; the feed's ORDER BY and LIMIT were"
 echo "     put next to acme's table in a subquery, so acme's database sorts; the lookup by id alone"
 echo "     got acme added from the key map, so the cloud asks no other organization. Rules: docs/routing.md)"
+echo "  a session that says its organization once (SET lokadb.org), then names none:"
+SESSION_COUNT=$("$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" -c "SET lokadb.org = 'acme'" -c "SELECT count(*) FROM notes") ||
+    die "a session with lokadb.org set failed"
+echo "    SELECT count(*) FROM notes -> $SESSION_COUNT: acme's rows ($(app_sql 'SELECT count(*) FROM notes') in a session without it)"
+sleep 0.2
+grep 'lokadb::route' "$DEMO/proxy.log" | grep 'current_setting' | tail -n 1 |
+    sed -E 's/rewritten="true" (statement=)/\1[sent limited] /; s/.*route="([a-z]*)".* kind="([a-z]*)".* statement=(.*)/    \1  \3/'
+OTHER_ORG=$("$PG_BIN/psql" -X -q -At "$PROXY_DSN" -c "SET lokadb.org = 'acme'" \
+    -c "SELECT count(*) FROM notes WHERE organization_id = 'globex'" 2>&1 | sed -n 's/^ERROR: *//p' || true)
+echo "    naming another organization: $OTHER_ORG"
 echo "  acme's point reads, fdw against fdw+direct (pgbench, 1 client, 3 s each, simple protocol):"
 cat >"$DEMO/acme-read.sql" <<'SQL'
 \set id random(1, 10000)

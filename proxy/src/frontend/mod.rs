@@ -7,5 +7,6 @@ pub mod direct;
 pub mod pump;
 pub mod router;
 pub mod session;
+pub mod session_org;
 pub mod startup;
 pub mod statement;

@@ -99,6 +99,9 @@ pub enum Want {
 struct Prepared {
     /// Its Parse message, whole, to parse it again on the other side.
     parse: Box<[u8]>,
+    /// For a statement limited to the session's organization: the client's own Parse, which
+    /// the organization's database runs (its rows are all that organization's).
+    direct_parse: Option<Box<[u8]>>,
     analysis: Analysis,
 }
 
@@ -225,6 +228,15 @@ pub struct Router {
     gate_refused: HashMap<Rc<str>, Instant>,
     /// The direct side's error count when `on_direct` was last trusted.
     direct_errors_seen: u64,
+    /// The session's organization (`SET lokadb.org`), which its statements are limited to.
+    pub session_org: Option<Rc<str>>,
+    /// The session has set or reset `lokadb.org`: Binds are checked against `marks`.
+    pub org_ever_set: bool,
+    /// Named statements on LokaDB tables: what they were limited to when parsed.
+    pub marks: HashMap<String, crate::route::scope::Mark>,
+    /// The client's own message, when the one routed was limited to the session's
+    /// organization: what the direct path sends.
+    pub direct_text: Option<Vec<u8>>,
 }
 
 impl Router {
@@ -286,7 +298,33 @@ impl Router {
         self.not_on_cloud.remove(name);
     }
 
-    pub(super) fn remember(&mut self, name: &str, parse: &[u8], analysis: Analysis) {
+    /// The session's organization is now `org` (`None`: none).
+    pub fn set_session_org(&mut self, org: Option<&str>) {
+        self.session_org = org.map(Rc::from);
+        self.org_ever_set = true;
+    }
+
+    /// Notes what a named statement was limited to (`None`: it touches no LokaDB table).
+    pub fn mark(&mut self, name: &str, mark: Option<crate::route::scope::Mark>) {
+        match mark {
+            // Not capped: the cloud holds each of these statements too, and a forgotten
+            // mark would let one run unchecked. A Close forgets it.
+            Some(m) => {
+                self.marks.insert(name.to_owned(), m);
+            }
+            None => {
+                self.marks.remove(name);
+            }
+        }
+    }
+
+    pub(super) fn remember(
+        &mut self,
+        name: &str,
+        parse: &[u8],
+        direct_parse: Option<&[u8]>,
+        analysis: Analysis,
+    ) {
         if self.prepared.len() >= MAX_PREPARED {
             self.prepared.clear();
             self.on_direct.clear();
@@ -297,6 +335,7 @@ impl Router {
             name.to_owned(),
             Prepared {
                 parse: parse.into(),
+                direct_parse: direct_parse.map(Into::into),
                 analysis,
             },
         );
@@ -325,6 +364,8 @@ impl ClientFrames<'_> {
     /// Routes one client message: where it goes (asking the session to switch first when
     /// that is elsewhere) and what is sent. Counts it on the exchange of the side it goes to.
     pub(super) fn route(&mut self, tag: u8, frame: Option<&[u8]>) -> Action {
+        // Taken now: a held message is routed again, with its own.
+        let direct_text = self.router.direct_text.take();
         // After an error on the direct side, what it has parsed is not known for sure (a
         // Parse skipped in a failed batch): statements are parsed again there before use.
         if self.exchanges.direct.errors != self.router.direct_errors_seen {
@@ -402,14 +443,26 @@ impl ClientFrames<'_> {
             ex.silence_next();
             count(ex, FE_QUERY);
         }
+        let direct_text = direct_text.as_deref();
         let mut action = match frame {
             Some(frame) if self.router.enabled => {
-                match self.apply(tag, frame, side, dest == Dest::Hold) {
+                match self.apply(tag, frame, direct_text, side, dest == Dest::Hold) {
                     Ok(a) => a,
                     Err(_) => Action::Forward,
                 }
             }
             _ => Action::Forward,
+        };
+        // A statement limited to the session's organization goes to its database as the
+        // client wrote it.
+        let frame = match (side, direct_text) {
+            (Side::Direct, Some(own)) => {
+                if action == Action::Forward {
+                    action = Action::Replace(own.to_vec());
+                }
+                Some(own)
+            }
+            _ => frame,
         };
         if let (Some(mut out), Some(frame)) = (begin, frame) {
             match action {
@@ -624,6 +677,10 @@ impl ClientFrames<'_> {
             (Org::Literal(v), _) => std::borrow::Cow::Borrowed(v.as_str()),
             (Org::Param(n), Some(f)) => std::borrow::Cow::Owned(bind_param(f, *n)?),
             (Org::Param(_), None) => return Ok(Dest::Cloud),
+            (Org::Session, _) => match &self.router.session_org {
+                Some(org) => std::borrow::Cow::Owned(org.to_string()),
+                None => return Ok(Dest::Cloud),
+            },
         };
         if !meta.meta.orgs.get(&*value).is_some_and(|o| o.is_direct()) {
             return Ok(Dest::Cloud);
@@ -649,6 +706,7 @@ impl ClientFrames<'_> {
         &mut self,
         tag: u8,
         frame: &[u8],
+        direct_frame: Option<&[u8]>,
         side: Side,
         hold: bool,
     ) -> Result<Action, FrameError> {
@@ -662,7 +720,7 @@ impl ClientFrames<'_> {
                     Some(m) => m.analyze(sql),
                     None => Analysis::Unplaced("no routing metadata"),
                 };
-                router.remember(name, frame, analysis);
+                router.remember(name, frame, direct_frame, analysis);
                 if hold {
                     router.held_parse = Some(frame.to_vec());
                     return Ok(Action::Replace(Vec::new()));
@@ -677,7 +735,7 @@ impl ClientFrames<'_> {
                     // name behind to be run under the new one's analysis.
                     let mut out = Vec::with_capacity(frame.len() + 16);
                     frontend::close_statement(&mut out, name);
-                    out.extend_from_slice(frame);
+                    out.extend_from_slice(direct_frame.unwrap_or(frame));
                     self.exchanges.direct.drop_answers(1);
                     return Ok(Action::Replace(out));
                 }
@@ -702,16 +760,23 @@ impl ClientFrames<'_> {
                 let mut out = Vec::new();
                 if let Some(held) = router.held_parse.take() {
                     router.unnamed_on_cloud = side == Side::Cloud;
+                    out = held;
                     if side == Side::Direct {
                         router.on_direct.insert(String::new());
+                        if let Some(own) = router
+                            .prepared
+                            .get("")
+                            .and_then(|p| p.direct_parse.as_deref())
+                        {
+                            out = own.to_vec();
+                        }
                     }
-                    out = held;
                 } else if side == Side::Direct && !router.on_direct.contains(name) {
                     let Some(p) = router.prepared.get(name) else {
                         return Ok(Action::Forward);
                     };
                     frontend::close_statement(&mut out, name);
-                    out.extend_from_slice(&p.parse);
+                    out.extend_from_slice(p.direct_parse.as_deref().unwrap_or(&p.parse));
                     router.on_direct.insert(name.to_owned());
                     self.exchanges.direct.drop_answers(2);
                 } else if side == Side::Cloud
@@ -798,10 +863,23 @@ impl ClientFrames<'_> {
 
     /// Replaces a message with one that makes the side in use raise `message` when executed.
     fn refuse_on_direct(&mut self, tag: u8, message: &str, hint: &str) -> Action {
+        self.refuse_here(tag, "", "0A000", message, hint)
+    }
+
+    /// Replaces a message (a Bind: of portal `portal`) with one that makes the side in use
+    /// raise `code` and `message` when executed.
+    pub(super) fn refuse_here(
+        &mut self,
+        tag: u8,
+        portal: &str,
+        code: &str,
+        message: &str,
+        hint: &str,
+    ) -> Action {
         if self.route_log {
             tracing::info!(target: "lokadb::route", route = "refused", %message);
         }
-        let sql = super::statement::raise_sql("0A000", message, hint);
+        let sql = super::statement::raise_sql(code, message, hint);
         let mut out = Vec::new();
         let side = self.router.target;
         // The batch fails whole; a held Parse of it is not sent anywhere, but the client
@@ -815,7 +893,7 @@ impl ClientFrames<'_> {
                 // client's held Parse).
                 frontend::parse(&mut out, "", &sql);
                 if tag == FE_BIND {
-                    frontend::bind_text(&mut out, "", &[]);
+                    frontend::bind_portal_text(&mut out, portal, "", &[]);
                     if !held {
                         self.exchanges.get_mut(side).drop_answers(1);
                     }

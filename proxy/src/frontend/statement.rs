@@ -8,6 +8,7 @@
 
 use super::pump::{Action, Inspect};
 use super::router::{Exchanges, Router, Side};
+use super::session_org::OrgStep;
 use crate::record::{Kind, Recorder};
 use crate::route::analysis::{copy_out_of_loka_table, mentions, Analysis, Org};
 use crate::route::meta::CoreMeta;
@@ -135,7 +136,8 @@ impl Inspect for ClientFrames<'_> {
             _ if self.routing_wants_body(tag) => true,
             // Whole whenever the database has LokaDB tables: a statement may need refusing.
             FE_QUERY | FE_PARSE => self.route_log || self.meta.is_some_and(|m| m.has_tables()),
-            FE_BIND | FE_CLOSE => self.route_log,
+            FE_BIND => self.route_log || self.router.org_ever_set,
+            FE_CLOSE => self.route_log || !self.router.marks.is_empty(),
             _ => false,
         }
     }
@@ -156,12 +158,39 @@ impl Inspect for ClientFrames<'_> {
         // A refused or rewritten statement is routed in place of the client's (a COPY of a
         // whole LokaDB table goes to the cloud, which raises the refusal, whatever was added
         // before it).
+        let mut scoped = false;
         let (refusal, refused) = match frame {
             Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => {
-                match self.refusal(header.tag, &f[5..]) {
-                    Some(r) => (Some(r), true),
-                    None => (self.rewrite(header.tag, &f[5..]), false),
+                match self.org_step(header.tag, &f[5..]) {
+                    Some(OrgStep::Scoped(frame)) => {
+                        scoped = true;
+                        (Some(frame), false)
+                    }
+                    Some(OrgStep::Refused(frame)) => (Some(frame), true),
+                    Some(OrgStep::Settle) => {
+                        self.router.want = Some(super::router::Want::Settle);
+                        return Action::Hold;
+                    }
+                    None => match self.refusal(header.tag, &f[5..]) {
+                        Some(r) => (Some(r), true),
+                        None => (self.rewrite(header.tag, &f[5..]), false),
+                    },
                 }
+            }
+            Some(f) if header.tag == FE_BIND => {
+                if let Some(action) = self.check_bind(f) {
+                    return action;
+                }
+                (None, false)
+            }
+            Some(f) if header.tag == FE_CLOSE && !self.router.marks.is_empty() => {
+                let mut fields = Fields::new(&f[5..], "Close");
+                if fields.u8() == Ok(b'S') {
+                    if let Ok(name) = fields.cstr() {
+                        self.router.mark(name, None);
+                    }
+                }
+                (None, false)
             }
             _ => (None, false),
         };
@@ -176,18 +205,19 @@ impl Inspect for ClientFrames<'_> {
                 log_refused(header.tag, &f[5..]);
             }
         }
-        let action = match (action, refusal) {
+        if self.route_log {
+            // The statement as limited to the session's organization: its analysis is the
+            // one routing used.
+            let logged = if scoped { refusal.as_deref() } else { frame };
+            if let Some(logged) = logged {
+                // A malformed message is the cloud's to refuse; the log just skips it.
+                let _ = self.log_route(header.tag, &logged[5..], scoped);
+            }
+        }
+        match (action, refusal) {
             (Action::Forward, Some(refusal)) => Action::Replace(refusal),
             (action, _) => action,
-        };
-        let Some(frame) = frame else {
-            return action;
-        };
-        if self.route_log {
-            // A malformed message is the cloud's to refuse; the log just skips it.
-            let _ = self.log_route(header.tag, &frame[5..]);
         }
-        action
     }
 }
 
@@ -202,7 +232,7 @@ fn log_refused(tag: u8, body: &[u8]) {
 
 /// A Query's or Parse's statement: the Parse's statement name, the SQL, and what follows it
 /// (a Parse's parameter types).
-fn statement_of(tag: u8, body: &[u8]) -> Option<(Option<&str>, &str, &[u8])> {
+pub(super) fn statement_of(tag: u8, body: &[u8]) -> Option<(Option<&str>, &str, &[u8])> {
     let mut f = Fields::new(body, "statement");
     let name = if tag == FE_PARSE {
         Some(f.cstr().ok()?)
@@ -214,7 +244,7 @@ fn statement_of(tag: u8, body: &[u8]) -> Option<(Option<&str>, &str, &[u8])> {
 }
 
 /// The same Query or Parse (`tag`, statement `name`) with `sql` instead and `rest` after it.
-fn statement_frame(tag: u8, name: Option<&str>, sql: &str, rest: &[u8]) -> Vec<u8> {
+pub(super) fn statement_frame(tag: u8, name: Option<&str>, sql: &str, rest: &[u8]) -> Vec<u8> {
     let mut frame = Vec::with_capacity(sql.len() + rest.len() + 64);
     frame.push(tag);
     frame.extend_from_slice(&[0; 4]);
@@ -255,18 +285,7 @@ impl ClientFrames<'_> {
             "Copy one organization's rows: COPY (SELECT * FROM {name} WHERE {} = '…') TO STDOUT",
             quote_ident(&table.org_column)
         );
-        let (message, hint) = if message.contains(REFUSAL_TAG) || hint.contains(REFUSAL_TAG) {
-            (
-                "COPY of a LokaDB table needs an organization".to_owned(),
-                "Copy one organization's rows: COPY (SELECT … WHERE <organization column> = '…') TO STDOUT".to_owned(),
-            )
-        } else {
-            (message, hint)
-        };
-        let sql = raise_sql("0A000", &message, &hint);
-        // No parameter types: the DO block takes none.
-        let rest: &[u8] = if statement.is_some() { &[0, 0] } else { &[] };
-        Some(statement_frame(tag, statement, &sql, rest))
+        Some(refusal_frame(tag, statement, "0A000", &message, &hint))
     }
 }
 
@@ -300,21 +319,42 @@ impl ClientFrames<'_> {
     }
 }
 
-/// A statement that raises an error with this SQLSTATE, message and hint when executed
-/// (neither may contain the block's dollar-quote tag).
+/// A statement that raises an error with this SQLSTATE, message and hint when executed.
+/// Text from the client in them (an organization's name) cannot end the block early: its
+/// dollar-quote tag is taken out of both.
 pub(super) fn raise_sql(code: &str, message: &str, hint: &str) -> String {
-    debug_assert!(!message.contains(REFUSAL_TAG) && !hint.contains(REFUSAL_TAG));
+    let literal = |s: &str| {
+        let mut s = s.to_owned();
+        while s.contains(REFUSAL_TAG) {
+            s = s.replace(REFUSAL_TAG, "lokadb_refusal");
+        }
+        s.replace('\'', "''")
+    };
     format!(
         "DO {REFUSAL_TAG}BEGIN RAISE EXCEPTION USING ERRCODE = '{code}', MESSAGE = '{}', HINT = '{}'; END{REFUSAL_TAG}",
-        message.replace('\'', "''"),
-        hint.replace('\'', "''"),
+        literal(message),
+        literal(hint),
     )
+}
+
+/// The same Query or Parse (`tag`, statement `name`) with a statement that raises `code`,
+/// `message` and `hint` when executed.
+pub(super) fn refusal_frame(
+    tag: u8,
+    name: Option<&str>,
+    code: &str,
+    message: &str,
+    hint: &str,
+) -> Vec<u8> {
+    // No parameter types: the DO block takes none.
+    let rest: &[u8] = if name.is_some() { &[0, 0] } else { &[] };
+    statement_frame(tag, name, &raise_sql(code, message, hint), rest)
 }
 
 impl ClientFrames<'_> {
     /// `route_log`: one line per Query and Parse, and per Bind that places its statement
     /// by a parameter, with the route and what the analysis found.
-    fn log_route(&mut self, tag: u8, body: &[u8]) -> Result<(), FrameError> {
+    fn log_route(&mut self, tag: u8, body: &[u8], scoped: bool) -> Result<(), FrameError> {
         let mut f = Fields::new(body, "statement");
         let meta = self.meta;
         let analyse = |sql: &str| match meta {
@@ -332,7 +372,7 @@ impl ClientFrames<'_> {
                 let analysis = analyse(text);
                 if !self.router.enabled {
                     // Routing remembered it already when it routes.
-                    self.router.remember(name, &[], analysis.clone());
+                    self.router.remember(name, &[], None, analysis.clone());
                 }
                 (
                     if name.is_empty() { "parse" } else { "prepare" },
@@ -373,6 +413,12 @@ impl ClientFrames<'_> {
             Analysis::Org {
                 org: Org::Param(n), ..
             } => (format!("${n}"), ""),
+            Analysis::Org {
+                org: Org::Session, ..
+            } => (
+                self.router.session_org.as_deref().unwrap_or("?").to_owned(),
+                "",
+            ),
             Analysis::Unplaced(why) => ("?".to_owned(), *why),
             Analysis::Keyed(_) => ("key".to_owned(), ""),
         };
@@ -380,6 +426,7 @@ impl ClientFrames<'_> {
         // see its Parse's line).
         let rewritten = match (kind, &analysis) {
             ("bind", _) => "-",
+            _ if scoped => "true",
             (
                 _,
                 Analysis::Org {

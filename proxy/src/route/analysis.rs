@@ -68,6 +68,9 @@ pub struct Catalog {
     tables: Vec<LokaTable>,
     join_keys: Vec<JoinKey>,
     key_maps: Vec<KeyMap>,
+    /// Each table's organization column's SQL type (`bigint`, `uuid`, …), by index; empty
+    /// when not loaded (then no statement is limited to the session's organization).
+    org_types: Vec<String>,
     /// Lowercased bare names, for the fast path.
     needles: Vec<memchr::memmem::Finder<'static>>,
 }
@@ -90,8 +93,24 @@ impl Catalog {
             tables,
             join_keys: Vec::new(),
             key_maps: Vec::new(),
+            org_types: Vec::new(),
             needles,
         }
+    }
+
+    /// The catalog with the organization columns' types, in the order of its tables.
+    #[must_use]
+    pub fn with_org_types(mut self, types: Vec<String>) -> Catalog {
+        self.org_types = types;
+        self
+    }
+
+    /// The SQL type of table `table`'s organization column, if known.
+    pub fn org_type(&self, table: usize) -> Option<&str> {
+        self.org_types
+            .get(table)
+            .map(String::as_str)
+            .filter(|t| !t.is_empty())
     }
 
     /// The catalog with the foreign keys the join rewrite may lean on.
@@ -146,6 +165,7 @@ impl Catalog {
         self.tables == other.tables
             && self.join_keys == other.join_keys
             && self.key_maps == other.key_maps
+            && self.org_types == other.org_types
     }
 
     /// Whether `sql` may mention a LokaDB table (a substring test on the lowercased
@@ -222,6 +242,31 @@ pub enum Org {
     Literal(String),
     /// The value bound to parameter `$n` (1-based).
     Param(u16),
+    /// The session's organization (`SET lokadb.org`): the condition the proxy adds,
+    /// [`SESSION_ORG`] cast to the organization column's type.
+    Session,
+}
+
+/// The expression that stands for the session's organization in a statement the proxy
+/// limited to it (`super::rewrite::scope`): the cloud evaluates it from the setting the
+/// client's `SET lokadb.org` made there, so a prepared statement follows the session's
+/// organization wherever it changes to.
+pub const SESSION_ORG: &str = "current_setting('lokadb.org')";
+
+/// Whether `e` is [`SESSION_ORG`] (as the proxy writes it).
+fn is_session_org(e: &Expr) -> bool {
+    use sqlparser::ast::{FunctionArg, FunctionArgExpr, FunctionArguments};
+    let Expr::Function(f) = e else {
+        return false;
+    };
+    let name = matches!(f.name.0.as_slice(), [ObjectNamePart::Identifier(n)]
+        if n.quote_style.is_none() && n.value.eq_ignore_ascii_case("current_setting"));
+    let FunctionArguments::List(list) = &f.args else {
+        return false;
+    };
+    let arg = matches!(list.args.as_slice(), [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(v)))]
+        if v.value == Value::SingleQuotedString("lokadb.org".into()));
+    name && arg && list.clauses.is_empty() && f.filter.is_none() && f.over.is_none()
 }
 
 /// What the analysis found.
@@ -266,6 +311,15 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
     };
     for s in &statements {
         let _ = s.visit(&mut w);
+    }
+    // A LokaDB table named where no reference is counted (a LOCK, TRUNCATE, COPY of the
+    // table, DDL) is one no condition limits.
+    let named: usize = statements
+        .iter()
+        .map(|s| super::rewrite::loka_references(s, catalog))
+        .sum();
+    if named > w.refs.len() {
+        w.unplaceable = Some("a LokaDB table named where no condition can reach it");
     }
     match w.finish() {
         Analysis::Org { org, tables, .. } => Analysis::Org {
@@ -422,6 +476,10 @@ impl Visitor for Check<'_> {
         }
     }
     fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+        // The session's organization: the direct path sends the client's text, without it.
+        if is_session_org(e) {
+            return ControlFlow::Continue(());
+        }
         if let Expr::Function(f) = e {
             let known = match f.name.0.as_slice() {
                 [ObjectNamePart::Identifier(n)] => {
@@ -586,6 +644,10 @@ impl Walk<'_> {
     fn place(&mut self, refs: &[usize], org: Org) {
         for &i in refs {
             match &self.refs[i].org {
+                // The session's organization limits the rows whatever a parameter says
+                // (`org = $1` then only filters further).
+                Some(Org::Session) if matches!(org, Org::Param(_)) => {}
+                Some(Org::Param(_)) if org == Org::Session => self.refs[i].org = Some(org.clone()),
                 Some(o) if *o != org => self.refs[i].conflict = true,
                 _ => self.refs[i].org = Some(org.clone()),
             }
@@ -663,6 +725,14 @@ impl Walk<'_> {
             SetExpr::SetOperation { left, right, .. } => {
                 self.set_expr(left);
                 self.set_expr(right);
+            }
+            // `TABLE t`: every row of it.
+            SetExpr::Table(t) => {
+                let name = t.schema_name.iter().chain(&t.table_name).cloned();
+                let name = ObjectName::from(name.collect::<Vec<_>>());
+                if self.catalog.lookup(&name).is_some() {
+                    self.unplaceable = Some("TABLE of a LokaDB table");
+                }
             }
             _ => {}
         }
@@ -831,6 +901,7 @@ pub(super) fn constant(e: &Expr) -> Option<Org> {
                 .map(Org::Param),
             _ => None,
         },
+        e if is_session_org(e) => Some(Org::Session),
         Expr::UnaryOp {
             op: UnaryOperator::Minus,
             expr,

@@ -80,7 +80,11 @@ const KEY_META_SQL: &str = "SELECT schema_name, table_name, column_name, column_
 pub const LOAD_SQL: &str = "\
     SELECT 'g', generation::text, NULL, NULL, NULL, NULL FROM lokadb.meta \
     UNION ALL \
-    SELECT 't', schema_name::text, table_name::text, org_column::text, NULL, NULL FROM lokadb.tables \
+    SELECT 't', schema_name::text, table_name::text, org_column::text, \
+      (SELECT format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a \
+       WHERE a.attrelid = to_regclass(format('%I.%I', schema_name, table_name)) \
+         AND a.attname = org_column AND NOT a.attisdropped), NULL \
+    FROM lokadb.tables \
     UNION ALL \
     SELECT 'o', id, state, profile, \
       CASE WHEN relay_host LIKE '%:%' THEN '[' || relay_host || ']' ELSE relay_host END || ':' || relay_port, \
@@ -110,15 +114,19 @@ impl Meta {
             let a: Option<String> = row.get(1);
             let b: Option<String> = row.get(2);
             let c: Option<String> = row.get(3);
+            // An organization's relay; a table's organization column type.
             let relay: Option<String> = row.get(4);
             let dbname: Option<String> = row.get(5);
             match (kind, a, b, c) {
                 ("g", Some(g), _, _) => generation = g.parse().unwrap_or(0),
-                ("t", Some(schema), Some(name), Some(org_column)) => tables.push(LokaTable {
-                    schema,
-                    name,
-                    org_column,
-                }),
+                ("t", Some(schema), Some(name), Some(org_column)) => tables.push((
+                    LokaTable {
+                        schema,
+                        name,
+                        org_column,
+                    },
+                    relay.unwrap_or_default(),
+                )),
                 ("o", Some(id), Some(state), Some(profile)) => {
                     let direct = relay.zip(dbname).and_then(|(relay, dbname)| {
                         // Organizations share a few relays: each address is resolved once
@@ -143,7 +151,8 @@ impl Meta {
                 _ => {}
             }
         }
-        tables.sort_by(|x, y| (&x.schema, &x.name).cmp(&(&y.schema, &y.name)));
+        tables.sort_by(|(x, _), (y, _)| (&x.schema, &x.name).cmp(&(&y.schema, &y.name)));
+        let (tables, org_types): (Vec<LokaTable>, Vec<String>) = tables.into_iter().unzip();
         // Functions of later schema versions: an older cloud schema has fewer rules.
         let versions = client.query_one(
             "SELECT to_regprocedure('lokadb.direct_meta()') IS NOT NULL, \
@@ -198,6 +207,7 @@ impl Meta {
         Ok(Meta {
             generation,
             catalog: Catalog::new(tables)
+                .with_org_types(org_types)
                 .with_join_keys(join_keys)
                 .with_key_maps(key_maps),
             direct_orgs: orgs.values().filter(|o| o.is_direct()).count(),

@@ -1,6 +1,8 @@
 //! Routing statements by organization (issue 6, `docs/routing.md`): [`analysis`] finds the
 //! organization a statement concerns and whether its database can answer it alone;
-//! [`rewrite`], the join rewrite for statements that stay on the cloud; [`meta`], the
+//! [`rewrite`], the join and key-map rewrites for statements that stay on the cloud;
+//! [`scope`], statements limited to the session's organization (`SET lokadb.org`) and
+//! [`setting`], which follows that setting; [`meta`], the
 //! per-core metadata and analysis cache; [`watch`], which keeps every core's metadata
 //! current. Where a statement goes is the session's router's to decide
 //! (`frontend::router`).
@@ -8,4 +10,6 @@
 pub mod analysis;
 pub mod meta;
 pub mod rewrite;
+pub mod scope;
+pub mod setting;
 pub mod watch;

@@ -227,7 +227,7 @@ pub fn key_lookup(sql: &str, statements: &[Statement], catalog: &Catalog) -> Opt
 }
 
 /// How many references to LokaDB tables `statement` holds.
-fn loka_references(statement: &Statement, catalog: &Catalog) -> usize {
+pub(super) fn loka_references(statement: &Statement, catalog: &Catalog) -> usize {
     let mut n = 0;
     let _ = sqlparser::ast::visit_relations(statement, |r| {
         if catalog.lookup(r).is_some() {
@@ -280,7 +280,7 @@ fn key_equality(e: &Expr, qualifier: &str, joined: bool) -> Option<(String, Stri
 
 /// The byte offset just after the statement's one top-level `WHERE` keyword (none in
 /// parentheses counted; two, or none, and there is no offset).
-fn after_where(sql: &str) -> Option<usize> {
+pub(super) fn after_where(sql: &str) -> Option<usize> {
     use sqlparser::keywords::Keyword;
     use sqlparser::tokenizer::{Token, Tokenizer};
     let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
@@ -575,7 +575,7 @@ fn names_target(name: &ObjectName, k: &JoinKey) -> bool {
 }
 
 /// The table's own name, as Postgres folds it (what an unaliased reference goes by).
-fn bare_name(name: &ObjectName) -> Option<String> {
+pub(super) fn bare_name(name: &ObjectName) -> Option<String> {
     match name.0.last()? {
         ObjectNamePart::Identifier(i) => Some(fold(&i.value, i.quote_style.is_some())),
         ObjectNamePart::Function(_) => None,
@@ -666,14 +666,14 @@ fn only_columns_of(e: &Expr, alias: &str) -> bool {
 }
 
 /// The byte range of `f` in `sql`, from the parser's line and column positions.
-fn span_bytes(sql: &str, f: &TableFactor) -> Option<(usize, usize)> {
+pub(super) fn span_bytes(sql: &str, f: &TableFactor) -> Option<(usize, usize)> {
     use sqlparser::ast::Spanned;
     let span = f.span();
     Some((byte_at(sql, span.start)?, byte_at(sql, span.end)?))
 }
 
 /// The byte offset of a 1-based line and column (in characters) of `sql`.
-fn byte_at(sql: &str, at: Location) -> Option<usize> {
+pub(super) fn byte_at(sql: &str, at: Location) -> Option<usize> {
     if at.line == 0 || at.column == 0 {
         return None;
     }

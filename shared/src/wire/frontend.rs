@@ -23,8 +23,13 @@ pub fn parse(out: &mut Vec<u8>, name: &str, sql: &str) {
 /// Appends Bind of the unnamed portal to statement `statement` (`""`: the unnamed one),
 /// parameters in text format (`None` is NULL), results in text format.
 pub fn bind_text(out: &mut Vec<u8>, statement: &str, params: &[Option<&str>]) {
+    bind_portal_text(out, "", statement, params);
+}
+
+/// [`bind_text`] of portal `portal`.
+pub fn bind_portal_text(out: &mut Vec<u8>, portal: &str, statement: &str, params: &[Option<&str>]) {
     write_frame(out, FE_BIND, |b| {
-        b.push(0); // unnamed portal
+        put_cstr(b, portal);
         put_cstr(b, statement);
         b.extend_from_slice(&0i16.to_be_bytes()); // all parameters text
         b.extend_from_slice(&(params.len() as i16).to_be_bytes());

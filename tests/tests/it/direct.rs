@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 /// Organization 2 moved with the fdw+direct profile, its database logging every
 /// statement, and a proxy with the direct path configured (`db` merged into its database
 /// block).
-fn direct_world(db: Value) -> (World, Proxy) {
+pub(crate) fn direct_world(db: Value) -> (World, Proxy) {
     direct_world_env(db, &[])
 }
 
@@ -71,7 +71,7 @@ async fn nosy(proxy: &Proxy) -> tokio_postgres::Client {
     .unwrap()
 }
 
-async fn client(proxy: &Proxy) -> tokio_postgres::Client {
+pub(crate) async fn client(proxy: &Proxy) -> tokio_postgres::Client {
     crate::world::connect(&format!(
         "host=127.0.0.1 port={} user={} password={} dbname=app",
         proxy.port(),
@@ -85,7 +85,7 @@ async fn client(proxy: &Proxy) -> tokio_postgres::Client {
 /// The route of the one `lokadb::route` line mentioning `needle` and `kind` (waiting for
 /// it: the log reaches the test through a pipe).
 #[track_caller]
-fn route_of(proxy: &Proxy, kind: &str, needle: &str) -> String {
+pub(crate) fn route_of(proxy: &Proxy, kind: &str, needle: &str) -> String {
     let lines = || -> Vec<String> {
         proxy
             .output()
@@ -115,11 +115,11 @@ fn route_of(proxy: &Proxy, kind: &str, needle: &str) -> String {
 }
 
 /// How many times the organization's database logged `sql` verbatim.
-fn org_ran(w: &World, sql: &str) -> usize {
+pub(crate) fn org_ran(w: &World, sql: &str) -> usize {
     w.org.db.log_contents().matches(sql).count()
 }
 
-fn one_i64(rows: &[tokio_postgres::SimpleQueryMessage]) -> i64 {
+pub(crate) fn one_i64(rows: &[tokio_postgres::SimpleQueryMessage]) -> i64 {
     rows.iter()
         .find_map(|m| match m {
             tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(|v| v.parse().unwrap()),

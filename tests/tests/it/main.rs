@@ -49,5 +49,7 @@ mod routing;
 // The direct path (fdw+direct): plain reads in the organization's database, the rest through
 // the cloud; an unreachable organization fails only its own statements.
 mod direct;
+// SET lokadb.org: a session limited to one organization, on the cloud and the direct path.
+mod session_org;
 // `lokadb proxy --record FILE`: the recording format, login never recorded, bad paths.
 mod traffic_record;

@@ -1,0 +1,154 @@
+//! The session's organization (`SET lokadb.org`, `docs/routing.md`): the proxy follows the
+//! setting ([`crate::route::setting`]) and sends each statement on LokaDB tables limited to
+//! that organization ([`crate::route::scope`]), or refuses it. The cloud holds the same
+//! setting (the client's `SET` is forwarded), which the limited statements read there.
+
+use super::pump::Action;
+use super::statement::{refusal_frame, statement_frame, statement_of, ClientFrames};
+use crate::route::scope::{limit, Limited, Mark};
+use crate::route::setting::{setting, Setting};
+use lokadb_shared::wire::fields::Fields;
+use lokadb_shared::wire::tags::*;
+
+/// What the session's organization makes of a Query or Parse.
+pub(super) enum OrgStep {
+    /// Send this message instead (the statement limited to the organization).
+    Scoped(Vec<u8>),
+    /// Send this message instead: it raises the refusal when executed.
+    Refused(Vec<u8>),
+    /// Hold the message until everything sent before it is answered (whether the session
+    /// is in a transaction is known then), and look at it again.
+    Settle,
+}
+
+const HINT_SET: &str = "Send SET lokadb.org = '…' (or RESET lokadb.org) as a query of its own, outside a transaction block, once the answers to earlier queries are in";
+const HINT_LIMIT: &str = "Name the organization in the statement (its organization column = the session's organization), or RESET lokadb.org to work across organizations";
+const HINT_PREPARE: &str = "Prepare the statement again after changing lokadb.org (close it first), or keep lokadb.org for the connection's life";
+
+impl ClientFrames<'_> {
+    /// A Query or Parse: follows a change of the session's organization, and limits a
+    /// statement to it. `None`: the message goes as written.
+    pub(super) fn org_step(&mut self, tag: u8, body: &[u8]) -> Option<OrgStep> {
+        let (name, sql, rest) = statement_of(tag, body)?;
+        if let Some(s) = setting(sql, self.router.session_org.is_some()) {
+            return self.follow(tag, name, s);
+        }
+        let meta = self.meta?;
+        let org = self.router.session_org.clone();
+        let named = name.is_some_and(|n| !n.is_empty());
+        if org.is_none() && !named {
+            return None;
+        }
+        let analysis = meta.analyze(sql);
+        let (step, scoped) = match org
+            .as_deref()
+            .map(|o| limit(sql, &analysis, &meta.meta.catalog, o))
+        {
+            None | Some(Limited::AsWritten) => (None, false),
+            Some(Limited::Scoped(text)) => {
+                self.router.direct_text = Some(own_frame(tag, body));
+                (
+                    Some(OrgStep::Scoped(statement_frame(tag, name, &text, rest))),
+                    true,
+                )
+            }
+            Some(Limited::Refused(code, message)) => (
+                Some(OrgStep::Refused(refusal_frame(
+                    tag, name, code, &message, HINT_LIMIT,
+                ))),
+                false,
+            ),
+        };
+        if let Some(name) = name.filter(|_| named) {
+            // A refused statement raises wherever it runs: nothing to check at its Binds.
+            let mark = match step {
+                Some(OrgStep::Refused(_)) => None,
+                _ => Mark::of(&analysis, scoped),
+            };
+            self.router.mark(name, mark);
+        }
+        step
+    }
+
+    /// A statement that changes the session's organization: followed when the proxy knows
+    /// it takes effect as sent, else refused (and not sent, so the cloud's setting and the
+    /// proxy's stay the same).
+    fn follow(&mut self, tag: u8, name: Option<&str>, s: Setting) -> Option<OrgStep> {
+        let refuse = |message: &str| {
+            Some(OrgStep::Refused(refusal_frame(
+                tag, name, "0A000", message, HINT_SET,
+            )))
+        };
+        let idle = self.idle_outside_transaction();
+        match s {
+            Setting::Refused(what) => refuse(&format!("{what} is not supported through LokaDB's proxy")),
+            Setting::To(_) if tag != FE_QUERY => {
+                refuse("SET lokadb.org through the extended protocol is not supported")
+            }
+            Setting::To(Some(_)) if self.meta.is_none() => refuse(
+                "the proxy has no LokaDB metadata for this database (auth_user), so it cannot limit statements to an organization",
+            ),
+            Setting::To(_) | Setting::ResetAll { alone: true }
+                if !idle && !self.exchanges.get(self.router.target).is_settled() =>
+            {
+                Some(OrgStep::Settle)
+            }
+            Setting::To(_) if !idle => refuse(
+                "SET lokadb.org inside a transaction block, or before the answers to earlier queries, is not supported",
+            ),
+            Setting::To(org) => {
+                self.router.set_session_org(org.as_deref());
+                None
+            }
+            Setting::ResetAll { .. } if self.router.session_org.is_none() => None,
+            Setting::ResetAll { alone: true } if tag == FE_QUERY && idle => {
+                self.router.set_session_org(None);
+                None
+            }
+            Setting::ResetAll { .. } => refuse(
+                "RESET ALL or DISCARD ALL with lokadb.org set is supported only as a query of its own, outside a transaction block",
+            ),
+        }
+    }
+
+    /// The session is outside any transaction with nothing in flight (a client's earlier
+    /// requests, such as the Close of a statement it dropped, are waited for): a `SET` sent
+    /// now takes effect, and before anything sent after it.
+    fn idle_outside_transaction(&self) -> bool {
+        self.exchanges.cloud.idle_but_own()
+            && self.exchanges.direct.idle_but_own()
+            && !self.router.holds_begin()
+            && !self.router.holds_message()
+            && self.router.gate == super::router::Gate::Closed
+    }
+
+    /// A Bind of a named statement prepared for another organization than the session's
+    /// now: refused (the refusal raised at its Execute).
+    pub(super) fn check_bind(&mut self, frame: &[u8]) -> Option<Action> {
+        if !self.router.org_ever_set {
+            return None;
+        }
+        let mut f = Fields::new(&frame[5..], "Bind");
+        let portal = f.cstr().ok()?;
+        let name = f.cstr().ok()?;
+        // The unnamed statement never outlives a SET: its simple query destroys it.
+        let mark = self.router.marks.get(name)?;
+        let org = self.router.session_org.clone();
+        let message = mark
+            .allows(org.as_deref(), |n| {
+                super::statement::bind_param(&mut f, n).ok()
+            })
+            .err()?;
+        let portal = portal.to_owned();
+        Some(self.refuse_here(FE_BIND, &portal, "42501", &message, HINT_PREPARE))
+    }
+}
+
+/// A copy of the client's Query or Parse frame, from its body.
+fn own_frame(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(body.len() + 5);
+    frame.push(tag);
+    frame.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    frame.extend_from_slice(body);
+    frame
+}

@@ -1,0 +1,208 @@
+//! The statements that change the session's organization (`SET lokadb.org`, `RESET`,
+//! `DISCARD ALL`), which the proxy follows to limit the session's statements to it
+//! ([`super::scope`]). Pure: SQL text in, a [`Setting`] out.
+//!
+//! The proxy follows only the forms whose effect it knows when it sends them: `SET` or
+//! `RESET` of `lokadb.org` as a query of its own. `SET LOCAL`, `set_config()` and a `SET`
+//! among other statements end, or may not happen, with a transaction the proxy does not
+//! see the end of; they are refused rather than followed wrongly.
+
+use super::analysis::mentions;
+use sqlparser::ast::{
+    ContextModifier, DiscardObject, Expr, ObjectName, Reset, Set, Statement, Value,
+};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+/// The setting's name, as Postgres knows it (any case).
+pub const NAME: &str = "lokadb.org";
+
+/// What a statement does to the session's organization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setting {
+    /// `SET [SESSION] lokadb.org = v` (`TO v`): the organization `v`; `None` for
+    /// `RESET lokadb.org`, `SET lokadb.org TO DEFAULT` and an empty value.
+    To(Option<String>),
+    /// `RESET ALL` or `DISCARD ALL`: every setting back to its default; `alone` when it is
+    /// the query's only statement.
+    ResetAll { alone: bool },
+    /// A form the proxy does not follow, named for the client's error.
+    Refused(&'static str),
+}
+
+/// What `sql` does to the session's organization, if anything. Costs a scan of the text;
+/// only a statement that names the setting, or begins with SET, RESET or DISCARD, is parsed.
+/// `thorough`: also find a RESET ALL or DISCARD ALL after other statements (a longer scan,
+/// for sessions with an organization set).
+pub fn setting(sql: &str, thorough: bool) -> Option<Setting> {
+    let names_it = mentions_setting(sql);
+    let first = first_word(sql);
+    // A SET may quote the name (`"lokadb"."org"`); SETs are rare enough to parse.
+    let resets = thorough && (mentions(sql, b"reset") || mentions(sql, b"discard"));
+    if !names_it
+        && !resets
+        && !["set", "reset", "discard"]
+            .iter()
+            .any(|w| first.eq_ignore_ascii_case(w))
+    {
+        return None;
+    }
+    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
+        return (names_it
+            && (first.eq_ignore_ascii_case("set") || first.eq_ignore_ascii_case("reset")))
+        .then_some(Setting::Refused(
+            "a SET lokadb.org the proxy could not read",
+        ));
+    };
+    let mut found = None;
+    for s in &statements {
+        let this = match s {
+            Statement::Set(Set::SingleAssignment {
+                scope,
+                variable,
+                values,
+                ..
+            }) if is_setting(variable) => match (scope, values.as_slice()) {
+                (Some(ContextModifier::Local), _) => Setting::Refused("SET LOCAL lokadb.org"),
+                (_, [v]) => match value(v) {
+                    Some(v) => Setting::To(Some(v).filter(|v| !v.is_empty())),
+                    None => Setting::Refused("a value of lokadb.org that is not a constant"),
+                },
+                _ => Setting::Refused("a SET lokadb.org of several values"),
+            },
+            Statement::Reset(r) => match &r.reset {
+                Reset::ConfigurationParameter(name) if is_setting(name) => Setting::To(None),
+                Reset::ALL => Setting::ResetAll {
+                    alone: statements.len() == 1,
+                },
+                _ => continue,
+            },
+            Statement::Discard {
+                object_type: DiscardObject::ALL,
+            } => Setting::ResetAll {
+                alone: statements.len() == 1,
+            },
+            _ => continue,
+        };
+        if let Setting::ResetAll { .. } = this {
+            found.get_or_insert(this);
+            continue;
+        }
+        if statements.len() > 1 {
+            return Some(Setting::Refused(
+                "a change of lokadb.org among other statements",
+            ));
+        }
+        found = Some(this);
+    }
+    if found.is_none() && names_it && mentions(sql, b"set_config") {
+        return Some(Setting::Refused("set_config('lokadb.org', …)"));
+    }
+    found
+}
+
+/// Whether `sql` holds `lokadb.org` in any case (a vectorised scan for its first letter).
+fn mentions_setting(sql: &str) -> bool {
+    let bytes = sql.as_bytes();
+    memchr::memchr2_iter(b'l', b'L', bytes).any(|i| {
+        bytes
+            .get(i..i + NAME.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(NAME.as_bytes()))
+    })
+}
+
+/// The statement's first word (after whitespace; a comment first makes it no word).
+fn first_word(sql: &str) -> &str {
+    let s = sql.trim_start();
+    let end = s
+        .find(|c: char| !c.is_ascii_alphabetic())
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+fn is_setting(name: &ObjectName) -> bool {
+    name.to_string().replace('"', "").eq_ignore_ascii_case(NAME)
+}
+
+/// A SET value as Postgres reads it: a string, a number, or a word (`DEFAULT` is none).
+fn value(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::Number(s, _) => Some(s.clone()),
+            _ => None,
+        },
+        Expr::Identifier(i)
+            if i.quote_style.is_none() && i.value.eq_ignore_ascii_case("default") =>
+        {
+            Some(String::new())
+        }
+        Expr::Identifier(i) if i.quote_style.is_none() => Some(i.value.to_lowercase()),
+        Expr::Identifier(i) => Some(i.value.clone()),
+        Expr::UnaryOp {
+            op: sqlparser::ast::UnaryOperator::Minus,
+            expr,
+        } => value(expr).map(|v| format!("-{v}")),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_forms_the_proxy_follows() {
+        let to = |v: &str| Some(Setting::To(Some(v.to_owned())));
+        assert_eq!(setting("SET lokadb.org = 42", true), to("42"));
+        assert_eq!(setting("set LokaDB.Org to '42';", true), to("42"));
+        assert_eq!(setting("SET SESSION lokadb.org = acme", true), to("acme"));
+        assert_eq!(setting("SET \"lokadb\".\"org\" = 'Acme'", true), to("Acme"));
+        assert_eq!(
+            setting("SET lokadb.org TO DEFAULT", true),
+            Some(Setting::To(None))
+        );
+        assert_eq!(
+            setting("SET lokadb.org = ''", true),
+            Some(Setting::To(None))
+        );
+        assert_eq!(setting("RESET lokadb.org", true), Some(Setting::To(None)));
+        assert_eq!(
+            setting("RESET ALL", true),
+            Some(Setting::ResetAll { alone: true })
+        );
+        assert_eq!(
+            setting("discard all", true),
+            Some(Setting::ResetAll { alone: true })
+        );
+        assert_eq!(
+            setting("SELECT 1; RESET ALL", true),
+            Some(Setting::ResetAll { alone: false })
+        );
+    }
+
+    #[test]
+    fn the_forms_it_refuses_and_the_statements_it_ignores() {
+        for sql in [
+            "SET LOCAL lokadb.org = 42",
+            "SET lokadb.org = 42; SELECT 1",
+            "SELECT set_config('lokadb.org', '42', false)",
+            "SET lokadb.org = 1, 2",
+        ] {
+            assert!(
+                matches!(setting(sql, false), Some(Setting::Refused(_))),
+                "{sql}"
+            );
+        }
+        for sql in [
+            "SELECT * FROM lokadb.org",
+            "SET search_path = public",
+            "RESET search_path",
+            "DISCARD PLANS",
+            "SELECT current_setting('lokadb.org')",
+            "SHOW lokadb.org",
+            "SELECT 1",
+        ] {
+            assert_eq!(setting(sql, true), None, "{sql}");
+        }
+    }
+}
