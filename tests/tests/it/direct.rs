@@ -1073,6 +1073,18 @@ async fn direct_connections_are_shared_between_transactions_under_direct_max() {
     drop(kept);
 }
 
+/// The smallest id of organization `org`'s documents, read straight from the cloud.
+pub(crate) async fn first_document(cloud: &tokio_postgres::Client, org: i64) -> i64 {
+    cloud
+        .query_one(
+            "SELECT min(id) FROM documents WHERE organization_id = $1",
+            &[&org],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 fn simple(sql: &str) -> Vec<u8> {
     let mut out = bytes::BytesMut::new();
     postgres_protocol::message::frontend::query(sql, &mut out).unwrap();
@@ -1086,20 +1098,10 @@ async fn a_lookup_by_primary_key_touches_only_the_keys_organization() {
     let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
         .await
         .unwrap();
-    let id_of = |org: i64| {
-        let cloud = &cloud;
-        async move {
-            cloud
-                .query_one(
-                    "SELECT min(id) FROM documents WHERE organization_id = $1",
-                    &[&org],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-        }
-    };
-    let (id1, id2) = (id_of(1).await, id_of(2).await);
+    let (id1, id2) = (
+        first_document(&cloud, 1).await,
+        first_document(&cloud, 2).await,
+    );
     let get = r#"SELECT "documents"."id", "documents"."organization_id" FROM "documents" WHERE "documents"."id" = $1 LIMIT 21"#;
 
     // Straight at the cloud, a lookup of organization 1's row asks organization 2's database

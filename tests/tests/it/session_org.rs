@@ -3,7 +3,7 @@
 //! Every statement on LokaDB tables sees and changes that organization's rows only, whichever
 //! path it takes; what the proxy cannot limit is refused, and never runs.
 
-use crate::direct::{client, direct_world, one_i64, org_ran, route_of};
+use crate::direct::{client, direct_world, first_document, one_i64, org_ran, route_of};
 use serde_json::json;
 
 fn state(e: &tokio_postgres::Error) -> String {
@@ -26,20 +26,10 @@ async fn a_session_limited_to_its_organization_sees_and_changes_only_its_rows() 
     let of_2 = count("SELECT count(*) FROM documents WHERE organization_id = 2").await;
     let of_1 = count("SELECT count(*) FROM documents WHERE organization_id = 1").await;
     assert!(of_1 > 0 && of_2 > 0 && total == of_1 + of_2);
-    let id_of = |org: i64| {
-        let cloud = &cloud;
-        async move {
-            cloud
-                .query_one(
-                    "SELECT min(id) FROM documents WHERE organization_id = $1",
-                    &[&org],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-        }
-    };
-    let (id1, id2) = (id_of(1).await, id_of(2).await);
+    let (id1, id2) = (
+        first_document(&cloud, 1).await,
+        first_document(&cloud, 2).await,
+    );
 
     // Organization 2: a count without any condition is its rows', answered by its database
     // (which runs the client's text as written); the cloud knows the setting too.
