@@ -146,3 +146,56 @@ async fn a_session_limited_to_its_organization_sees_and_changes_only_its_rows() 
     c.batch_execute("RESET ALL").await.unwrap();
     assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), total + 1);
 }
+
+/// Without the direct path configured (every statement through the cloud), the setting is
+/// followed and statements limited the same; a SET sent while a dropped statement's Close is
+/// still unanswered waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_direct_path_the_session_is_limited_all_the_same() {
+    let w = crate::moves::world_at(0, false, None);
+    w.cloud
+        .psql(
+            "postgres",
+            "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD 'auth-secret'",
+        )
+        .unwrap();
+    let proxy = crate::world::start_proxy(&w.cloud, json!({}), &[]).unwrap();
+    assert!(proxy.wait_for_output("metadata loaded", std::time::Duration::from_secs(10)));
+    let c = client(&proxy).await;
+    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
+        .await
+        .unwrap();
+    let of = |org: i64| {
+        let cloud = &cloud;
+        async move {
+            cloud
+                .query_one(
+                    "SELECT count(*) FROM documents WHERE organization_id = $1",
+                    &[&org],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    let all = "SELECT count(*) FROM documents";
+    for org in [1i64, 2] {
+        // The statement is dropped at once: its Close is in flight when the SET is sent.
+        drop(c.prepare(all).await.unwrap());
+        c.batch_execute(&format!("SET lokadb.org = {org}"))
+            .await
+            .unwrap();
+        assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), of(org).await);
+    }
+    let changed = c
+        .execute("UPDATE documents SET title = title || ' two'", &[])
+        .await
+        .unwrap();
+    assert_eq!(changed, u64::try_from(of(2).await).unwrap());
+    let e = c
+        .simple_query("DELETE FROM documents WHERE organization_id = 1")
+        .await
+        .unwrap_err();
+    assert_eq!(state(&e), "42501", "{e:?}");
+    assert!(of(1).await > 0);
+}
