@@ -46,7 +46,8 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (log, /proc, cleanup, charts-data, the run wrapper)
 from run import (  # noqa: E402
     Ctx, catch_signals, fatal, ignore_signals, log, percentile, raise_fd_limit, rerender, result_dir,
-    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_outputs, preflight,
+    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_empty_summary, write_outputs,
+    preflight,
 )
 import tunnel  # noqa: E402
 from tunnel import binaries_at_end, binary_info, prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
@@ -323,10 +324,7 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     s = {}
     if not raw.get("setups"):
-        md = f"# Many clients — run {raw['meta']['run_id']}\n\nNo set-up completed.\n\n" + "\n".join(
-            f"- {e[:2000]}" for e in raw["meta"]["errors"]) + "\n"
-        (outdir / "summary.md").write_text(md)
-        return md
+        return write_empty_summary(raw, outdir, "Many clients", "set-up")
     return write_outputs(raw, s, outdir, charts_data, summary_markdown, draw_charts, update_charts_data)
 
 

@@ -40,7 +40,8 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
     Ctx, catch_signals, cpu_ticks, delta, fatal, ignore_signals, log, percentile, rerender, result_dir,
-    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_outputs, preflight,
+    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_empty_summary, write_outputs,
+    preflight,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
 from tunnel import (  # noqa: E402
@@ -962,10 +963,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     s = summarize(raw)
     raw["summary"] = s
     if not s["rows"] or not s["rtts"]:
-        md = f"# Routing benchmark — run {raw['meta']['run_id']}\n\nNo window completed.\n\n" + "\n".join(
-            f"- {e[:2000]}" for e in raw["meta"]["errors"]) + "\n"
-        (outdir / "summary.md").write_text(md)
-        return md
+        return write_empty_summary(raw, outdir, "Routing benchmark", "window")
     return write_outputs(raw, s, outdir, charts_data, summary_markdown, draw_charts, update_charts_data)
 
 

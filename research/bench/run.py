@@ -1096,6 +1096,14 @@ def fatal(errors: list, e: Exception) -> int:
     return 1
 
 
+def write_empty_summary(raw: dict, outdir: Path, title: str, what: str) -> str:
+    """summary.md of a run in which no `what` completed: its title and errors; returns it."""
+    md = f"# {title} — run {raw['meta']['run_id']}\n\nNo {what} completed.\n\n" + "\n".join(
+        f"- {e[:2000]}" for e in raw["meta"]["errors"]) + "\n"
+    (outdir / "summary.md").write_text(md)
+    return md
+
+
 def write_outputs(raw: dict, s: dict, outdir: Path, charts_data: bool, summary_markdown, draw_charts,
                   update_charts_data) -> str:
     """summary.md, the charts (one that fails is reported, not fatal) and, if charts_data, the

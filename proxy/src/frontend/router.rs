@@ -234,9 +234,6 @@ pub struct Router {
     pub org_ever_set: bool,
     /// Named statements on LokaDB tables: what they were limited to when parsed.
     pub marks: HashMap<String, crate::route::scope::Mark>,
-    /// The client's own message, when the one routed was limited to the session's
-    /// organization: what the direct path sends.
-    pub direct_text: Option<Vec<u8>>,
 }
 
 impl Router {
@@ -363,9 +360,14 @@ impl ClientFrames<'_> {
 
     /// Routes one client message: where it goes (asking the session to switch first when
     /// that is elsewhere) and what is sent. Counts it on the exchange of the side it goes to.
-    pub(super) fn route(&mut self, tag: u8, frame: Option<&[u8]>) -> Action {
-        // Taken now: a held message is routed again, with its own.
-        let direct_text = self.router.direct_text.take();
+    /// `direct_text`: the client's own message when `frame` is it limited to the session's
+    /// organization — what the direct path sends.
+    pub(super) fn route(
+        &mut self,
+        tag: u8,
+        frame: Option<&[u8]>,
+        direct_text: Option<&[u8]>,
+    ) -> Action {
         // After an error on the direct side, what it has parsed is not known for sure (a
         // Parse skipped in a failed batch): statements are parsed again there before use.
         if self.exchanges.direct.errors != self.router.direct_errors_seen {
@@ -443,7 +445,6 @@ impl ClientFrames<'_> {
             ex.silence_next();
             count(ex, FE_QUERY);
         }
-        let direct_text = direct_text.as_deref();
         let mut action = match frame {
             Some(frame) if self.router.enabled => {
                 match self.apply(tag, frame, direct_text, side, dest == Dest::Hold) {

@@ -12,7 +12,8 @@ use lokadb_shared::wire::tags::*;
 
 /// What the session's organization makes of a Query or Parse.
 pub(super) enum OrgStep {
-    /// Send this message instead (the statement limited to the organization).
+    /// Send this message instead (the statement limited to the organization) to the cloud;
+    /// the direct path sends the client's own.
     Scoped(Vec<u8>),
     /// Send this message instead: it raises the refusal when executed.
     Refused(Vec<u8>),
@@ -45,13 +46,10 @@ impl ClientFrames<'_> {
             .map(|o| limit(sql, &analysis, &meta.meta.catalog, o))
         {
             None | Some(Limited::AsWritten) => (None, false),
-            Some(Limited::Scoped(text)) => {
-                self.router.direct_text = Some(own_frame(tag, body));
-                (
-                    Some(OrgStep::Scoped(statement_frame(tag, name, &text, rest))),
-                    true,
-                )
-            }
+            Some(Limited::Scoped(text)) => (
+                Some(OrgStep::Scoped(statement_frame(tag, name, &text, rest))),
+                true,
+            ),
             Some(Limited::Refused(code, message)) => (
                 Some(OrgStep::Refused(refusal_frame(
                     tag, name, code, &message, HINT_LIMIT,
@@ -142,13 +140,4 @@ impl ClientFrames<'_> {
         let portal = portal.to_owned();
         Some(self.refuse_here(FE_BIND, &portal, "42501", &message, HINT_PREPARE))
     }
-}
-
-/// A copy of the client's Query or Parse frame, from its body.
-fn own_frame(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(body.len() + 5);
-    frame.push(tag);
-    frame.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    frame.extend_from_slice(body);
-    frame
 }

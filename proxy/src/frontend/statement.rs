@@ -195,7 +195,7 @@ impl Inspect for ClientFrames<'_> {
             _ => (None, false),
         };
         let routed = refusal.as_deref().or(frame);
-        let action = self.route(header.tag, routed);
+        let action = self.route(header.tag, routed, frame.filter(|_| scoped));
         // A held message is shown again once the switch is made: logged then, once.
         if action == Action::Hold {
             return action;

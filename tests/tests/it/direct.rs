@@ -29,12 +29,7 @@ fn direct_world_env(db: Value, env: &[(&str, &str)]) -> (World, Proxy) {
         &w.dsn,
         &["move-org", "2", "--profile", "fdw+direct"],
     ));
-    w.cloud
-        .psql(
-            "postgres",
-            "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD 'auth-secret'",
-        )
-        .unwrap();
+    crate::world::create_auth_role(&w.cloud).unwrap();
     let mut database = json!({
         "cloud": format!("host=127.0.0.1 port={} dbname=app", w.cloud.port()),
         "auth_user": "lokadb_auth",

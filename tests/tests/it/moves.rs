@@ -686,12 +686,7 @@ fn move_back_killed_at_each_step_resumes_cleanly() {
 #[test]
 fn an_orm_client_through_the_proxy_sees_no_error_during_moves() {
     let w = world(5_000, false);
-    w.cloud
-        .psql(
-            "postgres",
-            "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD 'auth-secret'",
-        )
-        .unwrap();
+    crate::world::create_auth_role(&w.cloud).unwrap();
     let proxy = crate::world::start_proxy(&w.cloud, json!({}), &[]).unwrap();
     // The first move (with its split out of DEFAULT) before the clients start.
     ok(&lokadb(&w.dsn, &["move-org", "2"]));

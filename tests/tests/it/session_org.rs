@@ -153,12 +153,7 @@ async fn a_session_limited_to_its_organization_sees_and_changes_only_its_rows() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_direct_path_the_session_is_limited_all_the_same() {
     let w = crate::moves::world_at(0, false, None);
-    w.cloud
-        .psql(
-            "postgres",
-            "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD 'auth-secret'",
-        )
-        .unwrap();
+    crate::world::create_auth_role(&w.cloud).unwrap();
     let proxy = crate::world::start_proxy(&w.cloud, json!({}), &[]).unwrap();
     assert!(proxy.wait_for_output("metadata loaded", std::time::Duration::from_secs(10)));
     let c = client(&proxy).await;

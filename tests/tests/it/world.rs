@@ -25,10 +25,7 @@ impl World {
             .start()?;
         cloud.create_role(APP_USER, APP_PASSWORD)?;
         cloud.create_database("app", APP_USER)?;
-        cloud.psql(
-            "postgres",
-            &format!("CREATE ROLE {AUTH_USER} LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'"),
-        )?;
+        create_auth_role(&cloud)?;
         let proxy = start_proxy(&cloud, extra, env)?;
         Ok(World { cloud, proxy })
     }
@@ -70,6 +67,15 @@ pub fn config(cloud: &Cluster, extra: Value) -> Value {
         }
     }
     config
+}
+
+/// The role the proxy's `auth_user` logs in as (reads verifiers and the routing metadata).
+pub fn create_auth_role(cloud: &Cluster) -> Result<()> {
+    cloud.psql(
+        "postgres",
+        &format!("CREATE ROLE {AUTH_USER} LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'"),
+    )?;
+    Ok(())
 }
 
 pub fn start_proxy(cloud: &Cluster, extra: Value, env: &[(&str, &str)]) -> Result<Proxy> {
