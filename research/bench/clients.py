@@ -46,7 +46,8 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (log, /proc, cleanup, charts-data, the run wrapper)
 from run import (  # noqa: E402
     Ctx, catch_signals, fatal, ignore_signals, log, percentile, raise_fd_limit, rerender, result_dir,
-    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_empty_summary, write_outputs,
+    safe_cleanup, finish_run, sched_ns, temp_dir, write_charts_section, write_empty_summary,
+    write_outputs,
     preflight,
 )
 import tunnel  # noqa: E402
@@ -408,11 +409,8 @@ def main() -> int:
         if getattr(ctx, "relay", None) is not None:
             ctx.relay.stop()
         safe_cleanup()
-        meta["wall_seconds"] = round(time.time() - t_start, 1)
         binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN))
-        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
-        save_rendered(raw, outdir / "raw.json", render, not args.no_charts_data and not args.out)
-        log(f"results in {outdir}")
+        finish_run(raw, outdir, t_start, render, not args.no_charts_data and not args.out)
     return rc
 
 

@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
     CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cpu_ticks, fatal, free_port, ignore_signals, log,
-    percentile, rerender, result_dir, run_checked, safe_cleanup, save_rendered, stop_process, temp_dir,
+    percentile, rerender, result_dir, run_checked, safe_cleanup, finish_run, stop_process, temp_dir,
     write_charts_section, write_outputs, preflight,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
@@ -1368,10 +1368,7 @@ def main() -> int:
     finally:
         ignore_signals()
         safe_cleanup()
-        meta["wall_seconds"] = round(time.time() - t_start, 1)
-        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
-        save_rendered(raw, outdir / "raw.json", render, not args.no_charts_data and not args.out)
-        log(f"results in {outdir}")
+        finish_run(raw, outdir, t_start, render, not args.no_charts_data and not args.out)
     return rc
 
 

@@ -40,7 +40,8 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
     Ctx, catch_signals, cpu_ticks, delta, fatal, ignore_signals, log, percentile, rerender, result_dir,
-    safe_cleanup, save_rendered, sched_ns, temp_dir, write_charts_section, write_empty_summary, write_outputs,
+    safe_cleanup, finish_run, sched_ns, temp_dir, write_charts_section, write_empty_summary,
+    write_outputs,
     preflight,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
@@ -1038,11 +1039,8 @@ def main() -> int:
         if ctx.log is not None:
             ctx.log.close()
         safe_cleanup()
-        meta["wall_seconds"] = round(time.time() - t_start, 1)
         binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN))
-        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
-        save_rendered(raw, outdir / "raw.json", render, not args.no_charts_data and not args.out)
-        log(f"results in {outdir}")
+        finish_run(raw, outdir, t_start, render, not args.no_charts_data and not args.out)
     return rc
 
 

@@ -1129,6 +1129,16 @@ def save_rendered(raw: dict, raw_json: Path, render, charts_data: bool) -> None:
     print(md)
 
 
+def finish_run(raw: dict, outdir: Path, t_start: float, render, charts_data: bool) -> None:
+    """The end of a run: its wall time and load average in raw["meta"], then the rendered
+    outputs and raw.json (save_rendered)."""
+    meta = raw["meta"]
+    meta["wall_seconds"] = round(time.time() - t_start, 1)
+    meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
+    save_rendered(raw, outdir / "raw.json", render, charts_data)
+    log(f"results in {outdir}")
+
+
 def rerender(raw_json: Path, render, charts_data: bool) -> int:
     """--render: render again from a run's raw.json, which is written back (save_rendered)."""
     save_rendered(json.loads(raw_json.read_text()), raw_json, render, charts_data)
