@@ -463,6 +463,15 @@ grep 'lokadb::route' "$DEMO/proxy.log" | grep 'current_setting' | tail -n 1 |
 OTHER_ORG=$("$PG_BIN/psql" -X -q -At "$PROXY_DSN" -c "SET lokadb.org = 'acme'" \
     -c "SELECT count(*) FROM notes WHERE organization_id = 'globex'" 2>&1 | sed -n 's/^ERROR: *//p' || true)
 echo "    naming another organization: $OTHER_ORG"
+echo "  the cloud learns each statement's organization ahead of it (lokadb.statement_org), for its"
+echo "  triggers, policies and audits; here a cloud function reads it inside the statement:"
+su_psql -d app -q -c "CREATE OR REPLACE FUNCTION demo_seen_org() RETURNS text LANGUAGE sql VOLATILE
+    AS \$\$ SELECT coalesce(nullif(current_setting('lokadb.statement_org', true), ''), '(none)') \$\$"
+"$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" \
+    -c "SELECT 'a statement on globex: the cloud saw ' || demo_seen_org() FROM notes WHERE organization_id = 'globex' LIMIT 1" \
+    -c "SELECT 'a statement on acme: the cloud saw ' || demo_seen_org() FROM notes WHERE organization_id = 'acme' LIMIT 1" \
+    -c "SELECT 'a statement on every organization: the cloud saw ' || demo_seen_org() FROM notes LIMIT 1" |
+    sed 's/^/    /' || die "reading lokadb.statement_org through the proxy failed"
 echo "  acme's point reads, fdw against fdw+direct (pgbench, 1 client, 3 s each, simple protocol):"
 cat >"$DEMO/acme-read.sql" <<'SQL'
 \set id random(1, 10000)

@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod check;
+pub mod cloud_org;
 pub mod direct;
 pub mod pump;
 pub mod router;

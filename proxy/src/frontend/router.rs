@@ -234,6 +234,9 @@ pub struct Router {
     pub org_ever_set: bool,
     /// Named statements on LokaDB tables: what they were limited to when parsed.
     pub marks: HashMap<String, crate::route::scope::Mark>,
+    /// The cloud backend's `lokadb.statement_org`, when the proxy knows it
+    /// ([`super::cloud_org`]).
+    pub cloud_org: Option<Rc<str>>,
 }
 
 impl Router {
@@ -445,6 +448,11 @@ impl ClientFrames<'_> {
             ex.silence_next();
             count(ex, FE_QUERY);
         }
+        // The cloud learns the statement's organization ahead of it.
+        let told = match frame {
+            Some(frame) if side == Side::Cloud && dest != Dest::Hold => self.tell_cloud(tag, frame),
+            _ => None,
+        };
         let mut action = match frame {
             Some(frame) if self.router.enabled => {
                 match self.apply(tag, frame, direct_text, side, dest == Dest::Hold) {
@@ -465,7 +473,15 @@ impl ClientFrames<'_> {
             }
             _ => frame,
         };
-        if let (Some(mut out), Some(frame)) = (begin, frame) {
+        let prefix = match (begin, told) {
+            (None, None) => None,
+            (begin, told) => {
+                let mut out = begin.unwrap_or_default();
+                out.extend_from_slice(told.as_deref().unwrap_or_default());
+                Some(out)
+            }
+        };
+        if let (Some(mut out), Some(frame)) = (prefix, frame) {
             match action {
                 Action::Replace(bytes) => out.extend_from_slice(&bytes),
                 _ => out.extend_from_slice(frame),
@@ -473,7 +489,13 @@ impl ClientFrames<'_> {
             action = Action::Replace(out);
         }
         if dest != Dest::Hold {
-            count(self.exchanges.get_mut(side), tag);
+            let ex = self.exchanges.get_mut(side);
+            count(ex, tag);
+            match (&action, frame) {
+                (Action::Replace(bytes), _) => ex.note_sent(bytes),
+                (_, Some(frame)) => ex.note_sent(frame),
+                (_, None) => ex.note_sent_tag(tag),
+            }
         }
         action
     }
@@ -904,7 +926,9 @@ impl ClientFrames<'_> {
             // Close and Describe stay on the batch's side (`PreferCloud`): not refused.
             _ => return Action::Forward,
         }
-        count(self.exchanges.get_mut(side), tag);
+        let ex = self.exchanges.get_mut(side);
+        count(ex, tag);
+        ex.note_sent(&out);
         Action::Replace(out)
     }
 }
@@ -979,14 +1003,30 @@ fn changes_transaction_defaults(sql: &str) -> bool {
 }
 
 /// Counts a message forwarded to a side on that side's exchange.
-fn count(ex: &mut Exchange, tag: u8) {
+pub(super) fn count(ex: &mut Exchange, tag: u8) {
     match tag {
-        FE_QUERY | FE_SYNC | FE_FUNCTION_CALL => {
+        FE_QUERY | FE_FUNCTION_CALL => {
             ex.pending += 1;
             ex.unsynced = false;
+            ex.syncs_after_execute = 0;
+        }
+        FE_SYNC => {
+            ex.pending += 1;
+            ex.unsynced = false;
+            ex.syncs_after_execute += 1;
+        }
+        FE_EXECUTE => {
+            ex.unsynced = true;
+            ex.syncs_after_execute = 0;
+        }
+        // The end of a COPY FROM STDIN an Execute began: the backend ignored the Syncs sent
+        // since (tokio-postgres sends one right after the Execute), and answers none.
+        FE_COPY_DONE | FE_COPY_FAIL => {
+            ex.pending = ex.pending.saturating_sub(ex.syncs_after_execute);
+            ex.syncs_after_execute = 0;
         }
         // COPY data belongs to a request already counted; a Flush only asks for answers.
-        FE_COPY_DATA | FE_COPY_DONE | FE_COPY_FAIL | FE_FLUSH => {}
+        FE_COPY_DATA | FE_FLUSH => {}
         _ => ex.unsynced = true,
     }
 }

@@ -44,6 +44,50 @@ pub struct Exchange {
     pub silenced_failed: Option<u64>,
     /// ErrorResponses received.
     pub errors: u64,
+    /// Syncs sent since the last Execute: ignored by the backend if that Execute began a
+    /// COPY FROM STDIN.
+    pub syncs_after_execute: u32,
+    /// Messages sent since the last Sync that each end with one answer of their own
+    /// ([`ends_answer`]): Parse, Bind, Close, Describe, Execute (the client's and the
+    /// proxy's).
+    pub sent_in_batch: u32,
+    /// Messages of the proxy's own added inside a client's batch, whose answers are all
+    /// dropped: (the request, how many answers of it come before theirs), oldest first.
+    pub added: std::collections::VecDeque<(u64, u32)>,
+    /// Answers ended ([`ends_answer`]) in the request being answered.
+    pub ended: u32,
+    /// Answers of the proxy's added messages still to drop (how many to end).
+    pub dropping_added: u32,
+}
+
+/// The answers an added message set ([`crate::frontend::cloud_org`]) gets: two
+/// CloseCompletes, ParseComplete, BindComplete, and its Execute's CommandComplete (its one
+/// DataRow ends no answer).
+pub const ADDED_ANSWERS: u32 = 5;
+
+/// Whether a backend message ends the answer to one extended-protocol message: ParseComplete,
+/// BindComplete, CloseComplete, NoData or RowDescription (Describe), and what ends an
+/// Execute. An ErrorResponse ends the whole batch.
+pub fn ends_answer(tag: u8) -> bool {
+    matches!(
+        tag,
+        BE_PARSE_COMPLETE
+            | BE_BIND_COMPLETE
+            | BE_CLOSE_COMPLETE
+            | BE_NO_DATA
+            | BE_ROW_DESCRIPTION
+            | BE_COMMAND_COMPLETE
+            | BE_EMPTY_QUERY_RESPONSE
+            | BE_PORTAL_SUSPENDED
+    )
+}
+
+/// Whether a client message gets an answer of its own that [`ends_answer`] ends.
+pub fn gets_answer(tag: u8) -> bool {
+    matches!(
+        tag,
+        FE_PARSE | FE_BIND | FE_CLOSE | FE_DESCRIBE | FE_EXECUTE
+    )
 }
 
 impl Default for Exchange {
@@ -58,6 +102,11 @@ impl Default for Exchange {
             silenced: std::collections::VecDeque::new(),
             silenced_failed: None,
             errors: 0,
+            syncs_after_execute: 0,
+            sent_in_batch: 0,
+            added: std::collections::VecDeque::new(),
+            ended: 0,
+            dropping_added: 0,
         }
     }
 }
@@ -107,6 +156,39 @@ impl Exchange {
             .is_some_and(|&(r, n)| r == self.answered && n > 0)
     }
 
+    /// Notes that messages of the proxy's own go out now inside the client's batch (after
+    /// everything counted in [`Exchange::sent_in_batch`]): their answers are dropped.
+    pub fn add_own(&mut self) {
+        let request = self.answered + u64::from(self.pending);
+        self.added.push_back((request, self.sent_in_batch));
+    }
+
+    /// Counts the messages of `bytes` (whole frames) going out to this side.
+    pub fn note_sent(&mut self, bytes: &[u8]) {
+        let mut at = 0;
+        while let Some(header) = bytes
+            .get(at..)
+            .and_then(|b| Header::peek(b, u32::MAX).ok().flatten())
+        {
+            self.note_sent_tag(header.tag);
+            at += header.frame_len();
+        }
+    }
+
+    /// Counts a message with this tag going out to this side.
+    pub fn note_sent_tag(&mut self, tag: u8) {
+        match tag {
+            FE_QUERY | FE_SYNC | FE_FUNCTION_CALL => self.sent_in_batch = 0,
+            _ if gets_answer(tag) => self.sent_in_batch += 1,
+            _ => {}
+        }
+    }
+
+    /// Whether the answer coming next is the first of the proxy's added messages.
+    fn added_next(&self) -> bool {
+        self.added.front() == Some(&(self.answered, self.ended))
+    }
+
     /// Whether the backend is between requests (maybe in a transaction, which a
     /// ROLLBACK ends).
     pub fn is_settled(&self) -> bool {
@@ -136,7 +218,13 @@ impl Inspect for ClientFrames<'_> {
             _ if self.routing_wants_body(tag) => true,
             // Whole whenever the database has LokaDB tables: a statement may need refusing.
             FE_QUERY | FE_PARSE => self.route_log || self.meta.is_some_and(|m| m.has_tables()),
-            FE_BIND => self.route_log || self.router.org_ever_set,
+            // Whole whenever the database has LokaDB tables: the cloud learns the
+            // statement's organization ahead of it.
+            FE_BIND => {
+                self.route_log
+                    || self.router.org_ever_set
+                    || self.meta.is_some_and(|m| m.has_tables())
+            }
             FE_CLOSE => self.route_log || !self.router.marks.is_empty(),
             _ => false,
         }
@@ -199,6 +287,9 @@ impl Inspect for ClientFrames<'_> {
         // A held message is shown again once the switch is made: logged then, once.
         if action == Action::Hold {
             return action;
+        }
+        if let Some(f) = routed.filter(|_| matches!(header.tag, FE_QUERY | FE_PARSE)) {
+            self.note_for_cloud_org(header.tag, f);
         }
         if refused && self.route_log {
             if let Some(f) = frame {
@@ -370,10 +461,6 @@ impl ClientFrames<'_> {
                 let name = f.cstr()?;
                 let text = f.cstr()?;
                 let analysis = analyse(text);
-                if !self.router.enabled {
-                    // Routing remembered it already when it routes.
-                    self.router.remember(name, &[], None, analysis.clone());
-                }
                 (
                     if name.is_empty() { "parse" } else { "prepare" },
                     text,
@@ -559,7 +646,8 @@ impl Reported {
 impl Inspect for ServerFrames<'_> {
     #[inline]
     fn wants_body(&self, tag: u8) -> bool {
-        if self.exchange.silent_now() {
+        let ex = &*self.exchange;
+        if ex.silent_now() || ex.dropping_added > 0 || ex.added_next() {
             return true;
         }
         match tag {
@@ -600,7 +688,45 @@ impl Inspect for ServerFrames<'_> {
 }
 
 impl ServerFrames<'_> {
+    /// Drops the answers to messages the proxy added inside a client's batch, found by
+    /// their position: they begin once the answers to everything sent before them ended.
+    fn added_answer(&mut self, tag: u8) -> Option<Action> {
+        if matches!(
+            tag,
+            BE_READY_FOR_QUERY
+                | BE_PARAMETER_STATUS
+                | BE_NOTICE_RESPONSE
+                | BE_NOTIFICATION_RESPONSE
+        ) {
+            return None;
+        }
+        let ex = &mut *self.exchange;
+        if ex.dropping_added == 0 && ex.added_next() {
+            ex.added.pop_front();
+            ex.dropping_added = ADDED_ANSWERS;
+        }
+        if tag == BE_ERROR_RESPONSE {
+            // The batch stops here; the error is the client's to see.
+            ex.dropping_added = 0;
+            return None;
+        }
+        let ends = ends_answer(tag);
+        if ends {
+            ex.ended += 1;
+        }
+        if ex.dropping_added == 0 {
+            return None;
+        }
+        if ends {
+            ex.dropping_added -= 1;
+        }
+        Some(Action::Replace(Vec::new()))
+    }
+
     fn account(&mut self, tag: u8, frame: Option<&[u8]>) -> Action {
+        if let Some(action) = self.added_answer(tag) {
+            return action;
+        }
         match tag {
             BE_READY_FOR_QUERY => {
                 let ex = &mut *self.exchange;
@@ -610,6 +736,11 @@ impl ServerFrames<'_> {
                 while ex.dropping.front().is_some_and(|&(r, _)| r < ex.answered) {
                     ex.dropping.pop_front();
                 }
+                while ex.added.front().is_some_and(|&(r, _)| r < ex.answered) {
+                    ex.added.pop_front();
+                }
+                ex.ended = 0;
+                ex.dropping_added = 0;
                 if let Some(&status) = frame.and_then(|f| f.get(5)) {
                     self.exchange.status = status;
                 }
@@ -737,6 +868,101 @@ mod tests {
         assert!(!s.wants_body(BE_PARSE_COMPLETE));
         ready(&mut s, b'I');
         assert!(ex.dropping.is_empty() && ex.pending == 0);
+    }
+
+    /// Messages the proxy adds inside a client's batch are found by position: their answers
+    /// begin once the answers to everything sent before them ended, whatever those were.
+    #[test]
+    fn answers_to_messages_added_inside_a_batch_are_dropped_by_position() {
+        let mut ex = Exchange::default();
+        // The client: Parse, Bind, Execute; then the proxy's five; then the client's Bind.
+        let mut sent = Vec::new();
+        for tag in [FE_PARSE, FE_BIND, FE_EXECUTE] {
+            sent.extend_from_slice(&[tag, 0, 0, 0, 4]);
+        }
+        ex.note_sent(&sent);
+        ex.unsynced = true;
+        ex.add_own();
+        ex.note_sent_tag(FE_CLOSE);
+        ex.pending += 1; // the batch's Sync
+        let mut reported = Reported::default();
+        let mut s = server(&mut ex, &mut reported);
+        let h = |tag| Header { tag, len: 4 };
+        let frame = |tag| [tag, 0, 0, 0, 4];
+        let empty = Action::Replace(Vec::new());
+        // The client's answers pass: three end, rows between them.
+        for tag in [
+            BE_PARSE_COMPLETE,
+            BE_BIND_COMPLETE,
+            BE_DATA_ROW,
+            BE_DATA_ROW,
+        ] {
+            assert_eq!(s.on_frame(h(tag), Some(&frame(tag))), Action::Forward);
+        }
+        assert!(!s.wants_body(BE_COMMAND_COMPLETE));
+        assert_eq!(s.on_frame(h(BE_COMMAND_COMPLETE), None), Action::Forward);
+        // The proxy's: dropped, its row included, a notice passes.
+        for tag in [
+            BE_CLOSE_COMPLETE,
+            BE_CLOSE_COMPLETE,
+            BE_PARSE_COMPLETE,
+            BE_BIND_COMPLETE,
+            BE_DATA_ROW,
+        ] {
+            assert!(s.wants_body(tag));
+            assert_eq!(
+                s.on_frame(h(tag), Some(&frame(tag))),
+                empty,
+                "{}",
+                tag as char
+            );
+        }
+        assert_eq!(
+            s.on_frame(h(BE_NOTICE_RESPONSE), Some(&frame(BE_NOTICE_RESPONSE))),
+            Action::Forward
+        );
+        assert_eq!(
+            s.on_frame(h(BE_COMMAND_COMPLETE), Some(&frame(BE_COMMAND_COMPLETE))),
+            empty
+        );
+        // The client's next answers pass.
+        assert!(!s.wants_body(BE_BIND_COMPLETE));
+        assert_eq!(s.on_frame(h(BE_BIND_COMPLETE), None), Action::Forward);
+        assert_eq!(ready(&mut s, b'I'), Action::Forward);
+        assert!(ex.added.is_empty() && ex.dropping_added == 0);
+
+        // An error before the added messages: the batch stops, nothing is dropped.
+        ex.note_sent_tag(FE_BIND);
+        ex.add_own();
+        ex.pending += 1;
+        let mut s = server(&mut ex, &mut reported);
+        assert_eq!(s.on_frame(h(BE_ERROR_RESPONSE), None), Action::Forward);
+        assert_eq!(ready(&mut s, b'I'), Action::Forward);
+        assert!(ex.added.is_empty() && ex.ended == 0);
+    }
+
+    /// A COPY FROM STDIN begun by an Execute: the backend ignores the Syncs sent during it
+    /// (tokio-postgres sends one right after the Execute), so they are no requests.
+    #[test]
+    fn syncs_sent_during_an_extended_copy_in_are_not_requests() {
+        let mut ex = Exchange::default();
+        for tag in [
+            FE_BIND,
+            FE_EXECUTE,
+            FE_SYNC,
+            FE_COPY_DATA,
+            FE_COPY_DONE,
+            FE_SYNC,
+        ] {
+            crate::frontend::router::count(&mut ex, tag);
+        }
+        assert_eq!(ex.pending, 1);
+        // A simple query's COPY: its Query is the request.
+        let mut ex = Exchange::default();
+        for tag in [FE_QUERY, FE_COPY_DATA, FE_COPY_DONE] {
+            crate::frontend::router::count(&mut ex, tag);
+        }
+        assert_eq!(ex.pending, 1);
     }
 
     #[test]

@@ -48,8 +48,13 @@ pub fn bind_portal_text(out: &mut Vec<u8>, portal: &str, statement: &str, params
 
 /// Appends Execute of the unnamed portal, all rows.
 pub fn execute(out: &mut Vec<u8>) {
+    execute_portal(out, "");
+}
+
+/// Appends Execute of portal `portal`, all rows.
+pub fn execute_portal(out: &mut Vec<u8>, portal: &str) {
     write_frame(out, FE_EXECUTE, |b| {
-        b.push(0);
+        put_cstr(b, portal);
         b.extend_from_slice(&0i32.to_be_bytes());
     });
 }
@@ -57,8 +62,17 @@ pub fn execute(out: &mut Vec<u8>) {
 /// Appends Close of prepared statement `name` (closing one that does not exist is not
 /// an error).
 pub fn close_statement(out: &mut Vec<u8>, name: &str) {
+    close(out, b'S', name);
+}
+
+/// Appends Close of portal `name` (closing one that does not exist is not an error).
+pub fn close_portal(out: &mut Vec<u8>, name: &str) {
+    close(out, b'P', name);
+}
+
+fn close(out: &mut Vec<u8>, kind: u8, name: &str) {
     write_frame(out, FE_CLOSE, |b| {
-        b.push(b'S');
+        b.push(kind);
         put_cstr(b, name);
     });
 }

@@ -873,13 +873,13 @@ async fn an_orm_feed_joined_with_cloud_tables_is_ordered_and_limited_in_the_orga
 /// A client that speaks the extended protocol by hand, so that it names its prepared
 /// statements itself (tokio-postgres numbers them across the whole test process, so two of
 /// its clients never share a name).
-struct Raw {
+pub(crate) struct Raw {
     stream: tokio::net::TcpStream,
     buf: Vec<u8>,
 }
 
 impl Raw {
-    async fn connect(port: u16) -> Raw {
+    pub(crate) async fn connect(port: u16) -> Raw {
         use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
         use postgres_protocol::message::frontend;
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -924,12 +924,12 @@ impl Raw {
         }
     }
 
-    async fn send(&mut self, bytes: &[u8]) {
+    pub(crate) async fn send(&mut self, bytes: &[u8]) {
         use tokio::io::AsyncWriteExt;
         self.stream.write_all(bytes).await.unwrap();
     }
 
-    async fn message(&mut self) -> (u8, Vec<u8>) {
+    pub(crate) async fn message(&mut self) -> (u8, Vec<u8>) {
         use tokio::io::AsyncReadExt;
         loop {
             if self.buf.len() >= 5 {

@@ -51,5 +51,7 @@ mod routing;
 mod direct;
 // SET lokadb.org: a session limited to one organization, on the cloud and the direct path.
 mod session_org;
+// The organization of each statement, told to the cloud.
+mod statement_org;
 // `lokadb proxy --record FILE`: the recording format, login never recorded, bad paths.
 mod traffic_record;

@@ -1,0 +1,122 @@
+//! What the cloud learns of each statement's organization (`docs/routing.md`, "What the
+//! cloud learns"): ahead of a statement on LokaDB tables, in the same write, the proxy sets
+//! `lokadb.statement_org` on the client's cloud backend to the organization the analysis
+//! placed it in (`''`: none it could name). Cloud-side code (a trigger, a policy, an audit)
+//! reads it with `current_setting('lokadb.statement_org', true)`. It costs the client no
+//! round trip: the answers are dropped as they come.
+//!
+//! It is sent only when the value changes. The proxy trusts the value it set only when its
+//! request ran alone outside a transaction: one set inside a transaction (or the client's
+//! batch) may be rolled back with it, so it is set again before the next statement.
+
+use super::router::count;
+use super::statement::{bind_param, ClientFrames};
+use crate::route::analysis::{mentions, Analysis, Org};
+use lokadb_shared::wire::fields::Fields;
+use lokadb_shared::wire::frontend;
+use lokadb_shared::wire::tags::*;
+use std::borrow::Cow;
+use std::rc::Rc;
+
+/// The setting's name.
+pub const SETTING: &str = "lokadb.statement_org";
+
+/// The proxy's own prepared statement and portal that set it.
+const OWN: &str = "lokadb_statement_org";
+
+const SET_SQL: &str = "SELECT pg_catalog.set_config('lokadb.statement_org', $1, false)";
+
+impl ClientFrames<'_> {
+    /// What goes to the cloud just ahead of `frame` (a Query or Bind going there) so the
+    /// cloud knows its statement's organization; registered on the cloud's exchange, so
+    /// its answers are dropped. `None`: nothing (no LokaDB table, or the value is known).
+    pub(super) fn tell_cloud(&mut self, tag: u8, frame: &[u8]) -> Option<Vec<u8>> {
+        let org = self.statement_org(tag, frame)?;
+        if self.router.cloud_org.as_deref() == Some(&*org) {
+            return None;
+        }
+        // The proxy's own named statement and portal: the client's unnamed ones stay as
+        // they are (a simple Query would destroy the unnamed statement).
+        let mut out = Vec::with_capacity(160 + org.len());
+        frontend::close_portal(&mut out, OWN);
+        frontend::close_statement(&mut out, OWN);
+        frontend::parse(&mut out, OWN, SET_SQL);
+        frontend::bind_portal_text(&mut out, OWN, OWN, &[Some(&org)]);
+        frontend::execute_portal(&mut out, OWN);
+        let ex = &mut self.exchanges.cloud;
+        if ex.unsynced {
+            // Inside the client's batch, in its implicit transaction.
+            ex.add_own();
+            self.router.cloud_org = None;
+        } else {
+            // A request of its own, dropped whole.
+            let trusted = ex.is_idle();
+            frontend::sync(&mut out);
+            ex.silence_next();
+            count(ex, FE_SYNC);
+            self.router.cloud_org = trusted.then(|| Rc::from(&*org));
+        }
+        Some(out)
+    }
+
+    /// The organization of a Query's or Bind's statement as the cloud should know it:
+    /// `""` for a statement on LokaDB tables the analysis could not place in one;
+    /// `None` for one on no LokaDB table (the setting stays as it is).
+    fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<Cow<'static, str>> {
+        let meta = self.meta?;
+        let mut f = Fields::new(&frame[5..], "message");
+        let (analysis, bind) = match tag {
+            FE_QUERY => (Cow::Owned(meta.analyze(f.cstr().ok()?)), None),
+            FE_BIND => {
+                let _portal = f.cstr().ok()?;
+                let name = f.cstr().ok()?;
+                match self.router.prepared_analysis(name) {
+                    Some(a) => (Cow::Borrowed(a), Some(f)),
+                    // Parsed before the metadata was loaded, or forgotten: not placed.
+                    None => return Some(Cow::Borrowed("")),
+                }
+            }
+            _ => return None,
+        };
+        Some(match (&*analysis, bind) {
+            (Analysis::NoLokaTable, _) => return None,
+            (Analysis::Org { org, .. }, bind) => match (org, bind) {
+                (Org::Literal(v), _) => Cow::Owned(v.clone()),
+                (Org::Param(n), Some(mut f)) => Cow::Owned(bind_param(&mut f, *n).ok()?),
+                (Org::Param(_), None) => Cow::Borrowed(""),
+                (Org::Session, _) => match &self.router.session_org {
+                    Some(o) => Cow::Owned(o.to_string()),
+                    None => Cow::Borrowed(""),
+                },
+            },
+            (Analysis::Unplaced(_) | Analysis::Keyed(_), _) => Cow::Borrowed(""),
+        })
+    }
+
+    /// A client's Query or Parse: forgets the value the cloud holds when the statement may
+    /// change it (names it, or resets settings), and remembers a Parse's analysis for its
+    /// Binds when routing does not.
+    pub(super) fn note_for_cloud_org(&mut self, tag: u8, frame: &[u8]) {
+        let Some(meta) = self.meta else {
+            return;
+        };
+        let mut f = Fields::new(&frame[5..], "message");
+        let name = match tag {
+            FE_PARSE => f.cstr().ok(),
+            _ => None,
+        };
+        let Ok(sql) = f.cstr() else {
+            return;
+        };
+        if self.router.cloud_org.is_some()
+            && (mentions(sql, b"statement_org")
+                || mentions(sql, b"reset")
+                || mentions(sql, b"discard"))
+        {
+            self.router.cloud_org = None;
+        }
+        if let (Some(name), false) = (name, self.router.enabled) {
+            self.router.remember(name, &[], None, meta.analyze(sql));
+        }
+    }
+}

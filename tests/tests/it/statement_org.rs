@@ -1,0 +1,224 @@
+//! What the cloud learns of each statement's organization: before a statement on LokaDB
+//! tables reaches the cloud, `lokadb.statement_org` holds the organization the proxy placed
+//! it in (`''` when it could name none). The statements below read it themselves, so each
+//! answer shows what the cloud held while it ran; the client sees nothing else of it.
+
+use crate::direct::{client, direct_world, Raw};
+use bytes::BytesMut;
+use lokadb_tests::proxy::Proxy;
+use postgres_protocol::message::frontend;
+use serde_json::json;
+
+/// Cloud-side code that reads the setting (a client text naming it makes the proxy forget
+/// what the cloud holds, so the statements call this instead).
+const SEEN_ORG: &str = "CREATE FUNCTION seen_org() RETURNS text LANGUAGE sql VOLATILE AS $$ SELECT current_setting('lokadb.statement_org', true) $$";
+
+/// A statement that shows the setting as the cloud holds while it runs, and the count of one
+/// organization's documents ($1).
+const SEEN: &str = "SELECT seen_org(), count(*)::text FROM documents WHERE organization_id = $1";
+
+fn parse(out: &mut BytesMut, name: &str, sql: &str) {
+    frontend::parse(name, sql, [], out).unwrap();
+}
+
+/// Bind of the unnamed portal, parameters as text.
+fn bind(out: &mut BytesMut, statement: &str, params: &[&str]) {
+    frontend::bind(
+        "",
+        statement,
+        [0i16],
+        params.iter(),
+        |p, buf| {
+            buf.extend_from_slice(p.as_bytes());
+            Ok(postgres_protocol::IsNull::No)
+        },
+        [0i16],
+        out,
+    )
+    .map_err(|_| "bind")
+    .unwrap();
+    frontend::execute("", 0, out).unwrap();
+}
+
+/// Every message answering one request, in order: its tag, a DataRow as `D=` and its values.
+async fn answers(c: &mut Raw, out: &[u8]) -> Vec<String> {
+    c.send(out).await;
+    let mut seen = Vec::new();
+    loop {
+        let (tag, body) = c.message().await;
+        match tag {
+            b'D' => {
+                let mut values = Vec::new();
+                let mut at = 2;
+                for _ in 0..i16::from_be_bytes([body[0], body[1]]) {
+                    let len = i32::from_be_bytes(body[at..at + 4].try_into().unwrap());
+                    at += 4;
+                    let len = usize::try_from(len).unwrap_or(0);
+                    values.push(String::from_utf8_lossy(&body[at..at + len]).into_owned());
+                    at += len;
+                }
+                seen.push(format!("D={}", values.join(",")));
+            }
+            b'E' => seen.push(format!("E={}", String::from_utf8_lossy(&body))),
+            b'N' | b'S' | b'A' => {}
+            _ => seen.push((tag as char).to_string()),
+        }
+        if tag == b'Z' {
+            return seen;
+        }
+    }
+}
+
+/// Checks through `proxy`, against the cloud (`cloud`, straight).
+async fn the_cloud_learns_each_statements_organization(
+    proxy: &Proxy,
+    cloud: &tokio_postgres::Client,
+) {
+    let port = proxy.port();
+    let count = |org: i64| async move {
+        cloud
+            .query_one(
+                "SELECT count(*)::text FROM documents WHERE organization_id = $1",
+                &[&org],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    let (n1, n2) = (count(1).await, count(2).await);
+    cloud.batch_execute(SEEN_ORG).await.unwrap();
+    let c = client(proxy).await;
+    // Simple and extended protocol, a literal and a bound organization.
+    let simple = |sql: &str| {
+        let c = &c;
+        let sql = sql.to_owned();
+        async move {
+            match &c.simple_query(&sql).await.unwrap()[1] {
+                tokio_postgres::SimpleQueryMessage::Row(r) => {
+                    (r.get(0).map(str::to_owned), r.get(1).unwrap().to_owned())
+                }
+                m => panic!("{m:?}"),
+            }
+        }
+    };
+    let of = |org: i64| SEEN.replace("$1", &org.to_string());
+    assert_eq!(simple(&of(1)).await, (Some("1".into()), n1.clone()));
+    assert_eq!(simple(&of(2)).await, (Some("2".into()), n2.clone()));
+    let seen_bound = |org: i64| {
+        let c = &c;
+        async move {
+            let row = c.query_one(SEEN, &[&org]).await.unwrap();
+            (row.get::<_, Option<String>>(0), row.get::<_, String>(1))
+        }
+    };
+    assert_eq!(seen_bound(1).await, (Some("1".into()), n1.clone()));
+    assert_eq!(seen_bound(2).await, (Some("2".into()), n2.clone()));
+    // A statement the proxy cannot place in one organization: none.
+    let total = "SELECT seen_org(), count(*)::text FROM documents";
+    assert_eq!(simple(total).await.0.as_deref(), Some(""));
+    assert_eq!(seen_bound(2).await.0.as_deref(), Some("2"));
+
+    // Set inside a transaction that rolls back, the value goes with it: the proxy sets it
+    // again before the next statement.
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(seen_bound(1).await.0.as_deref(), Some("1"));
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(seen_bound(1).await.0.as_deref(), Some("1"));
+    // The client's RESET ALL clears it: set again.
+    c.batch_execute("RESET ALL").await.unwrap();
+    assert_eq!(seen_bound(1).await.0.as_deref(), Some("1"));
+
+    // A pipeline: Parse, then three Bind/Execute of the unnamed statement for organizations
+    // 1, 2, 1, one Sync. Each statement sees its own organization, and the client gets
+    // exactly the answers to its own messages.
+    let mut raw = Raw::connect(port).await;
+    let mut out = BytesMut::new();
+    parse(&mut out, "", SEEN);
+    for org in ["1", "2", "1"] {
+        bind(&mut out, "", &[org]);
+    }
+    frontend::sync(&mut out);
+    let expect = |orgs: &[&str]| {
+        let mut e = vec!["1".to_owned()];
+        for org in orgs {
+            let n = if *org == "1" { &n1 } else { &n2 };
+            e.extend(["2".to_owned(), format!("D={org},{n}"), "C".to_owned()]);
+        }
+        e.push("Z".to_owned());
+        e
+    };
+    assert_eq!(answers(&mut raw, &out).await, expect(&["1", "2", "1"]));
+    // A named statement, parsed and bound in one batch, then bound alone.
+    let mut out = BytesMut::new();
+    parse(&mut out, "seen", SEEN);
+    bind(&mut out, "seen", &["2"]);
+    frontend::sync(&mut out);
+    assert_eq!(answers(&mut raw, &out).await, expect(&["2"]));
+    let mut out = BytesMut::new();
+    bind(&mut out, "seen", &["1"]);
+    bind(&mut out, "seen", &["2"]);
+    frontend::sync(&mut out);
+    let mut e = expect(&["1", "2"]);
+    e.remove(0); // no Parse
+    assert_eq!(answers(&mut raw, &out).await, e);
+    // An error in the batch before the proxy's statement: the batch's answers, the error
+    // and nothing of the proxy's.
+    let mut out = BytesMut::new();
+    parse(
+        &mut out,
+        "",
+        "SELECT 1 / (SELECT count(*) FROM pg_class WHERE false)::int",
+    );
+    bind(&mut out, "", &[]);
+    bind(&mut out, "seen", &["1"]);
+    frontend::sync(&mut out);
+    let got = answers(&mut raw, &out).await;
+    assert!(
+        matches!(got.as_slice(), [p, b, e, z] if p == "1" && b == "2" && e.contains("22012") && z == "Z"),
+        "{got:?}"
+    );
+    let mut out = BytesMut::new();
+    bind(&mut out, "seen", &["2"]);
+    frontend::sync(&mut out);
+    let mut e = expect(&["2"]);
+    e.remove(0);
+    assert_eq!(answers(&mut raw, &out).await, e);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cloud_learns_the_organization_of_each_statement_with_the_direct_path() {
+    let (w, proxy) = direct_world(json!({}));
+    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
+        .await
+        .unwrap();
+    the_cloud_learns_each_statements_organization(&proxy, &cloud).await;
+    // A plain read of organization 1 held until its Bind (it might have gone direct) goes
+    // to the cloud with the organization set ahead of it.
+    let mut raw = Raw::connect(proxy.port()).await;
+    let mut out = BytesMut::new();
+    parse(
+        &mut out,
+        "",
+        "SELECT count(*)::text FROM documents WHERE organization_id = $1",
+    );
+    bind(&mut out, "", &["1"]);
+    frontend::sync(&mut out);
+    let got = answers(&mut raw, &out).await;
+    assert_eq!(got.len(), 5, "{got:?}");
+    let mut out = BytesMut::new();
+    frontend::query("SELECT seen_org()", &mut out).unwrap();
+    let got = answers(&mut raw, &out).await;
+    assert!(got.contains(&"D=1".to_owned()), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cloud_learns_the_organization_of_each_statement_without_the_direct_path() {
+    let w = crate::moves::world_at(0, false, None);
+    crate::world::create_auth_role(&w.cloud).unwrap();
+    let proxy = crate::world::start_proxy(&w.cloud, json!({}), &[]).unwrap();
+    assert!(proxy.wait_for_output("metadata loaded", std::time::Duration::from_secs(10)));
+    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
+        .await
+        .unwrap();
+    the_cloud_learns_each_statements_organization(&proxy, &cloud).await;
+}
