@@ -12,6 +12,7 @@
 use super::router::count;
 use super::statement::{bind_param, ClientFrames};
 use crate::route::analysis::{mentions, Analysis, Org};
+use crate::route::meta::Placement;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
 use lokadb_shared::wire::tags::*;
@@ -65,31 +66,44 @@ impl ClientFrames<'_> {
     fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<Cow<'static, str>> {
         let meta = self.meta?;
         let mut f = Fields::new(&frame[5..], "message");
-        let (analysis, bind) = match tag {
-            FE_QUERY => (Cow::Owned(meta.analyze(f.cstr().ok()?)), None),
+        let org = match tag {
+            FE_QUERY => {
+                let sql = f.cstr().ok()?;
+                // A session limited to its organization sends every statement on LokaDB
+                // tables limited to it, or refused.
+                if let Some(o) = &self.router.session_org {
+                    return meta
+                        .meta
+                        .catalog
+                        .may_touch(sql)
+                        .then(|| Cow::Owned(o.to_string()));
+                }
+                match meta.place(sql) {
+                    Placement::NoLokaTable => return None,
+                    Placement::Org(org) => Some(org),
+                    Placement::Unplaced => None,
+                }
+            }
             FE_BIND => {
                 let _portal = f.cstr().ok()?;
                 let name = f.cstr().ok()?;
                 match self.router.prepared_analysis(name) {
-                    Some(a) => (Cow::Borrowed(a), Some(f)),
-                    // Parsed before the metadata was loaded, or forgotten: not placed.
-                    None => return Some(Cow::Borrowed("")),
+                    Some(Analysis::NoLokaTable) => return None,
+                    Some(Analysis::Org { org, .. }) => Some(org.clone()),
+                    // Unplaced, or parsed before the metadata was loaded, or forgotten.
+                    _ => None,
                 }
             }
             _ => return None,
         };
-        Some(match (&*analysis, bind) {
-            (Analysis::NoLokaTable, _) => return None,
-            (Analysis::Org { org, .. }, bind) => match (org, bind) {
-                (Org::Literal(v), _) => Cow::Owned(v.clone()),
-                (Org::Param(n), Some(mut f)) => Cow::Owned(bind_param(&mut f, *n).ok()?),
-                (Org::Param(_), None) => Cow::Borrowed(""),
-                (Org::Session, _) => match &self.router.session_org {
-                    Some(o) => Cow::Owned(o.to_string()),
-                    None => Cow::Borrowed(""),
-                },
+        Some(match org {
+            Some(Org::Literal(v)) => Cow::Owned(v),
+            Some(Org::Param(n)) if tag == FE_BIND => Cow::Owned(bind_param(&mut f, n).ok()?),
+            Some(Org::Session) => match &self.router.session_org {
+                Some(o) => Cow::Owned(o.to_string()),
+                None => Cow::Borrowed(""),
             },
-            (Analysis::Unplaced(_) | Analysis::Keyed(_), _) => Cow::Borrowed(""),
+            Some(Org::Param(_)) | None => Cow::Borrowed(""),
         })
     }
 

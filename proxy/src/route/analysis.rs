@@ -1037,6 +1037,44 @@ mod tests {
         }
     }
 
+    /// Placing a statement by the analysis of its text without constants gives what its own
+    /// analysis gives, and statements that differ only in values share that analysis.
+    #[test]
+    fn placing_without_constants_agrees_with_the_analysis() {
+        use super::super::meta::{CoreMeta, Meta, Placement};
+        let m = CoreMeta::new(Arc::new(Meta {
+            generation: 1,
+            catalog: catalog(),
+            orgs: HashMap::new(),
+            writes: Vec::new(),
+            direct_orgs: 0,
+        }));
+        let more = [
+            "SELECT * FROM documents WHERE organization_id = 7 AND organization_id = 7",
+            "SELECT * FROM documents WHERE organization_id = -7 AND id = 7",
+            "SELECT * FROM documents WHERE organization_id = '7' AND title = 'O''Brien'",
+            "SELECT * FROM documents WHERE organization_id = '-7'",
+            "SELECT * FROM documents WHERE organization_id = 7 AND created > now() - interval '1 day'",
+            "SELECT * FROM documents WHERE organization_id = E'7'",
+            "SELECT * FROM documents WHERE organization_id = 7.5",
+            "SELECT * FROM documents WHERE organization_id = current_setting('lokadb.org')",
+            "UPDATE documents SET title = 'x' WHERE organization_id = 8 AND id = 3 -- 'y' 9",
+        ];
+        for sql in CASES.iter().map(|c| c.0).chain(more) {
+            assert_eq!(
+                m.place(sql),
+                Placement::of(&analyze(sql, &m.meta.catalog)),
+                "{sql}"
+            );
+        }
+        let before = m.cached();
+        for org in 100..110 {
+            let sql = format!("SELECT * FROM documents WHERE organization_id = {org} AND id = 5");
+            assert_eq!(m.place(&sql), Placement::Org(lit(&org.to_string())));
+        }
+        assert_eq!(m.cached(), before + 1, "one analysis for the ten texts");
+    }
+
     /// Placed statements → whether the organization's database can answer them alone
     /// (the direct path).
     const READS: &[(&str, bool)] = &[

@@ -5,7 +5,7 @@
 //! generation changes and hands it to every core, which swaps it in with an empty cache of
 //! analyses ([`CoreMeta`]). Per statement a core reads only its own copy.
 
-use super::analysis::{analyze, Analysis, Catalog, JoinKey, KeyMap, LokaTable};
+use super::analysis::{analyze, mentions, Analysis, Catalog, JoinKey, KeyMap, LokaTable, Org};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -248,6 +248,27 @@ fn resolve(relay: &str) -> Option<SocketAddr> {
 /// and caching those gains little).
 const MAX_CACHED: usize = 10_000;
 
+/// Where the analysis placed a statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    NoLokaTable,
+    /// One organization.
+    Org(Org),
+    /// LokaDB tables, in no one organization the analysis could name.
+    Unplaced,
+}
+
+impl Placement {
+    /// What an analysis says of where its statement goes.
+    pub fn of(a: &Analysis) -> Placement {
+        match a {
+            Analysis::NoLokaTable => Placement::NoLokaTable,
+            Analysis::Org { org, .. } => Placement::Org(org.clone()),
+            Analysis::Unplaced(_) | Analysis::Keyed(_) => Placement::Unplaced,
+        }
+    }
+}
+
 /// A core's copy of one database's metadata and its analyses by statement text.
 pub struct CoreMeta {
     pub meta: Arc<Meta>,
@@ -295,6 +316,35 @@ impl CoreMeta {
         }
         cache.insert(sql.into(), a.clone());
         a
+    }
+
+    /// The organization of a statement, from the analysis of its text with the constants
+    /// taken out ([`super::literals`]): statements that differ only in their values (a
+    /// simple query's) share one analysis in the cache, where each of their texts would
+    /// cost a parse. A form the scan does not follow is analysed as it is.
+    pub fn place(&self, sql: &str) -> Placement {
+        if !self.meta.catalog.may_touch(sql) {
+            return Placement::NoLokaTable;
+        }
+        // The one constant the analysis reads is the session's setting's name.
+        let normalized = (!mentions(sql, b"'lokadb.org'"))
+            .then(|| super::literals::normalize(sql))
+            .flatten();
+        let Some((key, values)) = normalized else {
+            return Placement::of(&self.analyze(sql));
+        };
+        match Placement::of(&self.analyze(&key)) {
+            // Every constant of `key` is an index into `values` (a negative number keeps
+            // its sign).
+            Placement::Org(Org::Literal(v)) => {
+                let (sign, index) = v.strip_prefix('-').map_or(("", &*v), |i| ("-", i));
+                match index.parse::<usize>().ok().and_then(|i| values.get(i)) {
+                    Some(value) => Placement::Org(Org::Literal(format!("{sign}{value}"))),
+                    None => Placement::Unplaced,
+                }
+            }
+            p => p,
+        }
     }
 
     /// Whether any organization takes the direct path (else no statement is held to

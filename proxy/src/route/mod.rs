@@ -3,11 +3,13 @@
 //! [`rewrite`], the join and key-map rewrites for statements that stay on the cloud;
 //! [`scope`], statements limited to the session's organization (`SET lokadb.org`) and
 //! [`setting`], which follows that setting; [`meta`], the
-//! per-core metadata and analysis cache; [`watch`], which keeps every core's metadata
+//! per-core metadata and analysis cache, with [`literals`] for statements that differ only in
+//! their values; [`watch`], which keeps every core's metadata
 //! current. Where a statement goes is the session's router's to decide
 //! (`frontend::router`).
 
 pub mod analysis;
+pub mod literals;
 pub mod meta;
 pub mod rewrite;
 pub mod scope;
