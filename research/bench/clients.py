@@ -50,7 +50,6 @@ from run import (  # noqa: E402
     write_outputs,
     preflight,
 )
-import tunnel  # noqa: E402
 from tunnel import binaries_at_end, binary_info, prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
 import moves  # noqa: E402
 from moves import ORG_DB, SUPER_PASSWORD, fmt  # noqa: E402
@@ -59,10 +58,7 @@ import routing  # noqa: E402  (the world: clusters, schema, move-org; the proxy;
 import psycopg  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
 
-BIN_DIR = tunnel.BIN_DIR
-LOKADB_BIN = BIN_DIR / "lokadb"
-AGENT_BIN = BIN_DIR / "lokadb-agent"
-LINK_BIN = BIN_DIR / "latency-link"
+from tunnel import BIN_DIR, LOKADB_BIN, AGENT_BIN, LINK_BIN  # noqa: E402,F401  (one place for the binaries' paths)
 ORG = routing.ORG
 CLIENT_APP = "lokadb-bench-many"
 CLOUD_MAX_CONNECTIONS = "1200"

@@ -59,10 +59,7 @@ from tunnel import (  # noqa: E402
 import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
 import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
 
-BIN_DIR = tunnel.BIN_DIR
-LOKADB_BIN = BIN_DIR / "lokadb"
-AGENT_BIN = BIN_DIR / "lokadb-agent"
-LINK_BIN = BIN_DIR / "latency-link"
+from tunnel import BIN_DIR, LOKADB_BIN, AGENT_BIN, LINK_BIN  # noqa: E402,F401  (one place for the binaries' paths)
 
 SUPER_PASSWORD = tunnel.SUPER_PASSWORD
 APP_PASSWORD = "app-bench-secret"

@@ -57,7 +57,6 @@ from run import (  # noqa: E402
     pgbench_errors, raise_fd_limit, rerender, result_dir, rss_kib, run_captured, safe_cleanup, save_rendered,
     sched_ns, temp_dir, write_charts_section, write_outputs, preflight,
 )
-import tunnel  # noqa: E402  (relay, agent, certificates, LineProc)
 from tunnel import (  # noqa: E402
     LineProc, Relay, binaries_at_end, binary_info, make_certs, new_token, start_agent, stop_agents,
 )
@@ -69,9 +68,7 @@ from moves import (  # noqa: E402
 import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
 import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
 
-BIN_DIR = tunnel.BIN_DIR
-LOKADB_BIN = BIN_DIR / "lokadb"
-AGENT_BIN = BIN_DIR / "lokadb-agent"
+from tunnel import BIN_DIR, LOKADB_BIN, AGENT_BIN  # noqa: E402,F401  (one place for the binaries' paths)
 
 AUTH_PASSWORD = "lokadb-auth-bench-secret"
 TOTAL_ROWS = 60_000  # documents of the N organizations together, at every N (ids 1..TOTAL_ROWS)
@@ -937,7 +934,7 @@ def checks(raw: dict, s: dict) -> list[str]:
             if not a or not b:
                 continue
             pa, pb = a["targets"]["lokadb"]["proxy_us_per_stmt"], b["targets"]["lokadb"]["proxy_us_per_stmt"]
-            lo, do = b["targets"]["lokadb"]["over_base"], b["targets"]["direct"]["over_base"]
+            lo = b["targets"]["lokadb"]["over_base"]
             if pa and pb and pb > 1.10 * pa and pb - pa > 1.5:
                 why = ("the cloud's work does not change with N here: the proxy's own cost"
                        if script == "route" else

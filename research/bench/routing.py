@@ -44,7 +44,6 @@ from run import (  # noqa: E402
     write_outputs,
     preflight,
 )
-import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
 from tunnel import (  # noqa: E402
     LineProc, binary_info, binaries_at_end, prepare_tunnel, start_tunnel, stop_agents, ticks_to_ms,
     tunnel_agent, tunnel_relay,
@@ -58,10 +57,7 @@ from moves import (  # noqa: E402
 import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
 import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
 
-BIN_DIR = tunnel.BIN_DIR
-LOKADB_BIN = BIN_DIR / "lokadb"
-AGENT_BIN = BIN_DIR / "lokadb-agent"
-LINK_BIN = BIN_DIR / "latency-link"
+from tunnel import BIN_DIR, LOKADB_BIN, AGENT_BIN, LINK_BIN  # noqa: E402,F401  (one place for the binaries' paths)
 
 ORG = moves.ORG  # "2": the organization that moves
 OTHER = moves.OTHER  # "1": stays in the cloud

@@ -65,15 +65,15 @@ impl Pool {
     /// Takes the longest idle backend whose key `matches` (to close it: another key needs
     /// its place under a cap).
     pub fn take_oldest(&mut self, matches: impl Fn(&PoolKey) -> bool) -> Option<BackendConn> {
-        let (key, at) = self
+        // Each list is oldest first.
+        let key = self
             .idle
             .iter()
             .filter(|(k, l)| matches(k) && !l.is_empty())
-            .map(|(k, l)| (k, 0, l[0].since))
-            .min_by_key(|&(_, _, since)| since)
-            .map(|(k, i, _)| (k.clone(), i))?;
+            .min_by_key(|(_, l)| l[0].since)
+            .map(|(k, _)| k.clone())?;
         let list = self.idle.get_mut(&key)?;
-        let conn = list.remove(at).conn;
+        let conn = list.remove(0).conn;
         if list.is_empty() {
             self.idle.remove(&key);
         }

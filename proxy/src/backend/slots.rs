@@ -76,7 +76,8 @@ impl Slots {
         }
     }
 
-    /// How many connections to `key` are open (tests, logs).
+    /// How many connections to `key` are open.
+    #[cfg(test)]
     pub fn open(&self, key: &SlotKey) -> usize {
         self.0.borrow().counts.get(key).map_or(0, |c| c.open)
     }

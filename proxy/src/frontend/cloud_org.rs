@@ -10,7 +10,7 @@
 //! batch) may be rolled back with it, so it is set again before the next statement.
 
 use super::router::count;
-use super::statement::{bind_param, ClientFrames};
+use super::statement::{statement_of, ClientFrames};
 use crate::route::analysis::{mentions, Analysis, Org};
 use crate::route::meta::Placement;
 use lokadb_shared::wire::fields::Fields;
@@ -36,6 +36,7 @@ impl ClientFrames<'_> {
         if self.router.cloud_org.as_deref() == Some(&*org) {
             return None;
         }
+        let org: Rc<str> = Rc::from(&*org);
         // The proxy's own named statement and portal: the client's unnamed ones stay as
         // they are (a simple Query would destroy the unnamed statement).
         let mut out = Vec::with_capacity(160 + org.len());
@@ -55,7 +56,7 @@ impl ClientFrames<'_> {
             frontend::sync(&mut out);
             ex.silence_next();
             count(ex, FE_SYNC);
-            self.router.cloud_org = trusted.then(|| Rc::from(&*org));
+            self.router.cloud_org = trusted.then_some(org);
         }
         Some(out)
     }
@@ -63,25 +64,27 @@ impl ClientFrames<'_> {
     /// The organization of a Query's or Bind's statement as the cloud should know it:
     /// `""` for a statement on LokaDB tables the analysis could not place in one;
     /// `None` for one on no LokaDB table (the setting stays as it is).
-    fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<Cow<'static, str>> {
+    fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<Cow<'_, str>> {
         let meta = self.meta?;
         let mut f = Fields::new(&frame[5..], "message");
         let org = match tag {
             FE_QUERY => {
                 let sql = f.cstr().ok()?;
+                let session = self.router.session_org.as_deref().map(Cow::Borrowed);
                 // A session limited to its organization sends every statement on LokaDB
                 // tables limited to it, or refused.
-                if let Some(o) = &self.router.session_org {
+                if session.is_some() {
                     return meta
                         .meta
                         .catalog
                         .may_touch(sql)
-                        .then(|| Cow::Owned(o.to_string()));
+                        .then_some(session)
+                        .flatten();
                 }
                 match meta.place(sql) {
                     Placement::NoLokaTable => return None,
-                    Placement::Org(org) => Some(org),
-                    Placement::Unplaced => None,
+                    Placement::Org(Org::Literal(v)) => Some(Cow::Owned(v)),
+                    Placement::Org(_) | Placement::Unplaced => None,
                 }
             }
             FE_BIND => {
@@ -89,22 +92,16 @@ impl ClientFrames<'_> {
                 let name = f.cstr().ok()?;
                 match self.router.prepared_analysis(name) {
                     Some(Analysis::NoLokaTable) => return None,
-                    Some(Analysis::Org { org, .. }) => Some(org.clone()),
+                    Some(Analysis::Org { org, .. }) => {
+                        self.router.org_value(org, Some(&mut f)).ok()?
+                    }
                     // Unplaced, or parsed before the metadata was loaded, or forgotten.
                     _ => None,
                 }
             }
             _ => return None,
         };
-        Some(match org {
-            Some(Org::Literal(v)) => Cow::Owned(v),
-            Some(Org::Param(n)) if tag == FE_BIND => Cow::Owned(bind_param(&mut f, n).ok()?),
-            Some(Org::Session) => match &self.router.session_org {
-                Some(o) => Cow::Owned(o.to_string()),
-                None => Cow::Borrowed(""),
-            },
-            Some(Org::Param(_)) | None => Cow::Borrowed(""),
-        })
+        Some(org.unwrap_or(Cow::Borrowed("")))
     }
 
     /// A client's Query or Parse: forgets the value the cloud holds when the statement may
@@ -114,12 +111,7 @@ impl ClientFrames<'_> {
         let Some(meta) = self.meta else {
             return;
         };
-        let mut f = Fields::new(&frame[5..], "message");
-        let name = match tag {
-            FE_PARSE => f.cstr().ok(),
-            _ => None,
-        };
-        let Ok(sql) = f.cstr() else {
+        let Some((name, sql, _)) = statement_of(tag, &frame[5..]) else {
             return;
         };
         if self.router.cloud_org.is_some()

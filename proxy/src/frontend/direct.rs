@@ -257,7 +257,7 @@ impl Direct {
                     ..Exchange::default()
                 };
                 router.direct_org = Some(org.clone());
-                if self.lease.is_none() || self.lease != Some(d.conn.lease) {
+                if self.lease != Some(d.conn.lease) {
                     router.direct_replaced();
                 }
                 let lease = ctx.core.next_lease();

@@ -23,6 +23,7 @@ use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
 use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::FrameError;
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -291,6 +292,22 @@ impl Router {
         self.prepared.get(name).map(|p| &p.analysis)
     }
 
+    /// The value of organization `org` for a message: a literal's text, a parameter's value
+    /// bound by the Bind whose remaining fields are `bind`, the session's organization.
+    /// `None`: not known here (a parameter without its Bind, no session organization).
+    pub(super) fn org_value<'a>(
+        &'a self,
+        org: &'a Org,
+        bind: Option<&mut Fields<'_>>,
+    ) -> Result<Option<Cow<'a, str>>, FrameError> {
+        Ok(match (org, bind) {
+            (Org::Literal(v), _) => Some(Cow::Borrowed(v)),
+            (Org::Param(n), Some(f)) => Some(Cow::Owned(bind_param(f, *n)?)),
+            (Org::Param(_), None) => None,
+            (Org::Session, _) => self.session_org.as_deref().map(Cow::Borrowed),
+        })
+    }
+
     /// Forgets a closed statement.
     pub(super) fn forget(&mut self, name: &str) {
         self.prepared.remove(name);
@@ -491,10 +508,9 @@ impl ClientFrames<'_> {
         if dest != Dest::Hold {
             let ex = self.exchanges.get_mut(side);
             count(ex, tag);
-            match (&action, frame) {
-                (Action::Replace(bytes), _) => ex.note_sent(bytes),
-                (_, Some(frame)) => ex.note_sent(frame),
-                (_, None) => ex.note_sent_tag(tag),
+            match &action {
+                Action::Replace(bytes) => ex.note_sent(bytes),
+                _ => ex.note_sent_tag(tag),
             }
         }
         action
@@ -696,14 +712,8 @@ impl ClientFrames<'_> {
             let busy = cloud.pending > 0 && !cloud.unsynced;
             return Ok(if busy { Dest::Settle } else { Dest::Cloud });
         }
-        let value = match (org, bind) {
-            (Org::Literal(v), _) => std::borrow::Cow::Borrowed(v.as_str()),
-            (Org::Param(n), Some(f)) => std::borrow::Cow::Owned(bind_param(f, *n)?),
-            (Org::Param(_), None) => return Ok(Dest::Cloud),
-            (Org::Session, _) => match &self.router.session_org {
-                Some(org) => std::borrow::Cow::Owned(org.to_string()),
-                None => return Ok(Dest::Cloud),
-            },
+        let Some(value) = self.router.org_value(org, bind)? else {
+            return Ok(Dest::Cloud);
         };
         if !meta.meta.orgs.get(&*value).is_some_and(|o| o.is_direct()) {
             return Ok(Dest::Cloud);

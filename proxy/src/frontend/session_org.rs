@@ -41,27 +41,21 @@ impl ClientFrames<'_> {
             return None;
         }
         let analysis = meta.analyze(sql);
-        let (step, scoped) = match org
-            .as_deref()
-            .map(|o| limit(sql, &analysis, &meta.meta.catalog, o))
-        {
-            None | Some(Limited::AsWritten) => (None, false),
-            Some(Limited::Scoped(text)) => (
-                Some(OrgStep::Scoped(statement_frame(tag, name, &text, rest))),
-                true,
-            ),
-            Some(Limited::Refused(code, message)) => (
-                Some(OrgStep::Refused(refusal_frame(
-                    tag, name, code, &message, HINT_LIMIT,
-                ))),
-                false,
-            ),
+        let step = match org.as_deref().map(|o| limit(sql, &analysis, meta, o)) {
+            None | Some(Limited::AsWritten) => None,
+            Some(Limited::Scoped(text)) => {
+                Some(OrgStep::Scoped(statement_frame(tag, name, &text, rest)))
+            }
+            Some(Limited::Refused(code, message)) => Some(OrgStep::Refused(refusal_frame(
+                tag, name, code, &message, HINT_LIMIT,
+            ))),
         };
         if let Some(name) = name.filter(|_| named) {
             // A refused statement raises wherever it runs: nothing to check at its Binds.
             let mark = match step {
                 Some(OrgStep::Refused(_)) => None,
-                _ => Mark::of(&analysis, scoped),
+                Some(OrgStep::Scoped(_)) => Mark::of(&analysis, true),
+                _ => Mark::of(&analysis, false),
             };
             self.router.mark(name, mark);
         }

@@ -219,11 +219,21 @@ pub fn mentions(sql: &str, word: &[u8]) -> bool {
     find(sql, word).is_some()
 }
 
-/// Where `word` (ASCII) first occurs in `sql`, in any case.
+/// Where `word` (ASCII) first occurs in `sql`, in any case: a vectorised scan for its
+/// first letter, either case, then a comparison there.
 pub fn find(sql: &str, word: &[u8]) -> Option<usize> {
-    sql.as_bytes()
-        .windows(word.len())
-        .position(|w| w.eq_ignore_ascii_case(word))
+    let bytes = sql.as_bytes();
+    let (&first, _) = word.split_first()?;
+    memchr::memchr2_iter(
+        first.to_ascii_lowercase(),
+        first.to_ascii_uppercase(),
+        bytes,
+    )
+    .find(|&i| {
+        bytes
+            .get(i..i + word.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(word))
+    })
 }
 
 /// Postgres folds unquoted identifiers to lower case.

@@ -212,4 +212,19 @@ mod tests {
             assert_eq!(n(sql), None, "{sql}");
         }
     }
+
+    proptest::proptest! {
+        /// Any text is scanned without panicking, and a key is its own key (its constants
+        /// are the indexes 0, 1, … in order).
+        #[test]
+        fn any_text_is_scanned_and_a_key_is_its_own_key(sql in "[ -~\n\u{e9}]{0,80}") {
+            if let Some((key, values)) = normalize(&sql) {
+                proptest::prop_assert!(values.len() <= MAX_VALUES);
+                let (again, indexes) = normalize(&key).expect("a key scans");
+                proptest::prop_assert_eq!(&again, &key);
+                let expected: Vec<String> = (0..values.len()).map(|i| i.to_string()).collect();
+                proptest::prop_assert_eq!(indexes, expected);
+            }
+        }
+    }
 }

@@ -24,6 +24,7 @@
 //! organization never reaches another's rows.
 
 use super::analysis::{analyze, Analysis, Catalog, Org, SESSION_ORG};
+use super::meta::CoreMeta;
 use super::rewrite::{after_where, bare_name, byte_at, quote_ident, span_bytes};
 use sqlparser::ast::{CopySource, Statement, TableFactor, Visit, Visitor};
 use sqlparser::dialect::PostgreSqlDialect;
@@ -46,7 +47,7 @@ pub enum Limited {
 
 /// What `sql` (whose analysis is `analysis`) becomes in a session whose organization is
 /// `org`.
-pub fn limit(sql: &str, analysis: &Analysis, catalog: &Catalog, org: &str) -> Limited {
+pub fn limit(sql: &str, analysis: &Analysis, meta: &CoreMeta, org: &str) -> Limited {
     match analysis {
         Analysis::NoLokaTable
         | Analysis::Org {
@@ -63,7 +64,8 @@ pub fn limit(sql: &str, analysis: &Analysis, catalog: &Catalog, org: &str) -> Li
             "42501",
             format!("this statement is for organization {x}, and the session's organization (lokadb.org) is {org}"),
         ),
-        _ => match scope(sql, catalog) {
+        // Checked through the core's cache: routing analyses the limited text next.
+        _ => match rewritten(sql, &meta.meta.catalog).and_then(|out| checked(out, |t| meta.analyze(t))) {
             Ok(text) => Limited::Scoped(text),
             Err(_) if is_param_insert(analysis, sql) => Limited::AsWritten,
             Err(why) => Limited::Refused(
@@ -161,6 +163,21 @@ impl Mark {
 /// The statement is not of a form the proxy can limit (an INSERT, two statements, a LokaDB
 /// table named where no condition can reach it, …): the reason, for the client's error.
 pub fn scope(sql: &str, catalog: &Catalog) -> Result<String, &'static str> {
+    checked(rewritten(sql, catalog)?, |t| analyze(t, catalog))
+}
+
+/// A limited text, if `analyze` places it in the session's organization.
+fn checked(out: String, analyze: impl Fn(&str) -> Analysis) -> Result<String, &'static str> {
+    match analyze(&out) {
+        Analysis::Org {
+            org: Org::Session, ..
+        } => Ok(out),
+        _ => Err("the proxy could not limit every LokaDB table in it"),
+    }
+}
+
+/// [`scope`]'s text, not checked yet.
+fn rewritten(sql: &str, catalog: &Catalog) -> Result<String, &'static str> {
     let statements =
         Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|_| "the statement did not parse")?;
     let [statement] = statements.as_slice() else {
@@ -237,12 +254,7 @@ pub fn scope(sql: &str, catalog: &Catalog) -> Result<String, &'static str> {
     for (start, end, text) in edits {
         out.replace_range(start..end, &text);
     }
-    match analyze(&out, catalog) {
-        Analysis::Org {
-            org: Org::Session, ..
-        } => Ok(out),
-        _ => Err("the proxy could not limit every LokaDB table in it"),
-    }
+    Ok(out)
 }
 
 /// The session's organization cast to table `table`'s organization column type.

@@ -35,7 +35,7 @@ pub enum Setting {
 /// `thorough`: also find a RESET ALL or DISCARD ALL after other statements (a longer scan,
 /// for sessions with an organization set).
 pub fn setting(sql: &str, thorough: bool) -> Option<Setting> {
-    let names_it = mentions_setting(sql);
+    let names_it = mentions(sql, NAME.as_bytes());
     let first = first_word(sql);
     // A SET may quote the name (`"lokadb"."org"`); SETs are rare enough to parse.
     let resets = thorough && (mentions(sql, b"reset") || mentions(sql, b"discard"));
@@ -99,16 +99,6 @@ pub fn setting(sql: &str, thorough: bool) -> Option<Setting> {
         return Some(Setting::Refused("set_config('lokadb.org', …)"));
     }
     found
-}
-
-/// Whether `sql` holds `lokadb.org` in any case (a vectorised scan for its first letter).
-fn mentions_setting(sql: &str) -> bool {
-    let bytes = sql.as_bytes();
-    memchr::memchr2_iter(b'l', b'L', bytes).any(|i| {
-        bytes
-            .get(i..i + NAME.len())
-            .is_some_and(|w| w.eq_ignore_ascii_case(NAME.as_bytes()))
-    })
 }
 
 /// The statement's first word (after whitespace; a comment first makes it no word).

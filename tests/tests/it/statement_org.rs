@@ -4,9 +4,8 @@
 //! answer shows what the cloud held while it ran; the client sees nothing else of it.
 
 use crate::direct::{client, direct_world, Raw};
-use bytes::BytesMut;
+use lokadb_shared::wire::frontend;
 use lokadb_tests::proxy::Proxy;
-use postgres_protocol::message::frontend;
 use serde_json::json;
 
 /// Cloud-side code that reads the setting (a client text naming it makes the proxy forget
@@ -17,27 +16,11 @@ const SEEN_ORG: &str = "CREATE FUNCTION seen_org() RETURNS text LANGUAGE sql VOL
 /// organization's documents ($1).
 const SEEN: &str = "SELECT seen_org(), count(*)::text FROM documents WHERE organization_id = $1";
 
-fn parse(out: &mut BytesMut, name: &str, sql: &str) {
-    frontend::parse(name, sql, [], out).unwrap();
-}
-
-/// Bind of the unnamed portal, parameters as text.
-fn bind(out: &mut BytesMut, statement: &str, params: &[&str]) {
-    frontend::bind(
-        "",
-        statement,
-        [0i16],
-        params.iter(),
-        |p, buf| {
-            buf.extend_from_slice(p.as_bytes());
-            Ok(postgres_protocol::IsNull::No)
-        },
-        [0i16],
-        out,
-    )
-    .map_err(|_| "bind")
-    .unwrap();
-    frontend::execute("", 0, out).unwrap();
+/// Bind of the unnamed portal (parameters as text) and its Execute.
+fn bind(out: &mut Vec<u8>, statement: &str, params: &[&str]) {
+    let params: Vec<Option<&str>> = params.iter().copied().map(Some).collect();
+    frontend::bind_text(out, statement, &params);
+    frontend::execute(out);
 }
 
 /// Every message answering one request, in order: its tag, a DataRow as `D=` and its values.
@@ -132,8 +115,8 @@ async fn the_cloud_learns_each_statements_organization(
     // 1, 2, 1, one Sync. Each statement sees its own organization, and the client gets
     // exactly the answers to its own messages.
     let mut raw = Raw::connect(port).await;
-    let mut out = BytesMut::new();
-    parse(&mut out, "", SEEN);
+    let mut out = Vec::new();
+    frontend::parse(&mut out, "", SEEN);
     for org in ["1", "2", "1"] {
         bind(&mut out, "", &[org]);
     }
@@ -149,12 +132,12 @@ async fn the_cloud_learns_each_statements_organization(
     };
     assert_eq!(answers(&mut raw, &out).await, expect(&["1", "2", "1"]));
     // A named statement, parsed and bound in one batch, then bound alone.
-    let mut out = BytesMut::new();
-    parse(&mut out, "seen", SEEN);
+    let mut out = Vec::new();
+    frontend::parse(&mut out, "seen", SEEN);
     bind(&mut out, "seen", &["2"]);
     frontend::sync(&mut out);
     assert_eq!(answers(&mut raw, &out).await, expect(&["2"]));
-    let mut out = BytesMut::new();
+    let mut out = Vec::new();
     bind(&mut out, "seen", &["1"]);
     bind(&mut out, "seen", &["2"]);
     frontend::sync(&mut out);
@@ -163,8 +146,8 @@ async fn the_cloud_learns_each_statements_organization(
     assert_eq!(answers(&mut raw, &out).await, e);
     // An error in the batch before the proxy's statement: the batch's answers, the error
     // and nothing of the proxy's.
-    let mut out = BytesMut::new();
-    parse(
+    let mut out = Vec::new();
+    frontend::parse(
         &mut out,
         "",
         "SELECT 1 / (SELECT count(*) FROM pg_class WHERE false)::int",
@@ -177,7 +160,7 @@ async fn the_cloud_learns_each_statements_organization(
         matches!(got.as_slice(), [p, b, e, z] if p == "1" && b == "2" && e.contains("22012") && z == "Z"),
         "{got:?}"
     );
-    let mut out = BytesMut::new();
+    let mut out = Vec::new();
     bind(&mut out, "seen", &["2"]);
     frontend::sync(&mut out);
     let mut e = expect(&["2"]);
@@ -195,8 +178,8 @@ async fn the_cloud_learns_the_organization_of_each_statement_with_the_direct_pat
     // A plain read of organization 1 held until its Bind (it might have gone direct) goes
     // to the cloud with the organization set ahead of it.
     let mut raw = Raw::connect(proxy.port()).await;
-    let mut out = BytesMut::new();
-    parse(
+    let mut out = Vec::new();
+    frontend::parse(
         &mut out,
         "",
         "SELECT count(*)::text FROM documents WHERE organization_id = $1",
@@ -205,8 +188,8 @@ async fn the_cloud_learns_the_organization_of_each_statement_with_the_direct_pat
     frontend::sync(&mut out);
     let got = answers(&mut raw, &out).await;
     assert_eq!(got.len(), 5, "{got:?}");
-    let mut out = BytesMut::new();
-    frontend::query("SELECT seen_org()", &mut out).unwrap();
+    let mut out = Vec::new();
+    frontend::query(&mut out, "SELECT seen_org()");
     let got = answers(&mut raw, &out).await;
     assert!(got.contains(&"D=1".to_owned()), "{got:?}");
 }
