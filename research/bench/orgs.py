@@ -497,20 +497,39 @@ def fidelity_check(ctx) -> dict:
     return res
 
 
+def start_cloud(ctx) -> str:
+    """The cloud cluster (ctx.cloud) with the roles app and lokadb_auth; its version."""
+    root = cluster_root(ctx.tmp / "clusters")
+    ctx.cloud = PgCluster(root, "cloud", ctx.commands)
+    ctx.cloud.create({**CLOUD_PG, "max_locks_per_transaction": str(ctx.mode.max_locks)})
+    with ctx.cloud.conn() as c:
+        c.execute("SET password_encryption = 'scram-sha-256'")
+        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+        c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
+        c.execute("GRANT pg_read_all_stats TO app")  # the planner probe reads its backend's memory
+        version = c.execute("SELECT version()").fetchone()[0]
+    ctx.commands.append("(cloud) CREATE ROLE app LOGIN PASSWORD '***'; "
+                        "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '***'; GRANT pg_read_all_stats TO app")
+    return version
+
+
 # --------------------------------------------------------------------------------------
 # The proxy
 
 
-def start_proxy(ctx) -> LineProc:
+def start_proxy(ctx, db_extra: dict | None = None, name: str = "lokadb") -> LineProc:
+    """A proxy serving every world; `db_extra` is added to each `databases` entry (another
+    script's variant: statement_org.py)."""
     dbs = {db_of(n): {"cloud": f"host=127.0.0.1 port={ctx.cloud.port} dbname={db_of(n)}",
-                      "auth_user": "lokadb_auth", "auth_password": AUTH_PASSWORD} for n in ctx.mode.orgs}
+                      "auth_user": "lokadb_auth", "auth_password": AUTH_PASSWORD, **(db_extra or {})}
+           for n in ctx.mode.orgs}
     cfg = {"listen": "127.0.0.1:0", "databases": dbs}
-    path = ctx.tmp / "lokadb.json"
+    path = ctx.tmp / f"{name}.json"
     path.write_text(json.dumps(cfg, indent=1))
     ctx.proxy_config = json.loads(json.dumps(cfg).replace(AUTH_PASSWORD, "***"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
     env["LOKADB_LOG"] = PROXY_LOG
-    p = LineProc([LOKADB_BIN, "proxy", "--config", path], env, ctx.tmp / "proxy.stderr.log", ctx.commands,
+    p = LineProc([LOKADB_BIN, "proxy", "--config", path], env, ctx.tmp / f"{name}.stderr.log", ctx.commands,
                  f"LOKADB_LOG={PROXY_LOG}")
     _, m = p.wait_line(r"lokadb proxy listening on (\S+):(\d+)")
     p.port = int(m.group(2))
@@ -1315,17 +1334,7 @@ def main() -> int:
         ctx.tmp = temp_dir("lokadb-orgs-bench-")
         log(f"mode={mode.name} N={mode.orgs} {mode.seconds} s runs R={mode.reps} modes={mode.query_modes} "
             f"binaries={BIN_DIR} out={outdir}")
-        root = cluster_root(ctx.tmp / "clusters")
-        ctx.cloud = PgCluster(root, "cloud", ctx.commands)
-        ctx.cloud.create({**CLOUD_PG, "max_locks_per_transaction": str(mode.max_locks)})
-        with ctx.cloud.conn() as c:
-            c.execute("SET password_encryption = 'scram-sha-256'")
-            c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
-            c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
-            c.execute("GRANT pg_read_all_stats TO app")  # the planner probe reads its backend's memory
-            meta["postgres_version"] = c.execute("SELECT version()").fetchone()[0]
-        ctx.commands.append("(cloud) CREATE ROLE app LOGIN PASSWORD '***'; "
-                            "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '***'; GRANT pg_read_all_stats TO app")
+        meta["postgres_version"] = start_cloud(ctx)
         if mode.fidelity:
             log("fidelity check: a real org add + move-org + move-back against the SQL of this script")
             raw["fidelity"] = fidelity_check(ctx)

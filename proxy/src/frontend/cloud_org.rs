@@ -27,36 +27,73 @@ const OWN: &str = "lokadb_statement_org";
 
 const SET_SQL: &str = "SELECT pg_catalog.set_config('lokadb.statement_org', $1, false)";
 
+/// A session's state of it.
+#[derive(Debug, Default)]
+pub struct CloudOrg {
+    /// Tell the cloud (`statement_org`, on by default).
+    pub tell: bool,
+    /// The value the cloud backend holds, when the proxy knows it.
+    known: Option<Rc<str>>,
+    /// The proxy's statement is parsed on the cloud backend.
+    parsed: bool,
+    /// The request number of the proxy's last request of its own that set it.
+    last: Option<u64>,
+}
+
+impl CloudOrg {
+    /// Forgets what the cloud holds: the client's statement may have changed it, or
+    /// deallocated the proxy's statement.
+    fn forget(&mut self) {
+        self.known = None;
+        self.parsed = false;
+    }
+}
+
 impl ClientFrames<'_> {
     /// What goes to the cloud just ahead of `frame` (a Query or Bind going there) so the
     /// cloud knows its statement's organization; registered on the cloud's exchange, so
     /// its answers are dropped. `None`: nothing (no LokaDB table, or the value is known).
     pub(super) fn tell_cloud(&mut self, tag: u8, frame: &[u8]) -> Option<Vec<u8>> {
+        if !self.router.cloud_org.tell {
+            return None;
+        }
+        let ex = &self.exchanges.cloud;
+        if ex.silenced_failed.is_some() && ex.silenced_failed == self.router.cloud_org.last {
+            // The last one failed (its answers were dropped): nothing of it is known.
+            self.router.cloud_org.forget();
+        }
         let org = self.statement_org(tag, frame)?;
-        if self.router.cloud_org.as_deref() == Some(&*org) {
+        if self.router.cloud_org.known.as_deref() == Some(&*org) {
             return None;
         }
         let org: Rc<str> = Rc::from(&*org);
+        let ex = &mut self.exchanges.cloud;
+        let state = &mut self.router.cloud_org;
         // The proxy's own named statement and portal: the client's unnamed ones stay as
-        // they are (a simple Query would destroy the unnamed statement).
+        // they are (a simple Query would destroy the unnamed statement). Inside the client's
+        // batch it is parsed again: what that batch did before it is not known yet.
         let mut out = Vec::with_capacity(160 + org.len());
         frontend::close_portal(&mut out, OWN);
-        frontend::close_statement(&mut out, OWN);
-        frontend::parse(&mut out, OWN, SET_SQL);
+        if ex.unsynced || !state.parsed {
+            frontend::close_statement(&mut out, OWN);
+            frontend::parse(&mut out, OWN, SET_SQL);
+        }
         frontend::bind_portal_text(&mut out, OWN, OWN, &[Some(&org)]);
         frontend::execute_portal(&mut out, OWN);
-        let ex = &mut self.exchanges.cloud;
         if ex.unsynced {
             // Inside the client's batch, in its implicit transaction.
             ex.add_own();
-            self.router.cloud_org = None;
+            state.forget();
         } else {
-            // A request of its own, dropped whole.
-            let trusted = ex.is_idle();
+            // A request of its own, dropped whole. Alone outside a transaction it cannot be
+            // rolled back: what it set and parsed is known.
+            let alone = ex.is_idle();
             frontend::sync(&mut out);
+            state.last = Some(ex.answered + u64::from(ex.pending));
             ex.silence_next();
             count(ex, FE_SYNC);
-            self.router.cloud_org = trusted.then_some(org);
+            state.parsed |= alone;
+            state.known = alone.then_some(org);
         }
         Some(out)
     }
@@ -108,18 +145,20 @@ impl ClientFrames<'_> {
     /// change it (names it, or resets settings), and remembers a Parse's analysis for its
     /// Binds when routing does not.
     pub(super) fn note_for_cloud_org(&mut self, tag: u8, frame: &[u8]) {
-        let Some(meta) = self.meta else {
+        let Some(meta) = self.meta.filter(|_| self.router.cloud_org.tell) else {
             return;
         };
         let Some((name, sql, _)) = statement_of(tag, &frame[5..]) else {
             return;
         };
-        if self.router.cloud_org.is_some()
+        let state = &mut self.router.cloud_org;
+        if (state.known.is_some() || state.parsed)
             && (mentions(sql, b"statement_org")
                 || mentions(sql, b"reset")
-                || mentions(sql, b"discard"))
+                || mentions(sql, b"discard")
+                || mentions(sql, b"deallocate"))
         {
-            self.router.cloud_org = None;
+            state.forget();
         }
         if let (Some(name), false) = (name, self.router.enabled) {
             self.router.remember(name, &[], None, meta.analyze(sql));

@@ -235,9 +235,8 @@ pub struct Router {
     pub org_ever_set: bool,
     /// Named statements on LokaDB tables: what they were limited to when parsed.
     pub marks: HashMap<String, crate::route::scope::Mark>,
-    /// The cloud backend's `lokadb.statement_org`, when the proxy knows it
-    /// ([`super::cloud_org`]).
-    pub cloud_org: Option<Rc<str>>,
+    /// What the cloud knows of the statements' organization ([`super::cloud_org`]).
+    pub cloud_org: super::cloud_org::CloudOrg,
 }
 
 impl Router {

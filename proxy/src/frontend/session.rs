@@ -230,6 +230,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         direct: Exchange::default(),
     };
     let mut router = Router::new(db.config.direct.is_some(), privileges);
+    router.cloud_org.tell = db.config.statement_org;
     let mut reported = Reported::default();
     for (name, value) in &backend.params {
         reported.note(&parameter_status_body(name, value));

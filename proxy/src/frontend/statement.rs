@@ -223,7 +223,7 @@ impl Inspect for ClientFrames<'_> {
             FE_BIND => {
                 self.route_log
                     || self.router.org_ever_set
-                    || self.meta.is_some_and(|m| m.has_tables())
+                    || (self.router.cloud_org.tell && self.meta.is_some_and(|m| m.has_tables()))
             }
             FE_CLOSE => self.route_log || !self.router.marks.is_empty(),
             _ => false,

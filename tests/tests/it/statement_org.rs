@@ -110,6 +110,9 @@ async fn the_cloud_learns_each_statements_organization(
     // The client's RESET ALL clears it: set again.
     c.batch_execute("RESET ALL").await.unwrap();
     assert_eq!(seen_bound(1).await.0.as_deref(), Some("1"));
+    // DEALLOCATE ALL drops the proxy's statement too: it is parsed again.
+    c.batch_execute("DEALLOCATE ALL").await.unwrap();
+    assert_eq!(seen_bound(2).await.0.as_deref(), Some("2"));
 
     // A pipeline: Parse, then three Bind/Execute of the unnamed statement for organizations
     // 1, 2, 1, one Sync. Each statement sees its own organization, and the client gets
@@ -204,4 +207,13 @@ async fn the_cloud_learns_the_organization_of_each_statement_without_the_direct_
         .await
         .unwrap();
     the_cloud_learns_each_statements_organization(&proxy, &cloud).await;
+
+    // With `statement_org` off the cloud learns nothing: a new proxy, so new backends.
+    let mut config = crate::world::config(&w.cloud, json!({}));
+    config["databases"]["app"]["statement_org"] = json!(false);
+    let off = Proxy::builder(config).start().unwrap();
+    assert!(off.wait_for_output("metadata loaded", std::time::Duration::from_secs(10)));
+    let c = client(&off).await;
+    let row = c.query_one(SEEN, &[&1i64]).await.unwrap();
+    assert_eq!(row.get::<_, Option<String>>(0), None);
 }

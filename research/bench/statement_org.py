@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""What `lokadb.statement_org` costs: two proxies side by side over orgs.py's worlds, one with
+it (the default) and one with `"statement_org": false`, and pgbench through each in turn,
+in alternating order.
+
+    LOKADB_BENCH_TARGET=/work/target/release .venv/bin/python research/bench/statement_org.py [--quick]
+
+Each pgbench transaction picks a random organization, so at N = 1000 nearly every statement
+tells the cloud a new organization (the worst case: a small statement of the proxy's ahead of
+it in the cloud); at N = 1 the cloud is told once per session. Reported per script, protocol
+and N, all from the same run: tps with ÷ tps without, and the proxy's and the cloud's CPU
+per statement with and without.
+
+Writes raw.json and summary.md into research/bench/results/<UTC ts>-statement-org[-quick]/.
+"""
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as common  # noqa: E402
+from run import (  # noqa: E402
+    Ctx, catch_signals, fatal, finish_run, ignore_signals, log, preflight, raise_fd_limit, rerender,
+    result_dir, safe_cleanup, temp_dir, write_empty_summary,
+)
+import orgs  # noqa: E402  (the worlds, the proxy, pgbench with the proxy's and the cloud's CPU)
+from moves import fmt, med  # noqa: E402
+from tunnel import LOKADB_BIN, binary_info  # noqa: E402
+
+VARIANTS = {"on": None, "off": {"statement_org": False}}
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    del charts_data  # no charts-data.md section: a cost check, not a chart
+    runs = [r for r in raw["runs"] if r["phase"] == "measure"]
+    if not runs:
+        return write_empty_summary(raw, outdir, "statement_org benchmark", "measured run")
+    m = raw["meta"]
+    rows = ["| script | mode | N | tps with ÷ without | proxy µs/stmt with / without | "
+            "cloud µs/stmt with / without |", "|---|---|---:|---:|---:|---:|"]
+    cells = sorted({(r["script"], r["query_mode"], r["orgs"]) for r in runs},
+                   key=lambda c: (orgs.SCRIPTS.index(c[0]), orgs.QUERY_MODES.index(c[1]), c[2]))
+    for script, qm, n in cells:
+        by = {v: [r for r in runs if (r["script"], r["query_mode"], r["orgs"], r["variant"]) == (script, qm, n, v)]
+              for v in VARIANTS}
+        ratios = [a["tps"] / b["tps"] for a, b in zip(by["on"], by["off"]) if a.get("tps") and b.get("tps")]
+
+        def m_of(v, key):
+            xs = [r[key] for r in by[v] if r.get(key) is not None]
+            return med(xs) if xs else None
+        rows.append(f"| {script} | {qm} | {n:,} | {fmt(med(ratios), 3) if ratios else '—'} | "
+                    f"{fmt(m_of('on', 'proxy_us_per_stmt'), 1)} / {fmt(m_of('off', 'proxy_us_per_stmt'), 1)} | "
+                    f"{fmt(m_of('on', 'cloud_us_per_stmt'), 0)} / {fmt(m_of('off', 'cloud_us_per_stmt'), 0)} |")
+    md = (f"# statement_org benchmark — run {m['run_id']}\n\n"
+          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
+          f"{m['wall_seconds']} s, load average at the end {m.get('loadavg_at_end')}. "
+          f"Command: `{m['command']}`.\n\n"
+          f"Two proxies over the same worlds (orgs.py's: N organizations in the cloud, a partition each), "
+          f"one with `lokadb.statement_org` (the default), one with `\"statement_org\": false`; pgbench "
+          f"{orgs.CLIENTS} clients, {m['mode_settings']['seconds']} s per run, R = {m['mode_settings']['reps']}, "
+          f"through each in turn (the order alternates). Every transaction picks a random organization. "
+          f"Ratios are per repetition, medians over repetitions.\n\n" + "\n".join(rows) + "\n")
+    if m["errors"]:
+        md += "\n## Errors\n\n" + "\n".join(f"- {e[:500]}" for e in m["errors"]) + "\n"
+    (outdir / "summary.md").write_text(md)
+    return md
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N = 1000 only, 3 s runs, R = 2 (≈ 2 min)")
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-statement-org[-quick])")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
+    args = ap.parse_args()
+    if args.render:
+        return rerender(args.render, render, False)
+    preflight("statement_org.py", (common.PG_BIN / "postgres", common.PG_BIN / "pgbench", LOKADB_BIN))
+    mode = orgs.Mode(args.quick)
+    mode.orgs = [1000] if args.quick else [1, 1000]
+    mode.reps = 2 if args.quick else 3
+    mode.scripts = ["read", "update", "insert"]
+    mode.query_modes = ["simple", "extended"]
+    started, run_id, outdir = result_dir(args.out, "-statement-org", mode.quick)
+    raise_fd_limit()
+    catch_signals()
+    ctx = Ctx(mode)
+    ctx.runs = []
+    ctx.proxy = None
+    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+            "command": "LOKADB_BENCH_TARGET=" + str(orgs.BIN_DIR) + " .venv/bin/python "
+                       "research/bench/statement_org.py " + shlex.join(sys.argv[1:]),
+            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "binaries": {LOKADB_BIN.name: binary_info(LOKADB_BIN)}, "variants": VARIANTS,
+            "setup_commands": ctx.commands, "errors": ctx.errors}
+    raw = {"meta": meta, "worlds": [], "runs": ctx.runs}
+    t_start = time.time()
+    rc = 0
+    proxies = {}
+    try:
+        ctx.tmp = temp_dir("lokadb-statement-org-bench-")
+        meta["postgres_version"] = orgs.start_cloud(ctx)
+        for n in mode.orgs:
+            log(f"building the world of {n} organizations")
+            raw["worlds"].append(orgs.build_world(ctx, n))
+        for v, extra in VARIANTS.items():
+            ctx.proxy = proxies[v] = orgs.start_proxy(ctx, extra, name=f"lokadb-{v}")
+            orgs.wait_metadata(ctx)
+            for n in mode.orgs:
+                orgs.pgbench(ctx, phase="warmup", script="warm", qmode="simple", n=n, target="lokadb",
+                             transactions=1)
+        k = 0
+        for rep in range(mode.reps):
+            for script in mode.scripts:
+                for qm in mode.query_modes:
+                    for n in mode.orgs:
+                        order = list(VARIANTS) if k % 2 == 0 else list(VARIANTS)[::-1]
+                        k += 1
+                        for v in order:
+                            ctx.proxy = proxies[v]
+                            r = orgs.pgbench(ctx, phase="measure", script=script, qmode=qm, n=n,
+                                             target="lokadb", seconds=mode.seconds, rep=rep)
+                            r["variant"] = v
+                            if not r["ok"]:
+                                ctx.errors.append(f"{script} {qm} N={n} {v}: {r.get('error')}")
+                                rc = 1
+            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        rc = fatal(ctx.errors, e)
+    finally:
+        ignore_signals()
+        safe_cleanup()
+        finish_run(raw, outdir, t_start, render, False)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
