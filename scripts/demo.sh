@@ -463,6 +463,9 @@ grep 'lokadb::route' "$DEMO/proxy.log" | grep 'current_setting' | tail -n 1 |
 OTHER_ORG=$("$PG_BIN/psql" -X -q -At "$PROXY_DSN" -c "SET lokadb.org = 'acme'" \
     -c "SELECT count(*) FROM notes WHERE organization_id = 'globex'" 2>&1 | sed -n 's/^ERROR: *//p' || true)
 echo "    naming another organization: $OTHER_ORG"
+STARTUP_COUNT=$(PGOPTIONS='-c lokadb.org=globex' "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" \
+    -c "SELECT count(*) FROM notes") || die "a session limited by its startup options failed"
+echo "    or from its start, PGOPTIONS='-c lokadb.org=globex': SELECT count(*) FROM notes -> $STARTUP_COUNT (globex's rows)"
 echo "  the cloud learns each statement's organization ahead of it (lokadb.statement_org), for its"
 echo "  triggers, policies and audits; here a cloud function reads it inside the statement:"
 su_psql -d app -q -c "CREATE OR REPLACE FUNCTION demo_seen_org() RETURNS text LANGUAGE sql VOLATILE

@@ -73,6 +73,9 @@ pub enum SessionError {
     Client(std::io::Error),
     /// Something the proxy does not do (replication connections).
     Unsupported(&'static str),
+    /// The startup `options` set `lokadb.org`, and the proxy has no LokaDB metadata for the
+    /// database (no `auth_user`, or not loaded yet), so it could not limit the session.
+    StartupOrgUnlimited(String),
     /// The proxy is shutting down.
     Shutdown,
 }
@@ -90,7 +93,8 @@ impl SessionError {
             | Scram(_)
             | UnknownDatabase(_)
             | AuthTimeout
-            | Unsupported(_) => ErrorKind::User,
+            | Unsupported(_)
+            | StartupOrgUnlimited(_) => ErrorKind::User,
             TooManyConnections => ErrorKind::Limit,
             UpstreamConnect(_) | UpstreamRejected(_) | UpstreamLost(_) | DirectLost(..)
             | AuthLookup(_) => ErrorKind::Upstream,
@@ -202,6 +206,12 @@ impl SessionError {
                 &format!("{what} are not supported by the LokaDB proxy"),
                 None,
             ),
+            StartupOrgUnlimited(db) => fatal(
+                out,
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                &format!("lokadb.org in the connection's options: the proxy has no LokaDB metadata for database \"{db}\" to limit the session with"),
+                Some("The database needs auth_user in the proxy's configuration (metadata loads at start: retry in a moment), or connect without lokadb.org in options"),
+            ),
             Shutdown => fatal(
                 out,
                 sqlstate::ADMIN_SHUTDOWN,
@@ -236,6 +246,12 @@ impl fmt::Display for SessionError {
             AuthLookup(e) => write!(f, "verifier lookup failed: {e}"),
             Client(e) => write!(f, "client connection: {e}"),
             Unsupported(what) => write!(f, "unsupported: {what}"),
+            StartupOrgUnlimited(db) => {
+                write!(
+                    f,
+                    "lokadb.org in startup options without metadata for {db:?}"
+                )
+            }
             Shutdown => f.write_str("shutting down"),
         }
     }

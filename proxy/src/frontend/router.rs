@@ -231,6 +231,9 @@ pub struct Router {
     direct_errors_seen: u64,
     /// The session's organization (`SET lokadb.org`), which its statements are limited to.
     pub session_org: Option<Rc<str>>,
+    /// The organization `RESET lokadb.org` and `RESET ALL` return to: the one the
+    /// connection's startup `options` set, if any.
+    pub default_org: Option<Rc<str>>,
     /// The session has set or reset `lokadb.org`: Binds are checked against `marks`.
     pub org_ever_set: bool,
     /// Named statements on LokaDB tables: what they were limited to when parsed.
@@ -315,9 +318,16 @@ impl Router {
     }
 
     /// The session's organization is now `org` (`None`: none).
-    pub fn set_session_org(&mut self, org: Option<&str>) {
-        self.session_org = org.map(Rc::from);
+    pub fn set_session_org(&mut self, org: Option<Rc<str>>) {
+        self.session_org = org;
         self.org_ever_set = true;
+    }
+
+    /// The session starts limited to `org` (its startup `options` set `lokadb.org`), which
+    /// `RESET` returns to.
+    pub fn start_in(&mut self, org: Rc<str>) {
+        self.default_org = Some(org.clone());
+        self.set_session_org(Some(org));
     }
 
     /// Notes what a named statement was limited to (`None`: it touches no LokaDB table).

@@ -106,6 +106,17 @@ async fn attach(
         .cloned()
         .collect();
     params.sort();
+    // A session limited from its start (`PGOPTIONS='-c lokadb.org=42'`): the cloud's backend
+    // holds the setting as its default, and the proxy limits the statements to it.
+    let start_org = params
+        .iter()
+        .find(|(k, _)| k == "options")
+        .and_then(|(_, v)| crate::route::setting::from_options(v))
+        .flatten()
+        .map(Rc::<str>::from);
+    if start_org.is_some() && !core.meta.borrow().contains_key(&*db.name) {
+        return Err(SessionError::StartupOrgUnlimited(db.name.to_string()));
+    }
     let key = PoolKey {
         database: db.name.clone(),
         user: user.to_owned(),
@@ -151,6 +162,7 @@ async fn attach(
         cancel_pid: cancel.pid,
         db: db.clone(),
         privileges,
+        start_org,
     };
     let written = async {
         stream.write_all(&out).await?;
@@ -195,6 +207,8 @@ struct Attached {
     cancel_pid: u32,
     db: Rc<Database>,
     privileges: Privileges,
+    /// The organization the startup `options` limit the session to.
+    start_org: Option<Rc<str>>,
 }
 
 /// How forwarding ended.
@@ -219,6 +233,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         cancel_pid,
         db,
         privileges,
+        start_org,
     } = attached;
     let max = core.shared.config.max_message_bytes;
     let route_log = core.shared.config.route_log;
@@ -231,6 +246,9 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     };
     let mut router = Router::new(db.config.direct.is_some(), privileges);
     router.cloud_org.tell = db.config.statement_org;
+    if let Some(org) = start_org {
+        router.start_in(org);
+    }
     let mut reported = Reported::default();
     for (name, value) in &backend.params {
         reported.note(&parameter_status_body(name, value));

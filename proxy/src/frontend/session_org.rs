@@ -9,6 +9,7 @@ use crate::route::scope::{limit, Limited, Mark};
 use crate::route::setting::{setting, Setting};
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::tags::*;
+use std::rc::Rc;
 
 /// What the session's organization makes of a Query or Parse.
 pub(super) enum OrgStep {
@@ -31,7 +32,8 @@ impl ClientFrames<'_> {
     /// statement to it. `None`: the message goes as written.
     pub(super) fn org_step(&mut self, tag: u8, body: &[u8]) -> Option<OrgStep> {
         let (name, sql, rest) = statement_of(tag, body)?;
-        if let Some(s) = setting(sql, self.router.session_org.is_some()) {
+        let thorough = self.router.session_org.is_some() || self.router.default_org.is_some();
+        if let Some(s) = setting(sql, thorough) {
             return self.follow(tag, name, s);
         }
         let meta = self.meta?;
@@ -72,33 +74,40 @@ impl ClientFrames<'_> {
             )))
         };
         let idle = self.idle_outside_transaction();
+        let default = self.router.default_org.clone();
+        // What the session's organization becomes, when the statement takes effect.
+        let target = match &s {
+            Setting::To(org) => org.as_deref().map(Rc::from),
+            Setting::Default | Setting::ResetAll { .. } => default,
+            Setting::Refused(_) => None,
+        };
         match s {
             Setting::Refused(what) => refuse(&format!("{what} is not supported through LokaDB's proxy")),
-            Setting::To(_) if tag != FE_QUERY => {
+            Setting::To(_) | Setting::Default if tag != FE_QUERY => {
                 refuse("SET lokadb.org through the extended protocol is not supported")
             }
             Setting::To(Some(_)) if self.meta.is_none() => refuse(
                 "the proxy has no LokaDB metadata for this database (auth_user), so it cannot limit statements to an organization",
             ),
-            Setting::To(_) | Setting::ResetAll { alone: true }
+            Setting::To(_) | Setting::Default | Setting::ResetAll { alone: true }
                 if !idle && !self.exchanges.get(self.router.target).is_settled() =>
             {
                 Some(OrgStep::Settle)
             }
-            Setting::To(_) if !idle => refuse(
+            Setting::To(_) | Setting::Default if !idle => refuse(
                 "SET lokadb.org inside a transaction block, or before the answers to earlier queries, is not supported",
             ),
-            Setting::To(org) => {
-                self.router.set_session_org(org.as_deref());
+            Setting::To(_) | Setting::Default => {
+                self.router.set_session_org(target);
                 None
             }
-            Setting::ResetAll { .. } if self.router.session_org.is_none() => None,
+            Setting::ResetAll { .. } if self.router.session_org == target => None,
             Setting::ResetAll { alone: true } if tag == FE_QUERY && idle => {
-                self.router.set_session_org(None);
+                self.router.set_session_org(target);
                 None
             }
             Setting::ResetAll { .. } => refuse(
-                "RESET ALL or DISCARD ALL with lokadb.org set is supported only as a query of its own, outside a transaction block",
+                "RESET ALL or DISCARD ALL that changes lokadb.org is supported only as a query of its own, outside a transaction block",
             ),
         }
     }

@@ -20,9 +20,12 @@ pub const NAME: &str = "lokadb.org";
 /// What a statement does to the session's organization.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Setting {
-    /// `SET [SESSION] lokadb.org = v` (`TO v`): the organization `v`; `None` for
-    /// `RESET lokadb.org`, `SET lokadb.org TO DEFAULT` and an empty value.
+    /// `SET [SESSION] lokadb.org = v` (`TO v`): the organization `v`; `None` for an empty
+    /// value (no organization).
     To(Option<String>),
+    /// `RESET lokadb.org`, `SET lokadb.org TO DEFAULT`: back to the session's default, the
+    /// value of the connection's startup `options` ([`from_options`]), if any.
+    Default,
     /// `RESET ALL` or `DISCARD ALL`: every setting back to its default; `alone` when it is
     /// the query's only statement.
     ResetAll { alone: bool },
@@ -65,13 +68,14 @@ pub fn setting(sql: &str, thorough: bool) -> Option<Setting> {
             }) if is_setting(variable) => match (scope, values.as_slice()) {
                 (Some(ContextModifier::Local), _) => Setting::Refused("SET LOCAL lokadb.org"),
                 (_, [v]) => match value(v) {
-                    Some(v) => Setting::To(Some(v).filter(|v| !v.is_empty())),
+                    Some(Value_::Default) => Setting::Default,
+                    Some(Value_::Text(v)) => Setting::To(Some(v).filter(|v| !v.is_empty())),
                     None => Setting::Refused("a value of lokadb.org that is not a constant"),
                 },
                 _ => Setting::Refused("a SET lokadb.org of several values"),
             },
             Statement::Reset(r) => match &r.reset {
-                Reset::ConfigurationParameter(name) if is_setting(name) => Setting::To(None),
+                Reset::ConfigurationParameter(name) if is_setting(name) => Setting::Default,
                 Reset::ALL => Setting::ResetAll {
                     alone: statements.len() == 1,
                 },
@@ -114,26 +118,91 @@ fn is_setting(name: &ObjectName) -> bool {
     name.to_string().replace('"', "").eq_ignore_ascii_case(NAME)
 }
 
-/// A SET value as Postgres reads it: a string, a number, or a word (`DEFAULT` is none).
-fn value(e: &Expr) -> Option<String> {
+/// A SET value as Postgres reads it.
+enum Value_ {
+    /// A string, a number, or a word.
+    Text(String),
+    /// `DEFAULT`.
+    Default,
+}
+
+fn value(e: &Expr) -> Option<Value_> {
     match e {
         Expr::Value(v) => match &v.value {
-            Value::SingleQuotedString(s) | Value::Number(s, _) => Some(s.clone()),
+            Value::SingleQuotedString(s) | Value::Number(s, _) => Some(Value_::Text(s.clone())),
             _ => None,
         },
         Expr::Identifier(i)
             if i.quote_style.is_none() && i.value.eq_ignore_ascii_case("default") =>
         {
-            Some(String::new())
+            Some(Value_::Default)
         }
-        Expr::Identifier(i) if i.quote_style.is_none() => Some(i.value.to_lowercase()),
-        Expr::Identifier(i) => Some(i.value.clone()),
+        Expr::Identifier(i) if i.quote_style.is_none() => {
+            Some(Value_::Text(i.value.to_lowercase()))
+        }
+        Expr::Identifier(i) => Some(Value_::Text(i.value.clone())),
         Expr::UnaryOp {
             op: sqlparser::ast::UnaryOperator::Minus,
             expr,
-        } => value(expr).map(|v| format!("-{v}")),
+        } => match value(expr)? {
+            Value_::Text(v) => Some(Value_::Text(format!("-{v}"))),
+            Value_::Default => None,
+        },
         _ => None,
     }
+}
+
+/// The organization a connection's startup `options` set (`-c lokadb.org=v`,
+/// `-clokadb.org=v`, `--lokadb.org=v`; libpq's `PGOPTIONS`), read as the server reads them:
+/// arguments split at unescaped whitespace, `\` escaping the next character, the last
+/// setting winning. `Some(None)`: set to the empty value (no organization); `None`: not set.
+pub fn from_options(options: &str) -> Option<Option<String>> {
+    let mut args = Vec::new();
+    let mut arg = String::new();
+    let mut chars = options.chars();
+    let mut in_arg = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    arg.push(n);
+                }
+                in_arg = true;
+            }
+            c if c.is_ascii_whitespace() => {
+                if in_arg {
+                    args.push(std::mem::take(&mut arg));
+                    in_arg = false;
+                }
+            }
+            c => {
+                arg.push(c);
+                in_arg = true;
+            }
+        }
+    }
+    if in_arg {
+        args.push(arg);
+    }
+    let mut found = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let assignment = if a == "-c" {
+            it.next().map(String::as_str)
+        } else if let Some(rest) = a.strip_prefix("-c") {
+            Some(rest)
+        } else {
+            a.strip_prefix("--")
+        };
+        let Some((name, v)) = assignment.and_then(|x| x.split_once('=')) else {
+            continue;
+        };
+        // The server reads `--name` with dashes as underscores, and any case.
+        if name.replace('-', "_").eq_ignore_ascii_case(NAME) {
+            found = Some(Some(v.to_owned()).filter(|v| !v.is_empty()));
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -149,13 +218,13 @@ mod tests {
         assert_eq!(setting("SET \"lokadb\".\"org\" = 'Acme'", true), to("Acme"));
         assert_eq!(
             setting("SET lokadb.org TO DEFAULT", true),
-            Some(Setting::To(None))
+            Some(Setting::Default)
         );
         assert_eq!(
             setting("SET lokadb.org = ''", true),
             Some(Setting::To(None))
         );
-        assert_eq!(setting("RESET lokadb.org", true), Some(Setting::To(None)));
+        assert_eq!(setting("RESET lokadb.org", true), Some(Setting::Default));
         assert_eq!(
             setting("RESET ALL", true),
             Some(Setting::ResetAll { alone: true })
@@ -168,6 +237,33 @@ mod tests {
             setting("SELECT 1; RESET ALL", true),
             Some(Setting::ResetAll { alone: false })
         );
+    }
+
+    #[test]
+    fn the_startup_options_as_the_server_reads_them() {
+        let org = |v: &str| Some(Some(v.to_owned()));
+        assert_eq!(from_options("-c lokadb.org=42"), org("42"));
+        assert_eq!(from_options("-clokadb.org=42"), org("42"));
+        assert_eq!(from_options("--lokadb.org=acme"), org("acme"));
+        assert_eq!(from_options("  -c  LokaDB.Org=7  "), org("7"));
+        assert_eq!(
+            from_options("-c search_path=a,b -c lokadb.org=1 -c lokadb.org=2"),
+            org("2")
+        );
+        assert_eq!(from_options(r"-c lokadb.org=two\ words"), org("two words"));
+        assert_eq!(from_options(r"-c lokadb.org=a\\b"), org(r"a\b"));
+        assert_eq!(from_options("-c lokadb.org="), Some(None));
+        for none in [
+            "",
+            "-c search_path=public",
+            "-c lokadb.org",
+            "-c",
+            "lokadb.org=1",
+            "-c lokadb.organization=1",
+            r"-c\ lokadb.org=1",
+        ] {
+            assert_eq!(from_options(none), None, "{none}");
+        }
     }
 
     #[test]

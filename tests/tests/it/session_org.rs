@@ -194,3 +194,72 @@ async fn without_the_direct_path_the_session_is_limited_all_the_same() {
     assert_eq!(state(&e), "42501", "{e:?}");
     assert!(of(1).await > 0);
 }
+
+/// `PGOPTIONS='-c lokadb.org=2'` (the startup packet's `options`): the session is limited
+/// from its first statement, as after `SET lokadb.org = 2`, and `RESET` returns to it (the
+/// cloud's backend holds it as its default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_options_limit_the_session_from_its_start() {
+    let w = crate::moves::world_at(0, false, None);
+    crate::world::create_auth_role(&w.cloud).unwrap();
+    let proxy = crate::world::start_proxy(&w.cloud, json!({}), &[]).unwrap();
+    assert!(proxy.wait_for_output("metadata loaded", std::time::Duration::from_secs(10)));
+    let connect = |options: &str| {
+        let dsn = format!(
+            "host=127.0.0.1 port={} user={} password={} dbname=app options='{options}'",
+            proxy.port(),
+            lokadb_tests::pg::SUPERUSER,
+            lokadb_tests::pg::SUPERUSER_PASSWORD
+        );
+        async move { crate::world::connect(&dsn).await.unwrap() }
+    };
+    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
+        .await
+        .unwrap();
+    let count = |sql: String| {
+        let cloud = &cloud;
+        async move { cloud.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    let all = "SELECT count(*) FROM documents";
+    let total = count(all.to_owned()).await;
+    let of = |org: i64| count(format!("{all} WHERE organization_id = {org}"));
+    let (of_1, of_2) = (of(1).await, of(2).await);
+    assert!(of_1 > 0 && of_2 > 0 && of_1 + of_2 == total);
+
+    let c = connect("-c lokadb.org=2").await;
+    assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), of_2);
+    let counted = c.query_one(all, &[]).await.unwrap().get::<_, i64>(0);
+    assert_eq!(counted, of_2, "the extended protocol");
+    let e = c
+        .simple_query("DELETE FROM documents WHERE organization_id = 1")
+        .await
+        .unwrap_err();
+    assert_eq!(state(&e), "42501", "{e:?}");
+    // SET moves it; RESET and RESET ALL come back to the startup value, as in the cloud.
+    c.batch_execute("SET lokadb.org = 1").await.unwrap();
+    assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), of_1);
+    c.batch_execute("RESET lokadb.org").await.unwrap();
+    assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), of_2);
+    let shown = c.query_one("SHOW lokadb.org", &[]).await.unwrap();
+    assert_eq!(shown.get::<_, &str>(0), "2");
+    c.batch_execute("SET lokadb.org = ''").await.unwrap();
+    assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), total);
+    c.batch_execute("RESET ALL").await.unwrap();
+    assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), of_2);
+    c.batch_execute("SET lokadb.org TO DEFAULT").await.unwrap();
+    assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), of_2);
+    drop(c);
+
+    // The other spellings the server reads, the last one winning; other settings alongside.
+    let c = connect(r"-c search_path=public --lokadb.org=2 -clokadb.org=1").await;
+    assert_eq!(one_i64(&c.simple_query(all).await.unwrap()), of_1);
+    // A session without it is not limited, on a backend of its own (the pool key holds the
+    // options).
+    let plain = connect("-c search_path=public").await;
+    assert_eq!(one_i64(&plain.simple_query(all).await.unwrap()), total);
+    let shown = plain
+        .query_one("SELECT current_setting('lokadb.org', true)", &[])
+        .await
+        .unwrap();
+    assert_eq!(shown.get::<_, Option<&str>>(0).unwrap_or(""), "");
+}
