@@ -451,8 +451,8 @@ grep 'lokadb::route' "$DEMO/proxy.log" | grep -E "AND id > 0|AND id = $ACME_ID|J
 echo "    in acme's database: $(org_psql -d acme -At -c "SELECT body FROM notes WHERE id = $ACME_ID")"
 echo "    (BEGIN went with the SELECT, the UPDATE passed the cloud's pause gate; the joins name a"
 echo "     cloud catalog table, so they went through the cloud; the feed's ORDER BY and LIMIT were"
-echo "     put next to acme's table in a subquery, so acme's database sorts; the lookup by id alone"
-echo "     got acme added from the key map, so the cloud asks no other organization. Rules: docs/routing.md)"
+echo "     put next to acme's table in a subquery, so acme's database sorts; for the lookup by id alone"
+echo "     the cloud's key map said acme, so it went to acme's database too. Rules: docs/routing.md)"
 echo "  a session that says its organization once (SET lokadb.org), then names none:"
 SESSION_COUNT=$("$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" -c "SET lokadb.org = 'acme'" -c "SELECT count(*) FROM notes") ||
     die "a session with lokadb.org set failed"

@@ -134,6 +134,11 @@ pub struct DatabaseConfig {
     /// (the organization the proxy placed it in), for cloud-side triggers and policies.
     #[serde(default = "defaults::yes")]
     pub statement_org: bool,
+    /// With `direct`: a read placed by a key map (`WHERE id = $1`, no organization) asks
+    /// the cloud's key map for the key's organization first, and goes direct when that is
+    /// a direct organization (one more cloud round trip for the other organizations' keys).
+    #[serde(default = "defaults::yes")]
+    pub direct_key_lookup: bool,
     /// The new-connection freshness check of the routing metadata.
     #[serde(default)]
     pub meta_cache: MetaCacheConfig,
@@ -470,7 +475,7 @@ mod tests {
         let db = &c.databases["app"];
         assert!(db.upstream_pool);
         assert_eq!(db.auth_query, DEFAULT_AUTH_QUERY);
-        assert!(db.direct.is_none() && db.direct_pool && db.statement_org);
+        assert!(db.direct.is_none() && db.direct_pool && db.statement_org && db.direct_key_lookup);
         assert_eq!(db.direct_max, 32);
         assert_eq!(db.meta_cache.verify, None);
     }
@@ -479,13 +484,13 @@ mod tests {
     fn the_direct_path_and_meta_cache_are_read_and_checked() {
         let c = Config::from_json(&MIN.replace(
             r#""auth_user": "lokadb_auth""#,
-            r#""auth_user": "lokadb_auth", "direct": {"user": "d"}, "direct_pool": false, "statement_org": false, "meta_cache": {"verify": "1s"}"#,
+            r#""auth_user": "lokadb_auth", "direct": {"user": "d"}, "direct_pool": false, "statement_org": false, "direct_key_lookup": false, "meta_cache": {"verify": "1s"}"#,
         ))
         .unwrap();
         let db = &c.databases["app"];
         assert_eq!(db.direct.as_ref().unwrap().user, "d");
         assert!(db.direct.as_ref().unwrap().password.is_none());
-        assert!(!db.direct_pool && !db.statement_org);
+        assert!(!db.direct_pool && !db.statement_org && !db.direct_key_lookup);
         assert_eq!(db.meta_cache.verify, Some(Duration::from_secs(1)));
         for (bad, says) in [
             (r#""meta_cache": {"verify": "soon"}"#, "invalid duration"),

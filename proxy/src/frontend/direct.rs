@@ -5,7 +5,7 @@
 //! and the switches of a session's target between it and the cloud, with the gate of
 //! direct writes.
 
-use super::router::{Exchanges, Gate, Router, Side, Want};
+use super::router::{Exchanges, Gate, Lookup, Router, Side, Want};
 use super::statement::{Exchange, Reported};
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::PoolKey;
@@ -84,6 +84,9 @@ pub fn switch(
     let Some(mut want) = router.want.clone() else {
         return true;
     };
+    if let Want::Lookup(sql) = &want {
+        return lookup(cx, router, exchanges, cloud, sql);
+    }
     // A transaction open on the direct connection keeps the session there: the message
     // is shown again, and the transaction rules decide (`Router`'s Migrate).
     let direct_transaction = router.target == Side::Direct && exchanges.direct.status != TX_IDLE;
@@ -95,6 +98,7 @@ pub fn switch(
         _ => {}
     }
     let (org, write) = match want {
+        Want::Lookup(_) => unreachable!("asked above"),
         Want::Settle => {
             router.want = None;
             return true;
@@ -188,6 +192,47 @@ pub fn switch(
             .retarget(cancel_pid, cancel_target(&d.conn));
     }
     true
+}
+
+/// Asks the cloud's key map whose key the held statement's is (a request of the proxy's
+/// own, its one value captured): true once answered, the answer in `router.lookup` for the
+/// held message, shown again.
+fn lookup(
+    cx: &mut Context<'_>,
+    router: &mut Router,
+    exchanges: &mut Exchanges,
+    cloud: &mut BackendConn,
+    sql: &str,
+) -> bool {
+    let ex = &mut exchanges.cloud;
+    match &router.lookup {
+        Lookup::Asked(asked, request) if asked == sql => {
+            let request = *request;
+            if ex.answered <= request {
+                return false;
+            }
+            let org = match ex.capture.take() {
+                Some((r, Some(value))) if r == request && ex.silenced_failed != Some(request) => {
+                    value.map(Rc::from)
+                }
+                // A failed lookup (a key that does not cast, the metadata behind): the
+                // statement goes through the cloud, which answers or fails it.
+                _ => None,
+            };
+            router.lookup = Lookup::Answered(sql.to_owned(), org);
+            router.want = None;
+            true
+        }
+        _ => {
+            let request = ex.answered + u64::from(ex.pending);
+            if send_own(cx, cloud, ex, sql).is_pending() {
+                return false;
+            }
+            ex.capture = Some((request, None));
+            router.lookup = Lookup::Asked(sql.to_owned(), request);
+            false
+        }
+    }
 }
 
 impl Direct {

@@ -18,7 +18,7 @@
 
 use super::pump::Action;
 use super::statement::{bind_param, ClientFrames, Exchange};
-use crate::route::analysis::{Analysis, Org};
+use crate::route::analysis::{Analysis, KeyOrg, Org};
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
 use lokadb_shared::wire::tags::*;
@@ -62,6 +62,39 @@ impl Exchanges {
 }
 
 /// Where a message should go.
+/// Where a statement placed by a key goes ([`ClientFrames::key_org`]).
+enum KeyDest {
+    /// Ask the cloud's key map this first.
+    Ask(String),
+    /// The key is this organization's.
+    Found(Rc<str>),
+    /// Through the cloud: the key is no row's, or cannot be asked for here.
+    Cloud,
+}
+
+/// A Bind's parameter `$n` as text that casts back to the same key of type `key_type`: a
+/// value in text format, or a binary integer for an integer key. `None` for NULL and any
+/// other binary value (the statement goes through the cloud).
+fn key_param(f: &mut Fields<'_>, n: u16, key_type: &str) -> Result<Option<String>, FrameError> {
+    let integer = [
+        "BIGINT", "INTEGER", "INT", "SMALLINT", "INT2", "INT4", "INT8",
+    ]
+    .iter()
+    .any(|t| t.eq_ignore_ascii_case(key_type));
+    use super::statement::{binary_int, bind_value, Bound};
+    Ok(match bind_value(f, n)? {
+        Bound::Value {
+            binary: false,
+            bytes,
+        } => std::str::from_utf8(bytes).ok().map(str::to_owned),
+        Bound::Value {
+            binary: true,
+            bytes,
+        } if integer => binary_int(true, bytes),
+        _ => None,
+    })
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Dest {
     /// Wherever the session sends now (the rest of a batch).
@@ -79,6 +112,8 @@ enum Dest {
     Hold,
     /// Not decided until the cloud has answered what was sent before.
     Settle,
+    /// Not decided until the cloud's key map has said whose key it is: this lookup.
+    Lookup(String),
 }
 
 /// A switch of destination the session is asked to make.
@@ -94,6 +129,22 @@ pub enum Want {
     /// A transaction that has only read directly moves to the cloud: the direct one is
     /// rolled back (its answers dropped) and the cloud's begins with the held message.
     Migrate,
+    /// No switch: ask the cloud this key-map lookup first (a statement placed by a key
+    /// may go direct once its organization is known).
+    Lookup(String),
+}
+
+/// A key-map lookup for the held statement (the direct path for statements placed by a
+/// key, [`Want::Lookup`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Lookup {
+    #[default]
+    None,
+    /// Sent to the cloud as a request of the proxy's own: its number.
+    Asked(String, u64),
+    /// The cloud answered: the key's organization (`None`: no row has the key, or the
+    /// lookup failed; the statement goes through the cloud, which decides).
+    Answered(String, Option<Rc<str>>),
 }
 
 /// A prepared statement as the client parsed it.
@@ -229,6 +280,10 @@ pub struct Router {
     gate_refused: HashMap<Rc<str>, Instant>,
     /// The direct side's error count when `on_direct` was last trusted.
     direct_errors_seen: u64,
+    /// Reads placed by a key may ask the cloud for its organization (`direct_key_lookup`).
+    pub key_lookup: bool,
+    /// The key-map lookup of the held statement.
+    pub lookup: Lookup,
     /// The session's organization (`SET lokadb.org`), which its statements are limited to.
     pub session_org: Option<Rc<str>>,
     /// The organization `RESET lokadb.org` and `RESET ALL` return to: the one the
@@ -307,6 +362,8 @@ impl Router {
             (Org::Param(n), Some(f)) => Some(Cow::Owned(bind_param(f, *n)?)),
             (Org::Param(_), None) => None,
             (Org::Session, _) => self.session_org.as_deref().map(Cow::Borrowed),
+            // Known only once the cloud's key map is asked ([`Want::Lookup`]).
+            (Org::Key(_), _) => None,
         })
     }
 
@@ -406,10 +463,15 @@ impl ClientFrames<'_> {
         let mut dest = match frame {
             Some(frame) if self.router.enabled => {
                 // A malformed message goes to the cloud, which refuses it.
-                self.destination(tag, frame).unwrap_or(Dest::Cloud)
+                self.destination(tag, frame, direct_text.is_some())
+                    .unwrap_or(Dest::Cloud)
             }
             _ => Dest::Current,
         };
+        // A lookup's answer serves the message it was asked for, shown again now: once.
+        if matches!(self.router.lookup, Lookup::Answered(..)) {
+            self.router.lookup = Lookup::None;
+        }
         if let (Some(frame), true) = (frame, self.router.enabled) {
             match self.transaction_step(tag, frame, &dest) {
                 TxStep::Go => {}
@@ -425,6 +487,15 @@ impl ClientFrames<'_> {
         if dest == Dest::Settle {
             self.router.want = Some(Want::Settle);
             return Action::Hold;
+        }
+        if let Dest::Lookup(sql) = dest {
+            if mid_batch {
+                // The lookup is a request of its own: not inside the client's batch.
+                dest = Dest::Cloud;
+            } else {
+                self.router.want = Some(Want::Lookup(sql));
+                return Action::Hold;
+            }
         }
         let gate_open = |org: &Rc<str>| matches!(&self.router.gate, Gate::Open(o) if o == org);
         if let Dest::DirectWrite(org) = &dest {
@@ -462,7 +533,9 @@ impl ClientFrames<'_> {
                 self.router.want = Some(Want::Cloud);
                 return Action::Hold;
             }
-            Dest::DirectWrite(_) | Dest::Settle => unreachable!("handled above"),
+            Dest::DirectWrite(_) | Dest::Settle | Dest::Lookup(_) => {
+                unreachable!("handled above")
+            }
         };
         // The client's BEGIN, answered already, goes first (its own answers dropped).
         let begin = match (dest != Dest::Hold, frame.is_some()) {
@@ -611,15 +684,16 @@ impl ClientFrames<'_> {
         }
     }
 
-    /// Where a whole message should go.
-    fn destination(&self, tag: u8, frame: &[u8]) -> Result<Dest, FrameError> {
+    /// Where a whole message should go. `own`: the direct path would send the client's own
+    /// text of a Query (the one routed is the proxy's rewrite of it).
+    fn destination(&self, tag: u8, frame: &[u8], own: bool) -> Result<Dest, FrameError> {
         let mut f = Fields::new(&frame[5..], "message");
         let held = self.router.held_parse.is_some();
         Ok(match tag {
             FE_QUERY => {
                 let sql = f.cstr()?;
                 match self.meta {
-                    Some(m) => self.direct_dest(&m.analyze(sql), None)?,
+                    Some(m) => self.direct_dest(&m.analyze(sql), None, own)?,
                     None => Dest::Cloud,
                 }
             }
@@ -647,17 +721,19 @@ impl ClientFrames<'_> {
             FE_BIND => {
                 let _portal = f.cstr()?;
                 let name = f.cstr()?;
-                let analysis = if name.is_empty() && (held || !self.router.unnamed_on_cloud) {
+                let prepared = if name.is_empty() && (held || !self.router.unnamed_on_cloud) {
                     // Held, or parsed on the direct side last: placed by its analysis.
-                    self.router.prepared.get("").map(|p| &p.analysis)
+                    self.router.prepared.get("")
                 } else if name.is_empty() {
                     // The client's unnamed statement is on the cloud.
                     None
                 } else {
-                    self.router.prepared.get(name).map(|p| &p.analysis)
+                    self.router.prepared.get(name)
                 };
-                match analysis {
-                    Some(a) => self.direct_dest(a, Some(&mut f))?,
+                match prepared {
+                    Some(p) => {
+                        self.direct_dest(&p.analysis, Some(&mut f), p.direct_parse.is_some())?
+                    }
                     None => Dest::Cloud,
                 }
             }
@@ -665,6 +741,37 @@ impl ClientFrames<'_> {
             FE_CLOSE | FE_DESCRIBE if f.u8()? == b'S' => Dest::PreferCloud,
             FE_FUNCTION_CALL => Dest::Cloud,
             _ => Dest::Current,
+        })
+    }
+
+    /// Where a statement placed by `key` goes, as far as the key's organization is known:
+    /// the lookup to ask the cloud first, or its answer for this very key.
+    fn key_org(&self, key: &KeyOrg, bind: Option<&mut Fields<'_>>) -> Result<KeyDest, FrameError> {
+        let value = match (&key.key, bind) {
+            (Org::Literal(v), _) => Cow::Borrowed(v.as_str()),
+            (Org::Param(n), Some(f)) => match key_param(f, *n, &key.key_type)? {
+                Some(v) => Cow::Owned(v),
+                None => return Ok(KeyDest::Cloud),
+            },
+            _ => return Ok(KeyDest::Cloud),
+        };
+        // Written into the proxy's own query as a string: only text every server reads
+        // back the same (no backslash, whatever standard_conforming_strings says).
+        if value.contains(['\\', '\0']) {
+            return Ok(KeyDest::Cloud);
+        }
+        let sql = format!(
+            "SELECT lokadb_client.key_org('{}', CAST('{}' AS {}))",
+            key.keymap.replace('\'', "''"),
+            value.replace('\'', "''"),
+            key.key_type,
+        );
+        Ok(match &self.router.lookup {
+            Lookup::Answered(asked, org) if *asked == sql => match org {
+                Some(org) => KeyDest::Found(org.clone()),
+                None => KeyDest::Cloud,
+            },
+            _ => KeyDest::Ask(sql),
         })
     }
 
@@ -685,11 +792,13 @@ impl ClientFrames<'_> {
     }
 
     /// `Direct(org)` when `analysis` is a plain read of a direct organization (`bind`:
-    /// the Bind's remaining fields, for an organization given as a parameter).
+    /// the Bind's remaining fields, for an organization given as a parameter). `own`: the
+    /// direct path sends the client's own text (the analysed one is the proxy's rewrite).
     fn direct_dest(
         &self,
         analysis: &Analysis,
         bind: Option<&mut Fields<'_>>,
+        own: bool,
     ) -> Result<Dest, FrameError> {
         let Analysis::Org {
             org,
@@ -721,8 +830,21 @@ impl ClientFrames<'_> {
             let busy = cloud.pending > 0 && !cloud.unsynced;
             return Ok(if busy { Dest::Settle } else { Dest::Cloud });
         }
-        let Some(value) = self.router.org_value(org, bind)? else {
-            return Ok(Dest::Cloud);
+        let value = match org {
+            // Placed by a key (the key-map rewrite): a read goes direct once the cloud's key
+            // map says the key is a direct organization's. Writes stay on the cloud: the
+            // key's organization could change between the lookup and the write.
+            Org::Key(key) if !write && own && self.router.key_lookup && meta.has_direct_orgs() => {
+                match self.key_org(key, bind)? {
+                    KeyDest::Ask(sql) => return Ok(Dest::Lookup(sql)),
+                    KeyDest::Found(org) => Cow::Owned(org.to_string()),
+                    KeyDest::Cloud => return Ok(Dest::Cloud),
+                }
+            }
+            _ => match self.router.org_value(org, bind)? {
+                Some(v) => v,
+                None => return Ok(Dest::Cloud),
+            },
         };
         if !meta.meta.orgs.get(&*value).is_some_and(|o| o.is_direct()) {
             return Ok(Dest::Cloud);
@@ -1053,6 +1175,52 @@ pub(super) fn count(ex: &mut Exchange, tag: u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Bind's key as text the cloud casts back to the same key: text format as is, a
+    /// binary integer only for an integer key; NULL and other binary values are not.
+    #[test]
+    fn a_bound_key_is_read_only_when_it_casts_back_the_same() {
+        let bind = |format: i16, value: Option<&[u8]>| {
+            let mut b = b"\0\0".to_vec(); // portal and statement names
+            b.extend_from_slice(&1i16.to_be_bytes());
+            b.extend_from_slice(&format.to_be_bytes());
+            b.extend_from_slice(&1i16.to_be_bytes());
+            match value {
+                Some(v) => {
+                    b.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                    b.extend_from_slice(v);
+                }
+                None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+            b
+        };
+        let key = |body: &[u8], ty: &str| {
+            let mut f = Fields::new(body, "Bind");
+            f.cstr().unwrap();
+            f.cstr().unwrap();
+            key_param(&mut f, 1, ty).unwrap()
+        };
+        let big = 42i64.to_be_bytes();
+        assert_eq!(key(&bind(1, Some(&big)), "BIGINT").as_deref(), Some("42"));
+        assert_eq!(
+            key(&bind(1, Some(&7i32.to_be_bytes())), "INTEGER").as_deref(),
+            Some("7")
+        );
+        assert_eq!(key(&bind(0, Some(b"abc")), "TEXT").as_deref(), Some("abc"));
+        assert_eq!(key(&bind(0, Some(b"42")), "BIGINT").as_deref(), Some("42"));
+        // Four bytes of a text key in binary are not the integer they would read as.
+        assert_eq!(key(&bind(1, Some(b"abcd")), "TEXT"), None);
+        assert_eq!(key(&bind(1, Some(&[0u8; 16])), "UUID"), None);
+        assert_eq!(key(&bind(0, None), "BIGINT"), None);
+        let mut f = Fields::new(b"\0\0\0\0\0\0", "Bind");
+        f.cstr().unwrap();
+        f.cstr().unwrap();
+        assert_eq!(
+            key_param(&mut f, 1, "BIGINT").unwrap(),
+            None,
+            "no such parameter"
+        );
+    }
 
     #[test]
     fn transaction_statements_are_told_apart() {

@@ -246,6 +246,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     };
     let mut router = Router::new(db.config.direct.is_some(), privileges);
     router.cloud_org.tell = db.config.statement_org;
+    router.key_lookup = db.config.direct_key_lookup;
     if let Some(org) = start_org {
         router.start_in(org);
     }

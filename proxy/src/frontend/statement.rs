@@ -58,6 +58,9 @@ pub struct Exchange {
     pub ended: u32,
     /// Answers of the proxy's added messages still to drop (how many to end).
     pub dropping_added: u32,
+    /// A request of the proxy's own whose one value is wanted (a key-map lookup): its
+    /// number, and the first column of its first row once read (`None` for NULL).
+    pub capture: Option<(u64, Option<Option<String>>)>,
 }
 
 /// The answers an added message set ([`crate::frontend::cloud_org`]) gets: two
@@ -107,6 +110,7 @@ impl Default for Exchange {
             added: std::collections::VecDeque::new(),
             ended: 0,
             dropping_added: 0,
+            capture: None,
         }
     }
 }
@@ -247,6 +251,7 @@ impl Inspect for ClientFrames<'_> {
         // whole LokaDB table goes to the cloud, which raises the refusal, whatever was added
         // before it).
         let mut scoped = false;
+        let mut keyed = false;
         let (refusal, refused) = match frame {
             Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => {
                 match self.org_step(header.tag, &f[5..]) {
@@ -261,7 +266,13 @@ impl Inspect for ClientFrames<'_> {
                     }
                     None => match self.refusal(header.tag, &f[5..]) {
                         Some(r) => (Some(r), true),
-                        None => (self.rewrite(header.tag, &f[5..]), false),
+                        None => match self.rewrite(header.tag, &f[5..]) {
+                            Some((rewritten, by_key)) => {
+                                keyed = by_key;
+                                (Some(rewritten), false)
+                            }
+                            None => (None, false),
+                        },
                     },
                 }
             }
@@ -283,7 +294,9 @@ impl Inspect for ClientFrames<'_> {
             _ => (None, false),
         };
         let routed = refusal.as_deref().or(frame);
-        let action = self.route(header.tag, routed, frame.filter(|_| scoped));
+        // The direct path runs the client's own text: the organization's database holds
+        // only its rows (and has no key map).
+        let action = self.route(header.tag, routed, frame.filter(|_| scoped || keyed));
         // A held message is shown again once the switch is made: logged then, once.
         if action == Action::Hold {
             return action;
@@ -383,8 +396,9 @@ impl ClientFrames<'_> {
 impl ClientFrames<'_> {
     /// A Query or Parse whose statement the join or key-map rewrite changes
     /// ([`crate::route::rewrite`]),
-    /// as the same message with the rewritten text (a Parse keeps its parameter types).
-    fn rewrite(&self, tag: u8, body: &[u8]) -> Option<Vec<u8>> {
+    /// as the same message with the rewritten text (a Parse keeps its parameter types), and
+    /// whether it was the key-map rewrite.
+    fn rewrite(&self, tag: u8, body: &[u8]) -> Option<(Vec<u8>, bool)> {
         let meta = self.meta?;
         let (statement, sql, rest) = statement_of(tag, body)?;
         // Only a join, or a statement that may look a key up, can be rewritten: the rest
@@ -398,15 +412,15 @@ impl ClientFrames<'_> {
         if !keyed && !mentions(sql, b"join") {
             return None;
         }
-        let (Analysis::Org {
-            rewrite: Some(rewritten),
-            ..
-        }
-        | Analysis::Keyed(rewritten)) = meta.analyze(sql)
-        else {
-            return None;
+        let (rewritten, by_key) = match meta.analyze(sql) {
+            Analysis::Org {
+                rewrite: Some(rewritten),
+                ..
+            } => (rewritten, false),
+            Analysis::Keyed(rewritten) => (rewritten, true),
+            _ => return None,
         };
-        Some(statement_frame(tag, statement, &rewritten, rest))
+        Some((statement_frame(tag, statement, &rewritten, rest), by_key))
     }
 }
 
@@ -507,13 +521,18 @@ impl ClientFrames<'_> {
                 "",
             ),
             Analysis::Unplaced(why) => ("?".to_owned(), *why),
-            Analysis::Keyed(_) => ("key".to_owned(), ""),
+            Analysis::Keyed(_)
+            | Analysis::Org {
+                org: Org::Key(_), ..
+            } => ("key".to_owned(), ""),
         };
         // The join rewrite sent this statement to the cloud rewritten (a Bind's statement:
         // see its Parse's line).
         let rewritten = match (kind, &analysis) {
             ("bind", _) => "-",
             _ if scoped => "true",
+            // The direct path runs the client's own text (a read placed by a key included).
+            _ if self.router.target == Side::Direct => "false",
             (
                 _,
                 Analysis::Org {
@@ -554,13 +573,46 @@ impl ClientFrames<'_> {
 /// names were read: text as is; binary as an integer when 2, 4 or 8 bytes (the usual
 /// organization column types), else as text if it is UTF-8.
 pub(super) fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameError> {
+    Ok(match bind_value(f, n)? {
+        Bound::Missing => "?".to_owned(),
+        Bound::Null => "NULL".to_owned(),
+        Bound::Value { binary, bytes } => {
+            binary_int(binary, bytes).unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned())
+        }
+    })
+}
+
+/// A binary 2-, 4- or 8-byte value as the integer it is.
+pub(super) fn binary_int(binary: bool, bytes: &[u8]) -> Option<String> {
+    Some(match (binary, bytes.len()) {
+        (true, 2) => i16::from_be_bytes([bytes[0], bytes[1]]).to_string(),
+        (true, 4) => i32::from_be_bytes(bytes.try_into().ok()?).to_string(),
+        (true, 8) => i64::from_be_bytes(bytes.try_into().ok()?).to_string(),
+        _ => return None,
+    })
+}
+
+/// A parameter of a Bind.
+pub(super) enum Bound<'a> {
+    /// The Bind has no such parameter.
+    Missing,
+    Null,
+    /// Its bytes, and whether they are in binary format.
+    Value {
+        binary: bool,
+        bytes: &'a [u8],
+    },
+}
+
+/// Parameter `$n` (1-based) of a Bind body whose portal and statement names were read.
+pub(super) fn bind_value<'a>(f: &mut Fields<'a>, n: u16) -> Result<Bound<'a>, FrameError> {
     let formats: Vec<i16> = (0..f.i16()?.max(0))
         .map(|_| f.i16())
         .collect::<Result<_, _>>()?;
     let count = f.i16()?.max(0) as u16;
     let index = usize::from(n.saturating_sub(1));
     if n == 0 || n > count {
-        return Ok("?".to_owned());
+        return Ok(Bound::Missing);
     }
     for i in 0..count {
         let len = f.i32()?;
@@ -572,22 +624,17 @@ pub(super) fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameErro
         if usize::from(i) != index {
             continue;
         }
-        let Some(bytes) = bytes else {
-            return Ok("NULL".to_owned());
-        };
         let binary = match formats.len() {
             0 => false,
             1 => formats[0] == 1,
             _ => formats.get(index) == Some(&1),
         };
-        return Ok(match (binary, bytes.len()) {
-            (true, 2) => i16::from_be_bytes([bytes[0], bytes[1]]).to_string(),
-            (true, 4) => i32::from_be_bytes(bytes.try_into().expect("4 bytes")).to_string(),
-            (true, 8) => i64::from_be_bytes(bytes.try_into().expect("8 bytes")).to_string(),
-            _ => String::from_utf8_lossy(bytes).into_owned(),
+        return Ok(match bytes {
+            Some(bytes) => Bound::Value { binary, bytes },
+            None => Bound::Null,
         });
     }
-    Ok("?".to_owned())
+    Ok(Bound::Missing)
 }
 
 /// Inspects backend → client frames: ReadyForQuery (the exchange), answers to messages
@@ -678,6 +725,14 @@ impl Inspect for ServerFrames<'_> {
                 self.exchange.silenced_failed = Some(self.exchange.answered);
             }
         }
+        if silent && header.tag == BE_DATA_ROW {
+            let answered = self.exchange.answered;
+            if let Some((request, value @ None)) = &mut self.exchange.capture {
+                if *request == answered {
+                    *value = Some(frame.and_then(|f| first_column(&f[5..])));
+                }
+            }
+        }
         let action = self.account(header.tag, frame);
         if silent {
             Action::Replace(Vec::new())
@@ -685,6 +740,17 @@ impl Inspect for ServerFrames<'_> {
             action
         }
     }
+}
+
+/// The first column of a DataRow body as text (`None`: NULL, or not UTF-8).
+fn first_column(body: &[u8]) -> Option<String> {
+    let mut f = Fields::new(body, "DataRow");
+    if f.i16().ok()? < 1 {
+        return None;
+    }
+    let len = f.i32().ok()?;
+    let bytes = f.take(usize::try_from(len).ok()?).ok()?;
+    std::str::from_utf8(bytes).ok().map(str::to_owned)
 }
 
 impl ServerFrames<'_> {
@@ -868,6 +934,60 @@ mod tests {
         assert!(!s.wants_body(BE_PARSE_COMPLETE));
         ready(&mut s, b'I');
         assert!(ex.dropping.is_empty() && ex.pending == 0);
+    }
+
+    /// A lookup of the proxy's own (a silenced request) gives its one value to the proxy and
+    /// nothing to the client; a NULL is told apart from no row; a client's rows pass.
+    #[test]
+    fn a_silenced_lookup_captures_its_value() {
+        let data_row = |value: Option<&[u8]>| {
+            let mut body = 1i16.to_be_bytes().to_vec();
+            match value {
+                Some(v) => {
+                    body.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                    body.extend_from_slice(v);
+                }
+                None => body.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+            let mut frame = vec![BE_DATA_ROW];
+            frame.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+            frame.extend_from_slice(&body);
+            frame
+        };
+        let h = |f: &[u8]| Header {
+            tag: f[0],
+            len: u32::from_be_bytes([f[1], f[2], f[3], f[4]]),
+        };
+        let empty = Action::Replace(Vec::new());
+        for (value, want) in [(Some(&b"42"[..]), Some("42")), (None, None)] {
+            let mut ex = Exchange::default();
+            ex.silence_next();
+            ex.pending += 1;
+            ex.capture = Some((0, None));
+            let mut reported = Reported::default();
+            let mut s = server(&mut ex, &mut reported);
+            let row = data_row(value);
+            assert!(s.wants_body(BE_DATA_ROW));
+            assert_eq!(s.on_frame(h(&row), Some(&row)), empty);
+            assert_eq!(ready(&mut s, b'I'), empty);
+            assert_eq!(ex.capture, Some((0, Some(want.map(str::to_owned)))));
+            // The client's next request: its row passes, nothing captured.
+            ex.pending += 1;
+            ex.capture = None;
+            let mut s = server(&mut ex, &mut reported);
+            let row = data_row(Some(b"7"));
+            assert_eq!(s.on_frame(h(&row), Some(&row)), Action::Forward);
+            assert_eq!(ex.capture, None);
+        }
+        // No row: the capture stays empty (no organization has the key).
+        let mut ex = Exchange::default();
+        ex.silence_next();
+        ex.pending += 1;
+        ex.capture = Some((0, None));
+        let mut reported = Reported::default();
+        let mut s = server(&mut ex, &mut reported);
+        ready(&mut s, b'I');
+        assert_eq!(ex.capture, Some((0, None)));
     }
 
     /// Messages the proxy adds inside a client's batch are found by position: their answers

@@ -255,6 +255,54 @@ pub enum Org {
     /// The session's organization (`SET lokadb.org`): the condition the proxy adds,
     /// [`SESSION_ORG`] cast to the organization column's type.
     Session,
+    /// The organization a key map gives a key: the condition the key-map rewrite adds
+    /// (`lokadb_client.key_org(keymap, CAST(key AS type))`, [`super::rewrite::key_lookup`]).
+    Key(Arc<KeyOrg>),
+}
+
+/// A key-map lookup in a statement: which key map, the key's type, and the key (a
+/// constant's text or a parameter).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyOrg {
+    pub keymap: String,
+    pub key_type: String,
+    pub key: Org,
+}
+
+/// `lokadb_client.key_org('<keymap>', CAST(<constant or $n> AS <type>))`, as the key-map
+/// rewrite writes it (an outer cast stripped).
+fn key_org(e: &Expr) -> Option<KeyOrg> {
+    use sqlparser::ast::{FunctionArg, FunctionArgExpr, FunctionArguments};
+    let Expr::Function(f) = e else {
+        return None;
+    };
+    let named = matches!(f.name.0.as_slice(), [ObjectNamePart::Identifier(s), ObjectNamePart::Identifier(n)]
+        if s.quote_style.is_none() && s.value.eq_ignore_ascii_case("lokadb_client")
+            && n.quote_style.is_none() && n.value.eq_ignore_ascii_case("key_org"));
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    if !named || !list.clauses.is_empty() || f.filter.is_some() || f.over.is_some() {
+        return None;
+    }
+    let [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(map))), FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Cast {
+        expr, data_type, ..
+    }))] = list.args.as_slice()
+    else {
+        return None;
+    };
+    let Value::SingleQuotedString(keymap) = &map.value else {
+        return None;
+    };
+    let key = match constant(expr)? {
+        k @ (Org::Literal(_) | Org::Param(_)) => k,
+        _ => return None,
+    };
+    Some(KeyOrg {
+        keymap: keymap.clone(),
+        key_type: data_type.to_string(),
+        key,
+    })
 }
 
 /// The expression that stands for the session's organization in a statement the proxy
@@ -486,8 +534,9 @@ impl Visitor for Check<'_> {
         }
     }
     fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
-        // The session's organization: the direct path sends the client's text, without it.
-        if is_session_org(e) {
+        // The session's organization, a key's: the direct path sends the client's text,
+        // without them.
+        if is_session_org(e) || key_org(e).is_some() {
             return ControlFlow::Continue(());
         }
         if let Expr::Function(f) = e {
@@ -912,6 +961,7 @@ pub(super) fn constant(e: &Expr) -> Option<Org> {
             _ => None,
         },
         e if is_session_org(e) => Some(Org::Session),
+        Expr::Function(_) => key_org(strip(e)).map(|k| Org::Key(Arc::new(k))),
         Expr::UnaryOp {
             op: UnaryOperator::Minus,
             expr,

@@ -859,6 +859,62 @@ mod tests {
         }
     }
 
+    /// The rewritten text, analysed again (routing does), is placed by the key: a plain
+    /// read of the key's organization, whichever that is; an UPDATE, with its columns.
+    #[test]
+    fn the_rewritten_text_is_placed_by_its_key() {
+        use super::super::analysis::{analyze, Analysis, KeyOrg, Org};
+        let catalog = catalog().with_key_maps(vec![super::super::analysis::KeyMap {
+            table: 0,
+            column: "id".into(),
+            column_type: "bigint".into(),
+            org_type: "bigint".into(),
+            keymap: "km_documents_id".into(),
+        }]);
+        let key = |k: Org| {
+            Org::Key(std::sync::Arc::new(KeyOrg {
+                keymap: "km_documents_id".into(),
+                key_type: "BIGINT".into(),
+                key: k,
+            }))
+        };
+        for (sql, want, read) in [
+            (
+                "SELECT id, title FROM documents WHERE id = $1",
+                key(Org::Param(1)),
+                true,
+            ),
+            (
+                "SELECT d.title FROM documents d WHERE d.id = '7'",
+                key(Org::Literal("7".into())),
+                true,
+            ),
+            (
+                "UPDATE documents SET title = 'x' WHERE id = 5",
+                key(Org::Literal("5".into())),
+                false,
+            ),
+        ] {
+            let rewritten = keyed(sql).expect(sql);
+            match analyze(&rewritten, &catalog) {
+                Analysis::Org { org, read: r, .. } => {
+                    assert_eq!(org, want, "{rewritten}");
+                    assert_eq!(r, read, "{rewritten}");
+                }
+                other => panic!("{rewritten}: {other:?}"),
+            }
+        }
+        // Written by a client with another form: not a key the proxy looks up.
+        let other = "SELECT * FROM documents WHERE organization_id = lokadb_client.key_org('km_documents_id', 5)";
+        assert!(!matches!(
+            analyze(other, &catalog),
+            Analysis::Org {
+                org: Org::Key(_),
+                ..
+            }
+        ));
+    }
+
     #[test]
     fn statements_a_key_does_not_place_are_sent_as_written() {
         for sql in [

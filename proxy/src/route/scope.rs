@@ -113,6 +113,8 @@ impl Mark {
                 Org::Literal(x) => Mark::Org(x.clone()),
                 Org::Param(n) => Mark::Param(*n),
                 Org::Session => Mark::Session,
+                // Whichever organization the key's is.
+                Org::Key(_) => Mark::Unscoped,
             },
             Analysis::Unplaced(_) | Analysis::Keyed(_) => Mark::Unscoped,
         })

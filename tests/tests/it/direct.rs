@@ -1172,3 +1172,97 @@ async fn a_lookup_by_primary_key_touches_only_the_keys_organization() {
         .unwrap();
     assert_eq!(c.query(get, &[&id1]).await.unwrap().len(), 1);
 }
+
+/// A read placed by a key alone (an ORM's get by primary key, no organization condition):
+/// the proxy asks the cloud's key map whose key it is, and a direct organization's row is
+/// read from its database, the client's own text; another organization's key, a key no row
+/// has, a write by key and a session with `direct_key_lookup` off go through the cloud.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_by_key_of_a_direct_organization_runs_in_its_database() {
+    let (w, proxy) = direct_world(json!({}));
+    let c = client(&proxy).await;
+    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
+        .await
+        .unwrap();
+    let (id1, id2) = (
+        first_document(&cloud, 1).await,
+        first_document(&cloud, 2).await,
+    );
+
+    // Simple protocol: organization 2's database runs the client's text.
+    let by_key = |id: i64| format!("SELECT id, organization_id FROM documents WHERE id = {id}");
+    let sql = by_key(id2);
+    let rows = c.simple_query(&sql).await.unwrap();
+    assert_eq!(all_rows(&rows), vec![format!("{id2}|2")]);
+    assert_eq!(org_ran(&w, &sql), 1, "{}", w.org.db.log_contents());
+    assert_eq!(route_of(&proxy, "query", &sql), "\"direct\"");
+    // Organization 1's key, and a key no row has: through the cloud, same answers.
+    let sql1 = by_key(id1);
+    let rows = c.simple_query(&sql1).await.unwrap();
+    assert_eq!(all_rows(&rows), vec![format!("{id1}|1")]);
+    assert_eq!(org_ran(&w, &sql1), 0);
+    assert_eq!(route_of(&proxy, "query", &sql1), "\"cloud\"");
+    assert!(all_rows(&c.simple_query(&by_key(-5)).await.unwrap()).is_empty());
+
+    // The extended protocol, a named statement with a binary bigint, then an unnamed one
+    // with a typed parameter: organization 2's key there, organization 1's through the cloud.
+    let get = "SELECT organization_id, title FROM documents WHERE id = $1";
+    let stmt = c.prepare(get).await.unwrap();
+    let ran = |w: &World| w.org.db.log_contents().matches(get).count();
+    let before = ran(&w);
+    let row = c.query_one(&stmt, &[&id2]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 2);
+    assert!(ran(&w) > before, "organization 2's database ran it");
+    let before = ran(&w);
+    let row = c.query_one(&stmt, &[&id1]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    assert_eq!(
+        ran(&w),
+        before,
+        "organization 1's key went through the cloud"
+    );
+    let typed = "SELECT title FROM documents WHERE id = $1 AND title IS NOT NULL";
+    for (id, org_db) in [(id2, 1), (id1, 0)] {
+        let before = w.org.db.log_contents().matches(typed).count();
+        let rows = c
+            .query_typed(typed, &[(&id, tokio_postgres::types::Type::INT8)])
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+        let after = w.org.db.log_contents().matches(typed).count();
+        assert_eq!(after - before, org_db, "key {id}");
+    }
+
+    // In a transaction of organization 2's reads: direct, BEGIN sent with it.
+    c.batch_execute("BEGIN").await.unwrap();
+    let tx = format!("SELECT title FROM documents WHERE id = {id2} AND true");
+    c.simple_query(&tx).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(org_ran(&w, &tx), 1);
+
+    // A write by key stays on the cloud (through postgres_fdw), the right row changed.
+    let update = format!("UPDATE documents SET title = 'keyed' WHERE id = {id2}");
+    assert_eq!(c.execute(update.as_str(), &[]).await.unwrap(), 1);
+    assert_eq!(org_ran(&w, &update), 0);
+    let title: String = cloud
+        .query_one("SELECT title FROM documents WHERE id = $1", &[&id2])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(title, "keyed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_direct_key_lookup_off_a_read_by_key_goes_through_the_cloud() {
+    let (w, proxy) = direct_world(json!({ "direct_key_lookup": false }));
+    let c = client(&proxy).await;
+    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
+        .await
+        .unwrap();
+    let id2 = first_document(&cloud, 2).await;
+    let sql = format!("SELECT id, organization_id FROM documents WHERE id = {id2}");
+    let rows = c.simple_query(&sql).await.unwrap();
+    assert_eq!(all_rows(&rows), vec![format!("{id2}|2")]);
+    assert_eq!(route_of(&proxy, "query", &sql), "\"cloud\"");
+    assert_eq!(org_ran(&w, &sql), 0);
+}
