@@ -958,12 +958,17 @@ mod tests {
             tag: f[0],
             len: u32::from_be_bytes([f[1], f[2], f[3], f[4]]),
         };
-        let empty = Action::Replace(Vec::new());
-        for (value, want) in [(Some(&b"42"[..]), Some("42")), (None, None)] {
+        // A lookup sent, its value wanted.
+        let asked = || {
             let mut ex = Exchange::default();
             ex.silence_next();
             ex.pending += 1;
             ex.capture = Some((0, None));
+            ex
+        };
+        let empty = Action::Replace(Vec::new());
+        for (value, want) in [(Some(&b"42"[..]), Some("42")), (None, None)] {
+            let mut ex = asked();
             let mut reported = Reported::default();
             let mut s = server(&mut ex, &mut reported);
             let row = data_row(value);
@@ -980,10 +985,7 @@ mod tests {
             assert_eq!(ex.capture, None);
         }
         // No row: the capture stays empty (no organization has the key).
-        let mut ex = Exchange::default();
-        ex.silence_next();
-        ex.pending += 1;
-        ex.capture = Some((0, None));
+        let mut ex = asked();
         let mut reported = Reported::default();
         let mut s = server(&mut ex, &mut reported);
         ready(&mut s, b'I');

@@ -817,15 +817,19 @@ mod tests {
         }
     }
 
-    fn keyed(sql: &str) -> Option<String> {
-        let catalog = catalog().with_key_maps(vec![super::super::analysis::KeyMap {
+    /// The test catalog with the key map of `documents.id`.
+    fn keyed_catalog() -> Catalog {
+        catalog().with_key_maps(vec![super::super::analysis::KeyMap {
             table: 0,
             column: "id".into(),
             column_type: "bigint".into(),
             org_type: "bigint".into(),
             keymap: "km_documents_id".into(),
-        }]);
-        match super::super::analysis::analyze(sql, &catalog) {
+        }])
+    }
+
+    fn keyed(sql: &str) -> Option<String> {
+        match super::super::analysis::analyze(sql, &keyed_catalog()) {
             super::super::analysis::Analysis::Keyed(r) => Some(r.to_string()),
             _ => None,
         }
@@ -864,13 +868,7 @@ mod tests {
     #[test]
     fn the_rewritten_text_is_placed_by_its_key() {
         use super::super::analysis::{analyze, Analysis, KeyOrg, Org};
-        let catalog = catalog().with_key_maps(vec![super::super::analysis::KeyMap {
-            table: 0,
-            column: "id".into(),
-            column_type: "bigint".into(),
-            org_type: "bigint".into(),
-            keymap: "km_documents_id".into(),
-        }]);
+        let catalog = keyed_catalog();
         let key = |k: Org| {
             Org::Key(std::sync::Arc::new(KeyOrg {
                 keymap: "km_documents_id".into(),

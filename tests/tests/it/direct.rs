@@ -1086,9 +1086,19 @@ fn simple(sql: &str) -> Vec<u8> {
     out.to_vec()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lookup_by_primary_key_touches_only_the_keys_organization() {
-    let (w, proxy) = direct_world(json!({}));
+/// The direct world with a client through the proxy, one straight at the cloud, and the
+/// first document of organizations 1 and 2.
+struct KeyWorld {
+    w: World,
+    proxy: Proxy,
+    c: tokio_postgres::Client,
+    cloud: tokio_postgres::Client,
+    id1: i64,
+    id2: i64,
+}
+
+async fn key_world(db: Value) -> KeyWorld {
+    let (w, proxy) = direct_world(db);
     let c = client(&proxy).await;
     let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
         .await
@@ -1097,6 +1107,26 @@ async fn a_lookup_by_primary_key_touches_only_the_keys_organization() {
         first_document(&cloud, 1).await,
         first_document(&cloud, 2).await,
     );
+    KeyWorld {
+        w,
+        proxy,
+        c,
+        cloud,
+        id1,
+        id2,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_by_primary_key_touches_only_the_keys_organization() {
+    let KeyWorld {
+        w,
+        proxy,
+        c,
+        cloud,
+        id1,
+        id2,
+    } = key_world(json!({})).await;
     let get = r#"SELECT "documents"."id", "documents"."organization_id" FROM "documents" WHERE "documents"."id" = $1 LIMIT 21"#;
 
     // Straight at the cloud, a lookup of organization 1's row asks organization 2's database
@@ -1179,15 +1209,14 @@ async fn a_lookup_by_primary_key_touches_only_the_keys_organization() {
 /// has, a write by key and a session with `direct_key_lookup` off go through the cloud.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_by_key_of_a_direct_organization_runs_in_its_database() {
-    let (w, proxy) = direct_world(json!({}));
-    let c = client(&proxy).await;
-    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
-        .await
-        .unwrap();
-    let (id1, id2) = (
-        first_document(&cloud, 1).await,
-        first_document(&cloud, 2).await,
-    );
+    let KeyWorld {
+        w,
+        proxy,
+        c,
+        cloud,
+        id1,
+        id2,
+    } = key_world(json!({})).await;
 
     // Simple protocol: organization 2's database runs the client's text.
     let by_key = |id: i64| format!("SELECT id, organization_id FROM documents WHERE id = {id}");
@@ -1254,12 +1283,9 @@ async fn a_read_by_key_of_a_direct_organization_runs_in_its_database() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_direct_key_lookup_off_a_read_by_key_goes_through_the_cloud() {
-    let (w, proxy) = direct_world(json!({ "direct_key_lookup": false }));
-    let c = client(&proxy).await;
-    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
-        .await
-        .unwrap();
-    let id2 = first_document(&cloud, 2).await;
+    let KeyWorld {
+        w, proxy, c, id2, ..
+    } = key_world(json!({ "direct_key_lookup": false })).await;
     let sql = format!("SELECT id, organization_id FROM documents WHERE id = {id2}");
     let rows = c.simple_query(&sql).await.unwrap();
     assert_eq!(all_rows(&rows), vec![format!("{id2}|2")]);
