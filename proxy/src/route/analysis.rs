@@ -715,7 +715,12 @@ impl Walk<'_> {
 
     /// The references in `scope` whose organization column `e` names.
     fn column_refs(&self, scope: &[usize], e: &Expr) -> Vec<usize> {
-        let e = strip(e);
+        // Parentheses only: a cast of the column (`organization_id::int = 42` of a text
+        // column) may equal the value for several organizations.
+        let mut e = e;
+        while let Expr::Nested(inner) = e {
+            e = inner;
+        }
         let (qualifier, column) = match e {
             Expr::Identifier(i) => (None, fold(&i.value, i.quote_style.is_some())),
             Expr::CompoundIdentifier(parts) if parts.len() >= 2 => {
@@ -1035,6 +1040,10 @@ mod tests {
         ("SELECT * FROM documents d WHERE (d.organization_id = CAST($1 AS int8))", Some("$1"), true),
         ("SELECT * FROM documents WHERE organization_id IN (7)", Some("7"), true),
         ("SELECT * FROM documents WHERE organization_id IN (7, 8)", None, true),
+        ("SELECT * FROM documents WHERE 7 = (organization_id) AND id > 1", Some("7"), true),
+        // A cast of the column may match several organizations' values ('7', '07' as int).
+        ("SELECT * FROM documents WHERE organization_id::int = 7", None, true),
+        ("SELECT * FROM documents d JOIN document_versions v ON v.organization_id::text = d.organization_id::text WHERE d.organization_id = 3", None, true),
         ("SELECT * FROM documents WHERE organization_id = 7 OR organization_id = 8", None, true),
         ("SELECT * FROM documents WHERE NOT (organization_id = 7)", None, true),
         ("SELECT * FROM documents WHERE id = 5", None, true),
