@@ -58,7 +58,12 @@ impl ClientFrames<'_> {
             return None;
         }
         let ex = &self.exchanges.cloud;
-        if ex.silenced_failed.is_some() && ex.silenced_failed == self.router.cloud_org.last {
+        if self
+            .router
+            .cloud_org
+            .last
+            .is_some_and(|last| ex.own_failed(last))
+        {
             // The last one failed (its answers were dropped): nothing of it is known.
             self.router.cloud_org.forget();
         }

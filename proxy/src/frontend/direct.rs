@@ -168,7 +168,7 @@ pub fn switch(
                 if exchanges.cloud.answered <= request {
                     return false;
                 }
-                if exchanges.cloud.silenced_failed == Some(request) {
+                if exchanges.cloud.own_failed(request) {
                     // Paused past its timeout, moving back, or an old cloud schema: this
                     // write goes through the cloud, which decides.
                     tracing::info!(org = %o, "the gate of direct writes refused; the write goes through the cloud");
@@ -196,7 +196,8 @@ pub fn switch(
 
 /// Asks the cloud's key map whose key the held statement's is (a request of the proxy's
 /// own, its one value captured): true once answered, the answer in `router.lookup` for the
-/// held message, shown again.
+/// held message, shown again. A lookup that fails or cannot be sent answers "none": the
+/// statement goes through the cloud.
 fn lookup(
     cx: &mut Context<'_>,
     router: &mut Router,
@@ -205,6 +206,11 @@ fn lookup(
     sql: &str,
 ) -> bool {
     let ex = &mut exchanges.cloud;
+    let answer = |router: &mut Router, org: Option<Rc<str>>| {
+        router.lookup = Lookup::Answered(sql.to_owned(), org);
+        router.want = None;
+        true
+    };
     match &router.lookup {
         Lookup::Asked(asked, request) if asked == sql => {
             let request = *request;
@@ -212,25 +218,29 @@ fn lookup(
                 return false;
             }
             let org = match ex.capture.take() {
-                Some((r, Some(value))) if r == request && ex.silenced_failed != Some(request) => {
+                Some((r, Some(value))) if r == request && !ex.own_failed(request) => {
                     value.map(Rc::from)
                 }
                 // A failed lookup (a key that does not cast, the metadata behind): the
                 // statement goes through the cloud, which answers or fails it.
                 _ => None,
             };
-            router.lookup = Lookup::Answered(sql.to_owned(), org);
-            router.want = None;
-            true
+            answer(router, org)
         }
         _ => {
             let request = ex.answered + u64::from(ex.pending);
-            if send_own(cx, cloud, ex, sql).is_pending() {
-                return false;
+            match send_own(cx, cloud, ex, sql) {
+                Poll::Pending => false,
+                // The lost connection shows when it is read.
+                Poll::Ready(Err(_)) => answer(router, None),
+                Poll::Ready(Ok(())) => {
+                    ex.capture = Some((request, None));
+                    // A simple query destroys the cloud's unnamed statement.
+                    router.unnamed_gone_on_cloud();
+                    router.lookup = Lookup::Asked(sql.to_owned(), request);
+                    false
+                }
             }
-            ex.capture = Some((request, None));
-            router.lookup = Lookup::Asked(sql.to_owned(), request);
-            false
         }
     }
 }

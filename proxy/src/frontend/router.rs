@@ -62,6 +62,26 @@ impl Exchanges {
 }
 
 /// Where a message should go.
+/// The longest key (bytes of its text) the proxy looks up; a longer one's statement goes
+/// through the cloud.
+const MAX_LOOKUP_KEY: usize = 1024;
+
+/// The type a Parse message (whole) declared for parameter `$n`: 0 when it left it to the
+/// server (or declared fewer); `None` for a malformed message.
+fn declared_type(parse: &[u8], n: u16) -> Option<u32> {
+    let mut f = Fields::new(parse.get(5..)?, "Parse");
+    f.cstr().ok()?;
+    f.cstr().ok()?;
+    let count = f.i16().ok()?.max(0) as u16;
+    if n == 0 || n > count {
+        return Some(0);
+    }
+    for _ in 1..n {
+        f.i32().ok()?;
+    }
+    Some(f.i32().ok()? as u32)
+}
+
 /// Where a statement placed by a key goes ([`ClientFrames::key_org`]).
 enum KeyDest {
     /// Ask the cloud's key map this first.
@@ -73,14 +93,28 @@ enum KeyDest {
 }
 
 /// A Bind's parameter `$n` as text that casts back to the same key of type `key_type`: a
-/// value in text format, or a binary integer for an integer key. `None` for NULL and any
-/// other binary value (the statement goes through the cloud).
-fn key_param(f: &mut Fields<'_>, n: u16, key_type: &str) -> Result<Option<String>, FrameError> {
+/// value in text format, or a binary integer for an integer key whose Parse (`parse`)
+/// declared the parameter an integer or left its type to the server (which gives it the
+/// key's). `None` for NULL and any other binary value (the statement goes through the
+/// cloud).
+fn key_param(
+    f: &mut Fields<'_>,
+    n: u16,
+    key_type: &str,
+    parse: Option<&[u8]>,
+) -> Result<Option<String>, FrameError> {
+    const INT8: u32 = 20;
+    const INT2: u32 = 21;
+    const INT4: u32 = 23;
     let integer = [
         "BIGINT", "INTEGER", "INT", "SMALLINT", "INT2", "INT4", "INT8",
     ]
     .iter()
-    .any(|t| t.eq_ignore_ascii_case(key_type));
+    .any(|t| t.eq_ignore_ascii_case(key_type))
+        && matches!(
+            parse.map(|p| declared_type(p, n)),
+            Some(Some(0 | INT8 | INT2 | INT4))
+        );
     use super::statement::{binary_int, bind_value, Bound};
     Ok(match bind_value(f, n)? {
         Bound::Value {
@@ -367,6 +401,12 @@ impl Router {
         })
     }
 
+    /// A simple query of the proxy's own went to the cloud, which destroys its unnamed
+    /// statement: a Bind of it there parses it again first.
+    pub fn unnamed_gone_on_cloud(&mut self) {
+        self.unnamed_on_cloud = false;
+    }
+
     /// Forgets a closed statement.
     pub(super) fn forget(&mut self, name: &str) {
         self.prepared.remove(name);
@@ -468,10 +508,6 @@ impl ClientFrames<'_> {
             }
             _ => Dest::Current,
         };
-        // A lookup's answer serves the message it was asked for, shown again now: once.
-        if matches!(self.router.lookup, Lookup::Answered(..)) {
-            self.router.lookup = Lookup::None;
-        }
         if let (Some(frame), true) = (frame, self.router.enabled) {
             match self.transaction_step(tag, frame, &dest) {
                 TxStep::Go => {}
@@ -546,6 +582,10 @@ impl ClientFrames<'_> {
             let ex = self.exchanges.get_mut(side);
             ex.silence_next();
             count(ex, FE_QUERY);
+            if side == Side::Cloud {
+                // A simple query: the cloud's unnamed statement is gone.
+                self.router.unnamed_on_cloud = false;
+            }
         }
         // The cloud learns the statement's organization ahead of it.
         let told = match frame {
@@ -693,7 +733,7 @@ impl ClientFrames<'_> {
             FE_QUERY => {
                 let sql = f.cstr()?;
                 match self.meta {
-                    Some(m) => self.direct_dest(&m.analyze(sql), None, own)?,
+                    Some(m) => self.direct_dest(&m.analyze(sql), None, own, None)?,
                     None => Dest::Cloud,
                 }
             }
@@ -731,9 +771,12 @@ impl ClientFrames<'_> {
                     self.router.prepared.get(name)
                 };
                 match prepared {
-                    Some(p) => {
-                        self.direct_dest(&p.analysis, Some(&mut f), p.direct_parse.is_some())?
-                    }
+                    Some(p) => self.direct_dest(
+                        &p.analysis,
+                        Some(&mut f),
+                        p.direct_parse.is_some(),
+                        Some(&p.parse),
+                    )?,
                     None => Dest::Cloud,
                 }
             }
@@ -746,18 +789,24 @@ impl ClientFrames<'_> {
 
     /// Where a statement placed by `key` goes, as far as the key's organization is known:
     /// the lookup to ask the cloud first, or its answer for this very key.
-    fn key_org(&self, key: &KeyOrg, bind: Option<&mut Fields<'_>>) -> Result<KeyDest, FrameError> {
+    fn key_org(
+        &self,
+        key: &KeyOrg,
+        bind: Option<&mut Fields<'_>>,
+        parse: Option<&[u8]>,
+    ) -> Result<KeyDest, FrameError> {
         let value = match (&key.key, bind) {
             (Org::Literal(v), _) => Cow::Borrowed(v.as_str()),
-            (Org::Param(n), Some(f)) => match key_param(f, *n, &key.key_type)? {
+            (Org::Param(n), Some(f)) => match key_param(f, *n, &key.key_type, parse)? {
                 Some(v) => Cow::Owned(v),
                 None => return Ok(KeyDest::Cloud),
             },
             _ => return Ok(KeyDest::Cloud),
         };
         // Written into the proxy's own query as a string: only text every server reads
-        // back the same (no backslash, whatever standard_conforming_strings says).
-        if value.contains(['\\', '\0']) {
+        // back the same (no backslash, whatever standard_conforming_strings says), and short
+        // (a key is; the query goes out in one write).
+        if value.len() > MAX_LOOKUP_KEY || value.contains(['\\', '\0']) {
             return Ok(KeyDest::Cloud);
         }
         let sql = format!(
@@ -799,6 +848,7 @@ impl ClientFrames<'_> {
         analysis: &Analysis,
         bind: Option<&mut Fields<'_>>,
         own: bool,
+        parse: Option<&[u8]>,
     ) -> Result<Dest, FrameError> {
         let Analysis::Org {
             org,
@@ -834,8 +884,16 @@ impl ClientFrames<'_> {
             // Placed by a key (the key-map rewrite): a read goes direct once the cloud's key
             // map says the key is a direct organization's. Writes stay on the cloud: the
             // key's organization could change between the lookup and the write.
-            Org::Key(key) if !write && own && self.router.key_lookup && meta.has_direct_orgs() => {
-                match self.key_org(key, bind)? {
+            // Not inside the gate's transaction (a direct transaction that wrote): a lookup
+            // that fails would abort it.
+            Org::Key(key)
+                if !write
+                    && own
+                    && self.router.key_lookup
+                    && self.router.gate == Gate::Closed
+                    && meta.has_direct_orgs() =>
+            {
+                match self.key_org(key, bind, parse)? {
                     KeyDest::Ask(sql) => return Ok(Dest::Lookup(sql)),
                     KeyDest::Found(org) => Cow::Owned(org.to_string()),
                     KeyDest::Cloud => return Ok(Dest::Cloud),
@@ -1194,29 +1252,58 @@ mod tests {
             }
             b
         };
-        let key = |body: &[u8], ty: &str| {
+        // A Parse declaring `$1` of type `oid` (0: left to the server).
+        let parse = |oid: u32| {
+            let mut body = b"\0SELECT $1\0".to_vec();
+            body.extend_from_slice(&1i16.to_be_bytes());
+            body.extend_from_slice(&oid.to_be_bytes());
+            let mut p = vec![FE_PARSE];
+            p.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+            p.extend_from_slice(&body);
+            p
+        };
+        let key = |body: &[u8], ty: &str, oid: u32| {
             let mut f = Fields::new(body, "Bind");
             f.cstr().unwrap();
             f.cstr().unwrap();
-            key_param(&mut f, 1, ty).unwrap()
+            key_param(&mut f, 1, ty, Some(&parse(oid))).unwrap()
         };
         let big = 42i64.to_be_bytes();
-        assert_eq!(key(&bind(1, Some(&big)), "BIGINT").as_deref(), Some("42"));
         assert_eq!(
-            key(&bind(1, Some(&7i32.to_be_bytes())), "INTEGER").as_deref(),
+            key(&bind(1, Some(&big)), "BIGINT", 0).as_deref(),
+            Some("42")
+        );
+        assert_eq!(
+            key(&bind(1, Some(&big)), "BIGINT", 20).as_deref(),
+            Some("42")
+        );
+        let seven = 7i32.to_be_bytes();
+        assert_eq!(
+            key(&bind(1, Some(&seven)), "INTEGER", 23).as_deref(),
             Some("7")
         );
-        assert_eq!(key(&bind(0, Some(b"abc")), "TEXT").as_deref(), Some("abc"));
-        assert_eq!(key(&bind(0, Some(b"42")), "BIGINT").as_deref(), Some("42"));
-        // Four bytes of a text key in binary are not the integer they would read as.
-        assert_eq!(key(&bind(1, Some(b"abcd")), "TEXT"), None);
-        assert_eq!(key(&bind(1, Some(&[0u8; 16])), "UUID"), None);
-        assert_eq!(key(&bind(0, None), "BIGINT"), None);
+        assert_eq!(
+            key(&bind(0, Some(b"abc")), "TEXT", 0).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            key(&bind(0, Some(b"42")), "BIGINT", 0).as_deref(),
+            Some("42")
+        );
+        // Eight bytes of a float8 are not the integer they would read as.
+        assert_eq!(
+            key(&bind(1, Some(&1.5f64.to_be_bytes())), "BIGINT", 701),
+            None
+        );
+        // Four bytes of a text key in binary neither.
+        assert_eq!(key(&bind(1, Some(b"abcd")), "TEXT", 0), None);
+        assert_eq!(key(&bind(1, Some(&[0u8; 16])), "UUID", 0), None);
+        assert_eq!(key(&bind(0, None), "BIGINT", 0), None);
         let mut f = Fields::new(b"\0\0\0\0\0\0", "Bind");
         f.cstr().unwrap();
         f.cstr().unwrap();
         assert_eq!(
-            key_param(&mut f, 1, "BIGINT").unwrap(),
+            key_param(&mut f, 1, "BIGINT", None).unwrap(),
             None,
             "no such parameter"
         );

@@ -39,9 +39,10 @@ pub struct Exchange {
     /// Requests the proxy added whose answers are all dropped (a deferred BEGIN, the
     /// ROLLBACK of a transaction that moved to the cloud), by request number.
     pub silenced: std::collections::VecDeque<u64>,
-    /// The last request of the proxy's own that failed (its number), for the direct
-    /// path's gate.
-    pub silenced_failed: Option<u64>,
+    /// The last few requests of the proxy's own that failed (their numbers), for the
+    /// gate of direct writes, `lokadb.statement_org` and key-map lookups: one failing does
+    /// not hide another's failure.
+    pub silenced_failed: std::collections::VecDeque<u64>,
     /// ErrorResponses received.
     pub errors: u64,
     /// Syncs sent since the last Execute: ignored by the backend if that Execute began a
@@ -62,6 +63,9 @@ pub struct Exchange {
     /// number, and the first column of its first row once read (`None` for NULL).
     pub capture: Option<(u64, Option<Option<String>>)>,
 }
+
+/// How many failed requests of the proxy's own an exchange remembers.
+const FAILED_KEPT: usize = 8;
 
 /// The answers an added message set ([`crate::frontend::cloud_org`]) gets: two
 /// CloseCompletes, ParseComplete, BindComplete, and its Execute's CommandComplete (its one
@@ -103,7 +107,7 @@ impl Default for Exchange {
             answered: 0,
             dropping: std::collections::VecDeque::new(),
             silenced: std::collections::VecDeque::new(),
-            silenced_failed: None,
+            silenced_failed: std::collections::VecDeque::new(),
             errors: 0,
             syncs_after_execute: 0,
             sent_in_batch: 0,
@@ -191,6 +195,11 @@ impl Exchange {
     /// Whether the answer coming next is the first of the proxy's added messages.
     fn added_next(&self) -> bool {
         self.added.front() == Some(&(self.answered, self.ended))
+    }
+
+    /// Whether the proxy's own request `request` failed (an ErrorResponse among its answers).
+    pub fn own_failed(&self, request: u64) -> bool {
+        self.silenced_failed.contains(&request)
     }
 
     /// Whether the backend is between requests (maybe in a transaction, which a
@@ -300,6 +309,10 @@ impl Inspect for ClientFrames<'_> {
         // A held message is shown again once the switch is made: logged then, once.
         if action == Action::Hold {
             return action;
+        }
+        // A key-map lookup's answer served the message it was asked for, sent now.
+        if matches!(self.router.lookup, super::router::Lookup::Answered(..)) {
+            self.router.lookup = super::router::Lookup::None;
         }
         if let Some(f) = routed.filter(|_| matches!(header.tag, FE_QUERY | FE_PARSE)) {
             self.note_for_cloud_org(header.tag, f);
@@ -722,7 +735,11 @@ impl Inspect for ServerFrames<'_> {
         if header.tag == BE_ERROR_RESPONSE {
             self.exchange.errors += 1;
             if silent {
-                self.exchange.silenced_failed = Some(self.exchange.answered);
+                let failed = &mut self.exchange.silenced_failed;
+                if failed.len() == FAILED_KEPT {
+                    failed.pop_front();
+                }
+                failed.push_back(self.exchange.answered);
             }
         }
         if silent && header.tag == BE_DATA_ROW {
@@ -976,13 +993,12 @@ mod tests {
             assert_eq!(s.on_frame(h(&row), Some(&row)), empty);
             assert_eq!(ready(&mut s, b'I'), empty);
             assert_eq!(ex.capture, Some((0, Some(want.map(str::to_owned)))));
-            // The client's next request: its row passes, nothing captured.
+            // The client's next request: its row passes, the capture stays the lookup's.
             ex.pending += 1;
-            ex.capture = None;
             let mut s = server(&mut ex, &mut reported);
             let row = data_row(Some(b"7"));
             assert_eq!(s.on_frame(h(&row), Some(&row)), Action::Forward);
-            assert_eq!(ex.capture, None);
+            assert_eq!(ex.capture, Some((0, Some(want.map(str::to_owned)))));
         }
         // No row: the capture stays empty (no organization has the key).
         let mut ex = asked();

@@ -294,6 +294,19 @@ fn key_org(e: &Expr) -> Option<KeyOrg> {
     let Value::SingleQuotedString(keymap) = &map.value else {
         return None;
     };
+    // The key bare: a cast the client wrote (`'abcdef'::varchar(3)`) may change its value,
+    // which the lookup would not see.
+    let bare = match expr.as_ref() {
+        Expr::Value(_) => true,
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => matches!(expr.as_ref(), Expr::Value(_)),
+        _ => false,
+    };
+    if !bare {
+        return None;
+    }
     let key = match constant(expr)? {
         k @ (Org::Literal(_) | Org::Param(_)) => k,
         _ => return None,
@@ -380,16 +393,21 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
         w.unplaceable = Some("a LokaDB table named where no condition can reach it");
     }
     match w.finish() {
-        Analysis::Org { org, tables, .. } => Analysis::Org {
-            org,
-            read: plain_read(&statements, catalog),
-            set: plain_update(&statements, catalog).filter(|_| tables.len() == 1),
-            rewrite: (tables.len() == 1)
-                .then(|| super::rewrite::limit_pushdown(sql, &statements, catalog))
-                .flatten()
-                .map(Arc::from),
-            tables,
-        },
+        Analysis::Org { org, tables, .. } => {
+            // A key's organization comes from the one lookup the key-map rewrite adds; any
+            // other call of it is the client's, which the organization's database lacks.
+            let keys = usize::from(matches!(org, Org::Key(_)));
+            Analysis::Org {
+                read: plain_read(&statements, catalog, keys),
+                set: plain_update(&statements, catalog, keys).filter(|_| tables.len() == 1),
+                rewrite: (tables.len() == 1)
+                    .then(|| super::rewrite::limit_pushdown(sql, &statements, catalog))
+                    .flatten()
+                    .map(Arc::from),
+                org,
+                tables,
+            }
+        }
         Analysis::Unplaced(why) => match super::rewrite::key_lookup(sql, &statements, catalog) {
             Some(rewritten) => Analysis::Keyed(Arc::from(rewritten)),
             None => Analysis::Unplaced(why),
@@ -457,7 +475,7 @@ const READ_FUNCTIONS: &[&str] = &[
 /// locking clause, no WITH) whose every relation is a LokaDB table and whose functions are
 /// [`READ_FUNCTIONS`]. Such a statement gives the same answer in the organization's
 /// database as through the cloud; anything else could not (a cloud table, a side effect).
-fn plain_read(statements: &[Statement], catalog: &Catalog) -> bool {
+fn plain_read(statements: &[Statement], catalog: &Catalog, keys: usize) -> bool {
     let q = match statements {
         [Statement::Query(q)] => q,
         // `COPY (plain read) TO STDOUT`: the organization's database streams it the same.
@@ -469,14 +487,18 @@ fn plain_read(statements: &[Statement], catalog: &Catalog) -> bool {
         }] => q,
         _ => return false,
     };
-    q.visit(&mut Check { catalog }).is_continue()
+    let mut check = Check {
+        catalog,
+        key_orgs: 0,
+    };
+    q.visit(&mut check).is_continue() && check.key_orgs == keys
 }
 
 /// The columns a plain UPDATE sets: one statement, one LokaDB table without FROM or joins,
 /// single-column assignments, and (like [`plain_read`]) no other relation and only
 /// [`READ_FUNCTIONS`] anywhere in it. Whether those columns may change directly depends
 /// on the cloud's constraints (`Meta::may_update`), not on the text.
-fn plain_update(statements: &[Statement], catalog: &Catalog) -> Option<Vec<String>> {
+fn plain_update(statements: &[Statement], catalog: &Catalog, keys: usize) -> Option<Vec<String>> {
     let [s @ Statement::Update(u)] = statements else {
         return None;
     };
@@ -497,15 +519,19 @@ fn plain_update(statements: &[Statement], catalog: &Catalog) -> Option<Vec<Strin
         };
         columns.push(fold(&i.value, i.quote_style.is_some()));
     }
-    s.visit(&mut Check { catalog })
-        .is_continue()
-        .then_some(columns)
+    let mut check = Check {
+        catalog,
+        key_orgs: 0,
+    };
+    (s.visit(&mut check).is_continue() && check.key_orgs == keys).then_some(columns)
 }
 
 /// A statement the organization's database answers alone: every relation a LokaDB table,
 /// every query plain (no WITH, locking clause, INTO), every function a [`READ_FUNCTIONS`].
 struct Check<'a> {
     catalog: &'a Catalog,
+    /// `lokadb_client.key_org` calls seen (the key-map rewrite adds one).
+    key_orgs: usize,
 }
 
 impl Visitor for Check<'_> {
@@ -535,8 +561,12 @@ impl Visitor for Check<'_> {
     }
     fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
         // The session's organization, a key's: the direct path sends the client's text,
-        // without them.
-        if is_session_org(e) || key_org(e).is_some() {
+        // without them (a key's only where the rewrite put it: counted).
+        if is_session_org(e) {
+            return ControlFlow::Continue(());
+        }
+        if key_org(e).is_some() {
+            self.key_orgs += 1;
             return ControlFlow::Continue(());
         }
         if let Expr::Function(f) = e {

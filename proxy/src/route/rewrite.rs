@@ -892,6 +892,11 @@ mod tests {
                 key(Org::Literal("5".into())),
                 false,
             ),
+            (
+                "SELECT id FROM documents WHERE id = -5",
+                key(Org::Literal("-5".into())),
+                true,
+            ),
         ] {
             let rewritten = keyed(sql).expect(sql);
             match analyze(&rewritten, &catalog) {
@@ -902,15 +907,35 @@ mod tests {
                 other => panic!("{rewritten}: {other:?}"),
             }
         }
-        // Written by a client with another form: not a key the proxy looks up.
-        let other = "SELECT * FROM documents WHERE organization_id = lokadb_client.key_org('km_documents_id', 5)";
-        assert!(!matches!(
-            analyze(other, &catalog),
-            Analysis::Org {
-                org: Org::Key(_),
-                ..
+        // Written by a client with another form, or with the key cast by the client (the
+        // cast may change its value): not a key the proxy looks up.
+        let by_key = |sql: &str| {
+            matches!(
+                analyze(sql, &catalog),
+                Analysis::Org {
+                    org: Org::Key(_),
+                    ..
+                }
+            )
+        };
+        for other in [
+            "SELECT * FROM documents WHERE organization_id = lokadb_client.key_org('km_documents_id', 5)",
+            "SELECT * FROM documents WHERE organization_id = lokadb_client.key_org('km_documents_id', CAST('abcdef'::varchar(3) AS text))",
+            &keyed("SELECT * FROM documents WHERE id = '7'::bigint").unwrap(),
+        ] {
+            assert!(!by_key(other), "{other}");
+        }
+        // A call of the client's own is not a read the organization's database can answer
+        // (it has no such function), whatever placed the statement.
+        for sql in [
+            "SELECT lokadb_client.key_org('km_documents_id', CAST(5 AS bigint)) FROM documents WHERE organization_id = 2",
+            &keyed("SELECT lokadb_client.key_org('km_documents_id', CAST(5 AS bigint)) FROM documents WHERE id = 5").unwrap(),
+        ] {
+            match analyze(sql, &catalog) {
+                Analysis::Org { read, .. } => assert!(!read, "{sql}"),
+                other => panic!("{sql}: {other:?}"),
             }
-        ));
+        }
     }
 
     #[test]

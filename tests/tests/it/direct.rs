@@ -1217,21 +1217,46 @@ async fn a_read_by_key_of_a_direct_organization_runs_in_its_database() {
         id1,
         id2,
     } = key_world(json!({})).await;
+    // The cloud logs statements of sessions that start now: the lookups are counted.
+    cloud
+        .batch_execute("ALTER DATABASE app SET log_statement = 'all'")
+        .await
+        .unwrap();
+    // A new backend (the first client's stays busy with it): the setting applies.
+    let (c, _first) = (client(&proxy).await, c);
+    // (The cloud's log is read once the statement after the lookup ran: it is written.)
+    let lookups = || {
+        w.cloud
+            .log_contents()
+            .matches("SELECT lokadb_client.key_org('km_documents_id', CAST('")
+            .count()
+    };
 
-    // Simple protocol: organization 2's database runs the client's text.
+    // Simple protocol: organization 2's database runs the client's text, after one lookup.
     let by_key = |id: i64| format!("SELECT id, organization_id FROM documents WHERE id = {id}");
     let sql = by_key(id2);
     let rows = c.simple_query(&sql).await.unwrap();
     assert_eq!(all_rows(&rows), vec![format!("{id2}|2")]);
     assert_eq!(org_ran(&w, &sql), 1, "{}", w.org.db.log_contents());
     assert_eq!(route_of(&proxy, "query", &sql), "\"direct\"");
+    assert_eq!(lookups(), 1, "one lookup per read");
     // Organization 1's key, and a key no row has: through the cloud, same answers.
     let sql1 = by_key(id1);
     let rows = c.simple_query(&sql1).await.unwrap();
     assert_eq!(all_rows(&rows), vec![format!("{id1}|1")]);
     assert_eq!(org_ran(&w, &sql1), 0);
     assert_eq!(route_of(&proxy, "query", &sql1), "\"cloud\"");
-    assert!(all_rows(&c.simple_query(&by_key(-5)).await.unwrap()).is_empty());
+    assert_eq!(lookups(), 2);
+    let none = by_key(-5);
+    assert!(all_rows(&c.simple_query(&none).await.unwrap()).is_empty());
+    assert_eq!(route_of(&proxy, "query", &none), "\"cloud\"");
+    // A key too long to be one is not asked for.
+    let long = format!("SELECT id FROM documents WHERE id = '{}'", "9".repeat(2000));
+    assert!(
+        c.simple_query(&long).await.is_err(),
+        "out of range for bigint"
+    );
+    assert_eq!(lookups(), 3);
 
     // The extended protocol, a named statement with a binary bigint, then an unnamed one
     // with a typed parameter: organization 2's key there, organization 1's through the cloud.
