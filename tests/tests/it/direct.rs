@@ -1317,3 +1317,63 @@ async fn with_direct_key_lookup_off_a_read_by_key_goes_through_the_cloud() {
     assert_eq!(route_of(&proxy, "query", &sql), "\"cloud\"");
     assert_eq!(org_ran(&w, &sql), 0);
 }
+
+/// The client's unnamed statement on the cloud outlives what the proxy sends there as a
+/// simple query of its own (a key-map lookup, a deferred BEGIN), which destroys it: a Bind of
+/// it without a new Parse still finds it (the proxy parses it again first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_unnamed_statement_outlives_the_proxys_own_queries() {
+    use crate::statement_org::answers;
+    use lokadb_shared::wire::frontend;
+    let KeyWorld {
+        w: _world,
+        proxy,
+        id2,
+        ..
+    } = key_world(json!({})).await;
+    let mut raw = Raw::connect(proxy.port()).await;
+    let count = "SELECT count(*)::text FROM documents WHERE organization_id = $1";
+    let bind_run = |out: &mut Vec<u8>| {
+        frontend::bind_text(out, "", &[Some("1")]);
+        frontend::execute(out);
+        frontend::sync(out);
+    };
+    let mut out = Vec::new();
+    frontend::parse(&mut out, "", count);
+    bind_run(&mut out);
+    let first = answers(&mut raw, &out).await;
+    assert_eq!(first.len(), 5, "{first:?}");
+    let rows = |got: &[String]| {
+        got.iter()
+            .filter(|m| m.starts_with("D="))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+
+    // A read by organization 2's key: the lookup goes to the cloud first.
+    let mut out = Vec::new();
+    frontend::query(
+        &mut out,
+        &format!("SELECT id::text FROM documents WHERE id = {id2}"),
+    );
+    assert_eq!(
+        rows(&answers(&mut raw, &out).await),
+        vec![format!("D={id2}")]
+    );
+    let mut out = Vec::new();
+    bind_run(&mut out);
+    let again = answers(&mut raw, &out).await;
+    assert_eq!(rows(&again), rows(&first), "{again:?}");
+
+    // A deferred BEGIN sent with the Bind.
+    let mut out = Vec::new();
+    frontend::query(&mut out, "BEGIN");
+    assert_eq!(answers(&mut raw, &out).await, vec!["C", "Z"]);
+    let mut out = Vec::new();
+    bind_run(&mut out);
+    let in_tx = answers(&mut raw, &out).await;
+    assert_eq!(rows(&in_tx), rows(&first), "{in_tx:?}");
+    let mut out = Vec::new();
+    frontend::query(&mut out, "COMMIT");
+    assert_eq!(answers(&mut raw, &out).await, vec!["C", "Z"]);
+}

@@ -24,7 +24,7 @@ fn bind(out: &mut Vec<u8>, statement: &str, params: &[&str]) {
 }
 
 /// Every message answering one request, in order: its tag, a DataRow as `D=` and its values.
-async fn answers(c: &mut Raw, out: &[u8]) -> Vec<String> {
+pub(crate) async fn answers(c: &mut Raw, out: &[u8]) -> Vec<String> {
     c.send(out).await;
     let mut seen = Vec::new();
     loop {
