@@ -106,15 +106,16 @@ async fn attach(
         .cloned()
         .collect();
     params.sort();
-    // A session limited from its start (`PGOPTIONS='-c lokadb.org=42'`): the cloud's backend
-    // holds the setting as its default, and the proxy limits the statements to it.
-    let start_org = params
+    // A session limited from its start (`PGOPTIONS='-c lokadb.org=42'`) needs metadata to
+    // limit it with.
+    let in_options = params
         .iter()
         .find(|(k, _)| k == "options")
         .and_then(|(_, v)| crate::route::setting::from_options(v))
         .flatten()
-        .map(Rc::<str>::from);
-    if start_org.is_some() && !core.meta.borrow().contains_key(&*db.name) {
+        .is_some();
+    let limits = core.meta.borrow().get(&*db.name).map(|m| m.has_tables());
+    if in_options && limits.is_none() {
         return Err(SessionError::StartupOrgUnlimited(db.name.to_string()));
     }
     let key = PoolKey {
@@ -136,6 +137,13 @@ async fn attach(
         None => connect_backend(db, &key, &credentials).await?,
     };
 
+    // The organization the session starts limited to: what its backend holds at login (the
+    // startup options', the role's or the database's default), asked once per backend.
+    let start_org = if limits == Some(true) || in_options {
+        default_org(&mut backend).await?.map(Rc::<str>::from)
+    } else {
+        None
+    };
     let privileges = if db.config.direct.is_some() {
         super::check::direct_privileges(core, db, user, &mut backend).await
     } else {
@@ -179,6 +187,22 @@ async fn attach(
         "session attached"
     );
     Ok((key, attached))
+}
+
+/// The `lokadb.org` a cloud backend holds when nothing was set in it since login (a pooled
+/// one was reset with `DISCARD ALL`), asked of it once and kept with it.
+async fn default_org(backend: &mut BackendConn) -> Result<Option<String>, SessionError> {
+    if let Some(known) = &backend.default_org {
+        return Ok(known.clone());
+    }
+    let value = backend
+        .query_one("", "SELECT current_setting($1, true)", true, "lokadb.org")
+        .await
+        .map_err(|e| SessionError::UpstreamConnect(format!("reading lokadb.org at login: {e}")))?
+        .flatten()
+        .filter(|v| !v.is_empty());
+    backend.default_org = Some(value.clone());
+    Ok(value)
 }
 
 async fn connect_backend(

@@ -262,4 +262,25 @@ async fn the_startup_options_limit_the_session_from_its_start() {
         .await
         .unwrap();
     assert_eq!(shown.get::<_, Option<&str>>(0).unwrap_or(""), "");
+
+    // A role whose default the cloud sets (`ALTER ROLE … SET lokadb.org`): limited the same.
+    cloud
+        .batch_execute(
+            "CREATE ROLE limited LOGIN PASSWORD 'limited-secret'; \
+             GRANT SELECT ON documents TO limited; \
+             ALTER ROLE limited SET lokadb.org = '1'",
+        )
+        .await
+        .unwrap();
+    let limited = crate::world::connect(&format!(
+        "host=127.0.0.1 port={} user=limited password=limited-secret dbname=app",
+        proxy.port()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(one_i64(&limited.simple_query(all).await.unwrap()), of_1);
+    limited.batch_execute("SET lokadb.org = 2").await.unwrap();
+    assert_eq!(one_i64(&limited.simple_query(all).await.unwrap()), of_2);
+    limited.batch_execute("RESET lokadb.org").await.unwrap();
+    assert_eq!(one_i64(&limited.simple_query(all).await.unwrap()), of_1);
 }
