@@ -13,6 +13,10 @@ pub const LOCK_TIMEOUT: &str = "2s";
 /// How many times it tries.
 pub const ATTEMPTS: u32 = 5;
 
+/// How long a step waits for a lock while it holds another: under the server's default
+/// deadlock_timeout (1 s), so a deadlock with an application's transaction aborts the step.
+pub const SECOND_LOCK_TIMEOUT: &str = "300ms";
+
 /// Runs `body` in a transaction with `SET LOCAL lock_timeout`, retrying when a lock is not
 /// granted in time (SQLSTATE 55P03), and saying so on stderr. `what` names the step.
 ///
@@ -107,12 +111,17 @@ pub fn repoint_sql(fk: &ForeignKey, target: &str) -> [Vec<String>; 3] {
     let child = fk.child();
     let tmp = ident(&temp_name(fk));
     let old = &fk.referenced;
-    // Each step locks the referenced relation before the referencing one, the order in
-    // which writers take them (a parent row, then its children), so a writer waits
-    // instead of deadlocking with the step.
+    // Writers take these relations in either order: an insert into the child checks the
+    // key map after, a delete from the table cascades to the child before its key map's
+    // trigger runs. So each step waits long only for its first lock, holding nothing; the
+    // others it waits for less than the server's deadlock_timeout (1 s by default), so in a
+    // deadlock it is the step that gives up (and is retried), never the application.
+    let rest = format!("SET LOCAL lock_timeout = '{SECOND_LOCK_TIMEOUT}'");
     [
         vec![
-            format!("LOCK TABLE {target}, {child} IN SHARE ROW EXCLUSIVE MODE"),
+            format!("LOCK TABLE {target} IN SHARE ROW EXCLUSIVE MODE"),
+            rest.clone(),
+            format!("LOCK TABLE {child} IN SHARE ROW EXCLUSIVE MODE"),
             format!(
                 "ALTER TABLE {child} ADD CONSTRAINT {tmp} {} NOT VALID",
                 fk.definition(target)
@@ -120,7 +129,9 @@ pub fn repoint_sql(fk: &ForeignKey, target: &str) -> [Vec<String>; 3] {
         ],
         vec![format!("ALTER TABLE {child} VALIDATE CONSTRAINT {tmp}")],
         vec![
-            format!("LOCK TABLE {old}, {target}, {child} IN ACCESS EXCLUSIVE MODE"),
+            format!("LOCK TABLE {old} IN ACCESS EXCLUSIVE MODE"),
+            rest,
+            format!("LOCK TABLE {target}, {child} IN ACCESS EXCLUSIVE MODE"),
             format!("ALTER TABLE {child} DROP CONSTRAINT {}", ident(&fk.name)),
             format!(
                 "ALTER TABLE {child} RENAME CONSTRAINT {tmp} TO {}",
