@@ -62,6 +62,27 @@ impl Exchanges {
 }
 
 /// Where a message should go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Dest {
+    /// Wherever the session sends now (the rest of a batch).
+    Current,
+    /// The cloud, unless a batch on the other side is open (Close and Describe of a
+    /// statement: harmless on either side).
+    PreferCloud,
+    /// The cloud.
+    Cloud,
+    /// This organization's database.
+    Direct(Rc<str>),
+    /// This organization's database, a write: behind the cloud's gate ([`Gate`]).
+    DirectWrite(Rc<str>),
+    /// Nowhere yet: an unnamed Parse held until its Bind.
+    Hold,
+    /// Not decided until the cloud has answered what was sent before.
+    Settle,
+    /// Not decided until the cloud's key map has said whose key it is: this lookup.
+    Lookup(String),
+}
+
 /// The longest key (bytes of its text) the proxy looks up; a longer one's statement goes
 /// through the cloud.
 const MAX_LOOKUP_KEY: usize = 1024;
@@ -69,9 +90,8 @@ const MAX_LOOKUP_KEY: usize = 1024;
 /// The type a Parse message (whole) declared for parameter `$n`: 0 when it left it to the
 /// server (or declared fewer); `None` for a malformed message.
 fn declared_type(parse: &[u8], n: u16) -> Option<u32> {
-    let mut f = Fields::new(parse.get(5..)?, "Parse");
-    f.cstr().ok()?;
-    f.cstr().ok()?;
+    let (_, _, types) = super::statement::statement_of(FE_PARSE, parse.get(5..)?)?;
+    let mut f = Fields::new(types, "Parse");
     let count = f.i16().ok()?.max(0) as u16;
     if n == 0 || n > count {
         return Some(0);
@@ -103,6 +123,7 @@ fn key_param(
     key_type: &str,
     parse: Option<&[u8]>,
 ) -> Result<Option<String>, FrameError> {
+    use super::statement::{binary_int, bind_value, Bound};
     const INT8: u32 = 20;
     const INT2: u32 = 21;
     const INT4: u32 = 23;
@@ -115,7 +136,6 @@ fn key_param(
             parse.map(|p| declared_type(p, n)),
             Some(Some(0 | INT8 | INT2 | INT4))
         );
-    use super::statement::{binary_int, bind_value, Bound};
     Ok(match bind_value(f, n)? {
         Bound::Value {
             binary: false,
@@ -124,30 +144,9 @@ fn key_param(
         Bound::Value {
             binary: true,
             bytes,
-        } if integer => binary_int(true, bytes),
+        } if integer => binary_int(bytes),
         _ => None,
     })
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Dest {
-    /// Wherever the session sends now (the rest of a batch).
-    Current,
-    /// The cloud, unless a batch on the other side is open (Close and Describe of a
-    /// statement: harmless on either side).
-    PreferCloud,
-    /// The cloud.
-    Cloud,
-    /// This organization's database.
-    Direct(Rc<str>),
-    /// This organization's database, a write: behind the cloud's gate ([`Gate`]).
-    DirectWrite(Rc<str>),
-    /// Nowhere yet: an unnamed Parse held until its Bind.
-    Hold,
-    /// Not decided until the cloud has answered what was sent before.
-    Settle,
-    /// Not decided until the cloud's key map has said whose key it is: this lookup.
-    Lookup(String),
 }
 
 /// A switch of destination the session is asked to make.
@@ -320,8 +319,8 @@ pub struct Router {
     pub lookup: Lookup,
     /// The session's organization (`SET lokadb.org`), which its statements are limited to.
     pub session_org: Option<Rc<str>>,
-    /// The organization `RESET lokadb.org` and `RESET ALL` return to: the one the
-    /// connection's startup `options` set, if any.
+    /// The organization `RESET lokadb.org` and `RESET ALL` return to: the one the session's
+    /// cloud backend held at login (its startup `options`', its role's or database's), if any.
     pub default_org: Option<Rc<str>>,
     /// The session has set or reset `lokadb.org`: Binds are checked against `marks`.
     pub org_ever_set: bool,
@@ -420,7 +419,7 @@ impl Router {
         self.org_ever_set = true;
     }
 
-    /// The session starts limited to `org` (its startup `options` set `lokadb.org`), which
+    /// The session starts limited to `org` (its cloud backend's `lokadb.org` at login), which
     /// `RESET` returns to.
     pub fn start_in(&mut self, org: Rc<str>) {
         self.default_org = Some(org.clone());
@@ -583,8 +582,7 @@ impl ClientFrames<'_> {
             ex.silence_next();
             count(ex, FE_QUERY);
             if side == Side::Cloud {
-                // A simple query: the cloud's unnamed statement is gone.
-                self.router.unnamed_on_cloud = false;
+                self.router.unnamed_gone_on_cloud();
             }
         }
         // The cloud learns the statement's organization ahead of it.

@@ -7,7 +7,7 @@
 //! every frame of both directions.
 
 use super::pump::{Action, Inspect};
-use super::router::{Exchanges, Router, Side};
+use super::router::{Exchanges, Lookup, Router, Side};
 use super::session_org::OrgStep;
 use crate::record::{Kind, Recorder};
 use crate::route::analysis::{copy_out_of_loka_table, mentions, Analysis, Org};
@@ -311,8 +311,8 @@ impl Inspect for ClientFrames<'_> {
             return action;
         }
         // A key-map lookup's answer served the message it was asked for, sent now.
-        if matches!(self.router.lookup, super::router::Lookup::Answered(..)) {
-            self.router.lookup = super::router::Lookup::None;
+        if matches!(self.router.lookup, Lookup::Answered(..)) {
+            self.router.lookup = Lookup::None;
         }
         if let Some(f) = routed.filter(|_| matches!(header.tag, FE_QUERY | FE_PARSE)) {
             self.note_for_cloud_org(header.tag, f);
@@ -589,18 +589,19 @@ pub(super) fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameErro
     Ok(match bind_value(f, n)? {
         Bound::Missing => "?".to_owned(),
         Bound::Null => "NULL".to_owned(),
-        Bound::Value { binary, bytes } => {
-            binary_int(binary, bytes).unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned())
-        }
+        Bound::Value { binary, bytes } => binary
+            .then(|| binary_int(bytes))
+            .flatten()
+            .unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned()),
     })
 }
 
 /// A binary 2-, 4- or 8-byte value as the integer it is.
-pub(super) fn binary_int(binary: bool, bytes: &[u8]) -> Option<String> {
-    Some(match (binary, bytes.len()) {
-        (true, 2) => i16::from_be_bytes([bytes[0], bytes[1]]).to_string(),
-        (true, 4) => i32::from_be_bytes(bytes.try_into().ok()?).to_string(),
-        (true, 8) => i64::from_be_bytes(bytes.try_into().ok()?).to_string(),
+pub(super) fn binary_int(bytes: &[u8]) -> Option<String> {
+    Some(match bytes.len() {
+        2 => i16::from_be_bytes([bytes[0], bytes[1]]).to_string(),
+        4 => i32::from_be_bytes(bytes.try_into().ok()?).to_string(),
+        8 => i64::from_be_bytes(bytes.try_into().ok()?).to_string(),
         _ => return None,
     })
 }

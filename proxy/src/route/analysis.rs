@@ -487,11 +487,17 @@ fn plain_read(statements: &[Statement], catalog: &Catalog, keys: usize) -> bool 
         }] => q,
         _ => return false,
     };
+    answered_alone(q.as_ref(), catalog, keys)
+}
+
+/// Whether the organization's database answers `node` alone ([`Check`]), `keys` being how
+/// many key-map lookups it holds (the rewrite's) and none other.
+fn answered_alone<V: Visit + ?Sized>(node: &V, catalog: &Catalog, keys: usize) -> bool {
     let mut check = Check {
         catalog,
         key_orgs: 0,
     };
-    q.visit(&mut check).is_continue() && check.key_orgs == keys
+    node.visit(&mut check).is_continue() && check.key_orgs == keys
 }
 
 /// The columns a plain UPDATE sets: one statement, one LokaDB table without FROM or joins,
@@ -519,11 +525,7 @@ fn plain_update(statements: &[Statement], catalog: &Catalog, keys: usize) -> Opt
         };
         columns.push(fold(&i.value, i.quote_style.is_some()));
     }
-    let mut check = Check {
-        catalog,
-        key_orgs: 0,
-    };
-    (s.visit(&mut check).is_continue() && check.key_orgs == keys).then_some(columns)
+    answered_alone(s, catalog, keys).then_some(columns)
 }
 
 /// A statement the organization's database answers alone: every relation a LokaDB table,
@@ -996,7 +998,7 @@ pub(super) fn constant(e: &Expr) -> Option<Org> {
             _ => None,
         },
         e if is_session_org(e) => Some(Org::Session),
-        Expr::Function(_) => key_org(strip(e)).map(|k| Org::Key(Arc::new(k))),
+        f @ Expr::Function(_) => key_org(f).map(|k| Org::Key(Arc::new(k))),
         Expr::UnaryOp {
             op: UnaryOperator::Minus,
             expr,

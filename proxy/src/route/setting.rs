@@ -68,8 +68,8 @@ pub fn setting(sql: &str, thorough: bool) -> Option<Setting> {
             }) if is_setting(variable) => match (scope, values.as_slice()) {
                 (Some(ContextModifier::Local), _) => Setting::Refused("SET LOCAL lokadb.org"),
                 (_, [v]) => match value(v) {
-                    Some(Value_::Default) => Setting::Default,
-                    Some(Value_::Text(v)) => Setting::To(Some(v).filter(|v| !v.is_empty())),
+                    Some(SetValue::Default) => Setting::Default,
+                    Some(SetValue::Text(v)) => Setting::To(Some(v).filter(|v| !v.is_empty())),
                     None => Setting::Refused("a value of lokadb.org that is not a constant"),
                 },
                 _ => Setting::Refused("a SET lokadb.org of several values"),
@@ -119,34 +119,34 @@ fn is_setting(name: &ObjectName) -> bool {
 }
 
 /// A SET value as Postgres reads it.
-enum Value_ {
+enum SetValue {
     /// A string, a number, or a word.
     Text(String),
     /// `DEFAULT`.
     Default,
 }
 
-fn value(e: &Expr) -> Option<Value_> {
+fn value(e: &Expr) -> Option<SetValue> {
     match e {
         Expr::Value(v) => match &v.value {
-            Value::SingleQuotedString(s) | Value::Number(s, _) => Some(Value_::Text(s.clone())),
+            Value::SingleQuotedString(s) | Value::Number(s, _) => Some(SetValue::Text(s.clone())),
             _ => None,
         },
         Expr::Identifier(i)
             if i.quote_style.is_none() && i.value.eq_ignore_ascii_case("default") =>
         {
-            Some(Value_::Default)
+            Some(SetValue::Default)
         }
         Expr::Identifier(i) if i.quote_style.is_none() => {
-            Some(Value_::Text(i.value.to_lowercase()))
+            Some(SetValue::Text(i.value.to_lowercase()))
         }
-        Expr::Identifier(i) => Some(Value_::Text(i.value.clone())),
+        Expr::Identifier(i) => Some(SetValue::Text(i.value.clone())),
         Expr::UnaryOp {
             op: sqlparser::ast::UnaryOperator::Minus,
             expr,
         } => match value(expr)? {
-            Value_::Text(v) => Some(Value_::Text(format!("-{v}"))),
-            Value_::Default => None,
+            SetValue::Text(v) => Some(SetValue::Text(format!("-{v}"))),
+            SetValue::Default => None,
         },
         _ => None,
     }
