@@ -420,8 +420,9 @@ echo "  lokadb status:"
 "$LOKADB" status --cloud "$CLOUD_DSN" | sed 's/^/    /'
 echo "  lokadb verify acme:"
 "$LOKADB" verify acme --cloud "$CLOUD_DSN" | sed 's/^/    /'
-say "lokadb move-back acme: and back into the cloud (its own partition now; no split next time)"
-"$LOKADB" move-back acme --cloud "$CLOUD_DSN" 2>&1 | grep -E 'switched|verify|done' | sed 's/^/    /'
+say "lokadb move-back acme: and back into the cloud, then folded into DEFAULT (small: the cloud keeps no partition for it)"
+"$LOKADB" move-back acme --cloud "$CLOUD_DSN" 2>&1 | grep -E 'switched|verify|folded|kept|done' | sed 's/^/    /'
+echo "    acme's own partitions left in the cloud: $(su_psql -d app -At -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'notes\_\_lokadb\_acme%'"); its notes in DEFAULT: $(su_psql -d app -At -c "SELECT count(*) FROM ONLY notes__lokadb_default WHERE organization_id = 'acme'")"
 say "lokadb move-org acme --mode logical --profile fdw+direct: out again, through a subscription this time"
 # The subscription in acme's database connects to the cloud as a REPLICATION role, never a
 # superuser (its password is stored there); move-org grants it SELECT on what it copies.

@@ -110,12 +110,26 @@ enum Command {
         #[arg(long, env = "LOKADB_CLOUD_FROM_ORG", hide_env_values = true)]
         cloud_from_org: Option<String>,
     },
-    /// Move a moved organization's rows back into the cloud (same guarantees).
+    /// Move a moved organization's rows back into the cloud (same guarantees), then fold a
+    /// small one into DEFAULT.
     MoveBack {
         /// The organization.
         org: String,
         #[command(flatten)]
         args: MoveArgs,
+        /// Fold the organization into DEFAULT afterwards (see `lokadb fold`) when it has at
+        /// most this many rows in all LokaDB tables; 0 keeps its partitions.
+        #[arg(long, default_value_t = lokadb::admin::moves::fold::DEFAULT_FOLD_MAX_ROWS)]
+        fold_max_rows: u64,
+    },
+    /// Put an organization in the cloud that has partitions of its own back into the
+    /// DEFAULT partition, whatever its size: every organization's statements on the LokaDB
+    /// tables wait while its rows are copied.
+    Fold {
+        /// The organization.
+        org: String,
+        #[command(flatten)]
+        cloud: Cloud,
     },
     /// Check where an organization's rows are: all in one place, none of another's.
     Verify {
@@ -184,6 +198,7 @@ impl MoveArgs {
             resume: self.resume,
             org_dsn: self.org_dsn.clone(),
             cloud_from_org,
+            fold_max_rows: 0,
         }
     }
 }
@@ -320,9 +335,17 @@ fn main() -> ExitCode {
             let opts = args.options(org, mode, profile, cloud_from_org);
             admin(lokadb::admin::moves::move_org(&args.cloud.dsn, &opts))
         }
-        Command::MoveBack { org, args } => {
-            let opts = args.options(org, lokadb::admin::moves::Mode::Trigger, None, None);
+        Command::MoveBack {
+            org,
+            args,
+            fold_max_rows,
+        } => {
+            let mut opts = args.options(org, lokadb::admin::moves::Mode::Trigger, None, None);
+            opts.fold_max_rows = fold_max_rows;
             admin(lokadb::admin::moves::move_back(&args.cloud.dsn, &opts))
+        }
+        Command::Fold { org, cloud } => {
+            admin(lokadb::admin::moves::fold::fold_org(&cloud.dsn, &org))
         }
         Command::Verify {
             org,

@@ -8,12 +8,16 @@ One cloud cluster (PostgreSQL 18) holds one LokaDB world per number of organizat
 `documents` (as run.py's) made a LokaDB table by `lokadb init` + `lokadb enable documents`,
 then N organizations that are not plain cloud ones, as a first `lokadb move-org` and a
 `lokadb move-back` leave them — a row in `lokadb.org` (state 'cloud', with its postgres_fdw
-server and user mapping, as `lokadb org add` makes them) and a partition of their own
-(`documents__lokadb_<id>`, LIST, holding the cloud partition `documents__lokadb_<id>_c` with its
-CHECK and the DEFAULT partition's indexes) — built directly in SQL with the statements of
-proxy/src/admin/moves/{layout,split}.rs. A fidelity check (real `org add`, `move-org`,
-`move-back` of one organization through a relay and an agent, in a scratch database) compares
-the catalog that leaves with the one the SQL builds. The same 60,000 rows are spread over the N
+server and user mapping, as `lokadb org add` makes them) and, by `--layout`:
+- `folded` (default): their rows in DEFAULT, as `move-back` leaves a small organization (it
+  folds it, proxy/src/admin/moves/fold.rs);
+- `partitioned`: a partition of their own (`documents__lokadb_<id>`, LIST, holding the cloud
+  partition `documents__lokadb_<id>_c` with its CHECK and the DEFAULT partition's indexes), as
+  `move-back --fold-max-rows 0` leaves them —
+built directly in SQL with the statements of proxy/src/admin/moves/{layout,split}.rs. A
+fidelity check (real `org add`, `move-org`, `move-back` of one organization through a relay
+and an agent, in a scratch database) compares the catalog that leaves with the one the SQL
+builds. The same 60,000 rows are spread over the N
 organizations at every N (plus 4,000 rows of plain cloud organizations in DEFAULT).
 
 One `lokadb proxy` serves all the worlds (one `databases` entry per world, defaults otherwise).
@@ -26,8 +30,9 @@ CPU per statement. The cloud runs with max_locks_per_transaction = 2048 and auto
 Then the first statement after connecting (psycopg, SCRAM; connect and statement timed apart)
 through the proxy and direct, and the cloud's planner at each N (planning time, plan cache).
 
-Writes raw.json, summary.md and orgs-scaling.png into research/bench/results/<UTC ts>-orgs[-quick]/
-and the section "Organizations: cost vs their number" of research/bench/charts-data.md.
+Writes raw.json, summary.md and orgs-scaling.png into
+research/bench/results/<UTC ts>-orgs[-partitioned][-quick]/ and the section "Organizations: cost
+vs their number" (one per layout) of research/bench/charts-data.md.
 Builds nothing: benchmarks the binaries in $LOKADB_BENCH_TARGET (default
 /work/target-bench/release) and records their sha256. See research/bench/README.md,
 "Organizations benchmark".
@@ -151,6 +156,9 @@ class Mode:
         self.query_modes = list(QUERY_MODES)
         self.scripts = list(SCRIPTS)
         self.fidelity = True
+        # "folded": the N organizations as move-back leaves a small one (back in DEFAULT);
+        # "partitioned": as `move-back --fold-max-rows 0` leaves them (a partition each).
+        self.layout = "folded"
 
 
 def db_of(n: int) -> str:
@@ -193,11 +201,12 @@ def default_indexes(c, table="documents") -> list[dict]:
     return out
 
 
-def org_sql(org: str, indexes: list[dict], relay_port: int = FAKE_RELAY_PORT) -> dict:
+def org_sql(org: str, indexes: list[dict], relay_port: int = FAKE_RELAY_PORT, partitioned: bool = True) -> dict:
     """The statements for one organization, table `public.documents`, organization column
-    `organization_id`: split.rs's first transaction (own table, cloud partition with its CHECK
-    and indexes, attached to the own table), its attach to the parent, and what `org add`
-    leaves (server, user mapping, lokadb.org row; state defaults to 'cloud')."""
+    `organization_id`: when `partitioned`, split.rs's first transaction (own table, cloud
+    partition with its CHECK and indexes, attached to the own table) and its attach to the
+    parent; always what `org add` leaves (server, user mapping, lokadb.org row; state defaults
+    to 'cloud'). Folded (not partitioned), that is all a move out and back leaves."""
     key = org  # layout::org_key: the id itself (ASCII alphanumeric, <= 20 bytes)
     assert key.isascii() and key.isalnum() and len(key) <= 20, org
     parent = '"public"."documents"'
@@ -217,6 +226,8 @@ def org_sql(org: str, indexes: list[dict], relay_port: int = FAKE_RELAY_PORT) ->
             first.append(f"CREATE {'UNIQUE ' if i['unique'] else ''}INDEX ON {part} {i['using']}")
     first.append(f"ALTER TABLE {own} ATTACH PARTITION {part} FOR VALUES IN ({lit(org)})")
     attach = [f"ALTER TABLE {parent} ATTACH PARTITION {own} FOR VALUES IN ({lit(org)})"]
+    if not partitioned:
+        first, attach = [], []
     server = f"lokadb_org_{org}"
     registry = [
         f"CREATE SERVER {q(server)} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', "
@@ -228,11 +239,11 @@ def org_sql(org: str, indexes: list[dict], relay_port: int = FAKE_RELAY_PORT) ->
 
 
 def create_orgs(c, orgs: list[str], indexes: list[dict], commands: list, relay_port=FAKE_RELAY_PORT,
-                pg_version: str | None = None, batch_seconds: list | None = None) -> float:
+                pg_version: str | None = None, batch_seconds: list | None = None, partitioned: bool = True) -> float:
     """Creates the organizations in transactions of BATCH. Returns the seconds it took."""
     t0 = time.time()
     c.execute("CREATE EXTENSION IF NOT EXISTS postgres_fdw")
-    example = org_sql(orgs[0], indexes, relay_port)
+    example = org_sql(orgs[0], indexes, relay_port, partitioned)
     commands.append(mask(f"(cloud, per organization, {BATCH} per transaction; e.g. {orgs[0]}) "
                          + "; ".join(example["first"] + example["attach"] + example["registry"])
                          + "; INSERT INTO lokadb.org (id, name, profile, server, relay_host, relay_port, dbname, "
@@ -240,7 +251,7 @@ def create_orgs(c, orgs: list[str], indexes: list[dict], commands: list, relay_p
     for k in range(0, len(orgs), BATCH):
         tb = time.time()
         chunk = orgs[k:k + BATCH]
-        parts = [org_sql(o, indexes, relay_port) for o in chunk]
+        parts = [org_sql(o, indexes, relay_port, partitioned) for o in chunk]
         with c.transaction():
             c.execute(";\n".join(s for p in parts for s in p["first"] + p["attach"] + p["registry"]))
             rows = [p["row"] if pg_version is None else (*p["row"][:7], pg_version) for p in parts]
@@ -303,6 +314,12 @@ def world_counts(c, n: int) -> dict:
     return r
 
 
+def partitioned(ctx) -> bool:
+    """Whether the worlds give each organization a partition (another script's Mode may not
+    say: then they do, as before the fold existed)."""
+    return getattr(ctx.mode, "layout", "partitioned") == "partitioned"
+
+
 def build_world(ctx, n: int) -> dict:
     db = db_of(n)
     info = {"database": db, "orgs": n, "timings_s": {}}
@@ -323,7 +340,7 @@ def build_world(ctx, n: int) -> dict:
         info["default_indexes"] = indexes
         info["create_orgs_batch_seconds"] = batches = []
         T["create_orgs"] = create_orgs(c, [str(i) for i in range(1, n + 1)], indexes, ctx.commands,
-                                       batch_seconds=batches)
+                                       batch_seconds=batches, partitioned=partitioned(ctx))
     t = time.time()
     with app_conn(ctx.cloud.port, db) as c:  # the application's role, through the parent
         load_rows(c, n)
@@ -339,10 +356,11 @@ def build_world(ctx, n: int) -> dict:
     problems = []
     if cnt["lokadb_org_rows"] != n or cnt["lokadb_org_states"] != {"cloud": n}:
         problems.append(f"lokadb.org has {cnt['lokadb_org_rows']} rows, states {cnt['lokadb_org_states']}")
-    if cnt["partitions_of_documents"] != n + 1:
-        problems.append(f"documents has {cnt['partitions_of_documents']} partitions, not {n + 1}")
-    if cnt["org_rows_in_default"]:
-        problems.append(f"{cnt['org_rows_in_default']} rows of the N organizations are in DEFAULT")
+    want_parts, want_in_default = (n + 1, 0) if partitioned(ctx) else (1, TOTAL_ROWS)
+    if cnt["partitions_of_documents"] != want_parts:
+        problems.append(f"documents has {cnt['partitions_of_documents']} partitions, not {want_parts}")
+    if cnt["org_rows_in_default"] != want_in_default:
+        problems.append(f"{cnt['org_rows_in_default']} rows of the N organizations are in DEFAULT, not {want_in_default}")
     if cnt["orgs_with_rows"] != n:
         problems.append(f"only {cnt['orgs_with_rows']} of {n} organizations have rows")
     if cnt["key_map_rows"] != cnt["rows_total"]:
@@ -458,7 +476,7 @@ def fidelity_check(ctx) -> dict:
         # rows of both (REAL's land in DEFAULT, as an organization's before its first move).
         with ctx.cloud.conn(db) as c:
             T["synthetic_create"] = create_orgs(c, [SYNTH], default_indexes(c), ctx.commands,
-                                                relay_port=relay.pg_port)
+                                                relay_port=relay.pg_port, partitioned=partitioned(ctx))
         with app_conn(ctx.cloud.port, db) as c:
             for o in (REAL, SYNTH):
                 c.execute(f"""INSERT INTO documents (organization_id, title, body)
@@ -467,7 +485,9 @@ def fidelity_check(ctx) -> dict:
         lokadb(ctx, ["org", "add", REAL, "--via-relay", f"127.0.0.1:{relay.pg_port}", "--dbname", ORG_DBNAME,
                      "--user", "app", "--password", APP_PASSWORD], dsn)
         r1 = lokadb(ctx, ["move-org", REAL], dsn, timeout=600)
-        r2 = lokadb(ctx, ["move-back", REAL], dsn, timeout=600)
+        # 20 rows: move-back folds it, unless told to keep its partitions.
+        r2 = lokadb(ctx, ["move-back", REAL] + ([] if not partitioned(ctx) else ["--fold-max-rows", "0"]), dsn,
+                    timeout=600)
         T["real_org_add_move_org_move_back"] = round(time.time() - t, 2)
         res["move_org_output"] = (r1.stdout + r1.stderr).strip().splitlines()[-12:]
         res["move_back_output"] = (r2.stdout + r2.stderr).strip().splitlines()[-12:]
@@ -993,7 +1013,11 @@ def summary_markdown(raw: dict, s: dict) -> str:
           f"Command: `{m['command']}`.", ""]
     L += [f"Worlds: one cloud PostgreSQL 18 cluster (`max_locks_per_transaction = {ms.get('max_locks')}`), one "
           f"database per N (`app_<N>`): `documents` enabled by `lokadb enable`, N organizations each with a "
-          f"`lokadb.org` row (state 'cloud') and a partition of their own, {TOTAL_ROWS:,} documents spread over them "
+          f"`lokadb.org` row (state 'cloud') and its postgres_fdw server, "
+          + ("a partition of their own (layout `partitioned`: as `move-back --fold-max-rows 0` leaves them)"
+             if ms.get("layout", "partitioned") == "partitioned" else
+             "their rows in DEFAULT (layout `folded`: as `move-back` leaves a small organization)")
+          + f", {TOTAL_ROWS:,} documents spread over them "
           f"({TOTAL_ROWS:,} ÷ N each) plus {PLAIN_ROWS:,} of {PLAIN_ORGS} plain cloud organizations in DEFAULT. One "
           f"`lokadb proxy`, defaults, a `databases` entry per world. pgbench {CLIENTS} clients, -j {THREADS}, "
           f"{ms['seconds']} s per run, R = {ms['reps']}; medians over repetitions; ratios per repetition from runs "
@@ -1213,9 +1237,12 @@ def _grid(s, fn, nd=3) -> list[str]:
 def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> None:
     m = raw["meta"]
     mode = m["mode"]
+    layout = m["mode_settings"].get("layout", "partitioned")
     rel = f"results/{outdir.name}"
     Ns = s["orgs"]
-    body = ["## Organizations: cost vs their number" + (", quick mode — indicative only" if mode == "quick" else ""),
+    body = ["## Organizations: cost vs their number" + (", quick mode — indicative only" if mode == "quick" else "")
+            + f" — layout `{layout}` (" + ("each organization with a partition of its own"
+                                          if layout == "partitioned" else "organizations back in DEFAULT") + ")",
             "",
             f"Run `{outdir.name}` (folder `{rel}/`), commit `{m['git']['commit'][:12]}`"
             f"{' (dirty tree)' if m['git']['dirty'] else ''}, lokadb sha256 `{m['binaries']['lokadb']['sha256'][:12]}`, "
@@ -1256,7 +1283,8 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
             vals.append(f"{fmt(e['connect_ms_p50'], 2)} / {fmt(e['first_ms_p50'], 2)} / {fmt(e['second_ms_p50'], 2)}"
                         if e else "—")
         body.append(f"| {'LokaDB' if t == 'lokadb' else 'direct'} | " + " | ".join(vals) + " |")
-    write_charts_section(f"orgs {mode}", "\n".join(body).rstrip("\n"))
+    write_charts_section(f"orgs {mode}" + (f" {layout}" if layout == "partitioned" else ""),
+                         "\n".join(body).rstrip("\n"))
 
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
@@ -1281,6 +1309,9 @@ def main() -> int:
     ap.add_argument("--max-locks", type=int, help=f"the cloud's max_locks_per_transaction (default {MAX_LOCKS}; "
                                                   "Postgres's own default is 64)")
     ap.add_argument("--no-fidelity", action="store_true", help="skip the real move-org + move-back comparison")
+    ap.add_argument("--layout", choices=("folded", "partitioned"), default="folded",
+                    help="the N organizations back in DEFAULT, as move-back leaves a small one (default), or each "
+                         "with its own partition, as move-back --fold-max-rows 0 leaves them")
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
     ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json")
     args = ap.parse_args()
@@ -1297,11 +1328,13 @@ def main() -> int:
     if args.query_modes:
         mode.query_modes = [x for x in args.query_modes.split(",") if x]
     mode.fidelity = not args.no_fidelity
+    mode.layout = args.layout
     if args.max_locks:
         mode.max_locks = args.max_locks
     if args.scripts:
         mode.scripts = [x for x in args.scripts.split(",") if x]
-    started, run_id, outdir = result_dir(args.out, "-orgs", mode.quick)
+    started, run_id, outdir = result_dir(args.out, "-orgs" + ("-partitioned" if mode.layout == "partitioned" else ""),
+                                         mode.quick)
     raise_fd_limit()
     catch_signals()
 

@@ -26,11 +26,26 @@ pub const SECOND_LOCK_TIMEOUT: &str = "300ms";
 pub fn with_lock_retry<T>(
     client: &mut postgres::Client,
     what: &str,
+    body: impl FnMut(&mut postgres::Transaction<'_>) -> Result<T, StepError>,
+) -> Result<T, AdminError> {
+    with_lock_retry_within(client, what, LOCK_TIMEOUT, body)
+}
+
+/// [`with_lock_retry`], waiting at most `wait` (a Postgres interval) for a lock: shorter
+/// for a lock whose waiting blocks everyone queued behind it (ACCESS EXCLUSIVE).
+///
+/// # Errors
+///
+/// As [`with_lock_retry`].
+pub fn with_lock_retry_within<T>(
+    client: &mut postgres::Client,
+    what: &str,
+    wait: &str,
     mut body: impl FnMut(&mut postgres::Transaction<'_>) -> Result<T, StepError>,
 ) -> Result<T, AdminError> {
     for attempt in 1..=ATTEMPTS {
         let mut tx = client.transaction()?;
-        tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))?;
+        tx.batch_execute(&format!("SET LOCAL lock_timeout = '{wait}'"))?;
         match body(&mut tx) {
             Ok(v) => {
                 tx.commit()?;
@@ -45,11 +60,11 @@ pub fn with_lock_retry<T>(
                 drop(tx);
                 if attempt == ATTEMPTS {
                     return Err(AdminError::failed(format!(
-                        "{what}: a lock was not granted within {LOCK_TIMEOUT}, {ATTEMPTS} times (long transactions on the table?); nothing of this step was changed, run the command again"
+                        "{what}: a lock was not granted within {wait}, {ATTEMPTS} times (long transactions on the table?); nothing of this step was changed, run the command again"
                     )));
                 }
                 eprintln!(
-                    "lokadb: {what}: a lock was not granted within {LOCK_TIMEOUT} (attempt {attempt} of {ATTEMPTS}), retrying"
+                    "lokadb: {what}: a lock was not granted within {wait} (attempt {attempt} of {ATTEMPTS}), retrying"
                 );
                 std::thread::sleep(Duration::from_millis(200 * u64::from(attempt)));
             }

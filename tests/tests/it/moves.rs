@@ -460,7 +460,8 @@ fn move_back_returns_every_row_under_writers() {
     let stop = Arc::new(AtomicBool::new(false));
     let handles = writers(&w.dsn, 2, stop.clone());
     std::thread::sleep(Duration::from_millis(300));
-    let out = lokadb(&w.dsn, &["move-back", "2"]);
+    // Kept in its own partition (the fold has a test of its own).
+    let out = lokadb(&w.dsn, &["move-back", "2", "--fold-max-rows", "0"]);
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let tally = join(handles);
@@ -512,6 +513,142 @@ fn move_back_returns_every_row_under_writers() {
         q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
         "moved"
     );
+}
+
+/// Organization 2's own relations in the cloud (its partitions and their indexes).
+const OWN_RELATIONS: &str = "SELECT count(*) FROM pg_class WHERE relname ~ '__lokadb_2($|_)'";
+
+/// References the guards recorded for organization 2's rows.
+fn refs_of_2(w: &World) -> i64 {
+    let sum = q(
+        &w.cloud,
+        "SELECT 'SELECT ' || string_agg(format('(SELECT count(*) FROM lokadb.%I WHERE org = %L)', refs, '2'), ' + ')
+         FROM lokadb.guards",
+    );
+    count(&w.cloud, "app", &sum)
+}
+
+/// A moved-back organization goes back into DEFAULT: kept in its own partitions when bigger
+/// than `--fold-max-rows`, folded by `lokadb fold` while both organizations write, folded at
+/// once by a move back when small. Nothing is lost, its rows are DEFAULT's (the guards' refs
+/// of it gone, the native foreign keys at work), and it moves out again (a split).
+#[test]
+fn a_moved_back_organization_folds_into_default_under_writers() {
+    let w = world(2_000, false);
+    ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    assert_ne!(refs_of_2(&w), 0);
+    let out = lokadb(&w.dsn, &["fold", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("organization 2 is moved"),
+        "{}",
+        stderr(&out)
+    );
+    let (docs2, versions2, docs1) = counts(&w);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles = writers(&w.dsn, 2, stop.clone());
+    std::thread::sleep(Duration::from_millis(200));
+    let back = lokadb(&w.dsn, &["move-back", "2", "--fold-max-rows", "100"]);
+    assert!(back.status.success(), "{}", stderr(&back));
+    assert!(
+        stderr(&back).contains("kept 2's partitions: more than 100 rows"),
+        "{}",
+        stderr(&back)
+    );
+    let own = count(&w.cloud, "app", OWN_RELATIONS);
+    assert_ne!(own, 0);
+    // A trigger that would see the rows arrive in DEFAULT: refused, nothing changed.
+    q(
+        &w.cloud,
+        "ALTER TABLE documents__lokadb_default ENABLE ALWAYS TRIGGER documents_audit",
+    );
+    let out = lokadb(&w.dsn, &["fold", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("trigger documents_audit on"),
+        "{}",
+        stderr(&out)
+    );
+    q(
+        &w.cloud,
+        "ALTER TABLE documents__lokadb_default ENABLE TRIGGER documents_audit",
+    );
+    assert_eq!(count(&w.cloud, "app", OWN_RELATIONS), own);
+    // A long transaction on the table: the fold gives up (each wait short, everyone queues
+    // behind it), says so, and changes nothing.
+    std::thread::scope(|s| {
+        let holder = s.spawn(|| {
+            w.cloud.psql(
+                "app",
+                "BEGIN; SELECT count(*) FROM documents; SELECT pg_sleep(7); COMMIT",
+            )
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let out = lokadb(&w.dsn, &["fold", "2"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("a lock was not granted within 500ms, 5 times"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(count(&w.cloud, "app", OWN_RELATIONS), own);
+        holder.join().unwrap().unwrap();
+    });
+    let folded = ok(&lokadb(&w.dsn, &["fold", "2"]));
+    assert!(
+        folded.contains("folded organization 2 into DEFAULT"),
+        "{folded}"
+    );
+    eprintln!("{folded}");
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let tally = join(handles);
+    assert!(tally.errors.is_empty(), "{:?}", tally.errors);
+    assert!(tally.inserted[1] > 0 && tally.inserted[2] > 0, "{tally:?}");
+    let (docs2, versions2, docs1) = (
+        docs2 + tally.inserted[2],
+        versions2 + tally.inserted[2],
+        docs1 + tally.inserted[1],
+    );
+    assert_eq!(counts(&w), (docs2, versions2, docs1));
+    assert_eq!(count(&w.cloud, "app", OWN_RELATIONS), 0);
+    assert_eq!(refs_of_2(&w), 0);
+    assert_eq!(
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM ONLY documents__lokadb_default WHERE organization_id = 2"
+        ),
+        docs2
+    );
+    let v = ok(&lokadb(&w.dsn, &["verify", "2"]));
+    assert!(
+        v.contains("DEFAULT partition") && v.contains("verified"),
+        "{v}"
+    );
+    assert!(ok(&lokadb(&w.dsn, &["fold", "2"])).contains("nothing to fold"));
+    // Out again (a split), and back: folded at once (the writers above made it bigger than
+    // the default limit).
+    let out = ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    assert!(out.contains("verified"), "{out}");
+    assert_eq!(
+        org_q(&w, "SELECT count(*) FROM documents"),
+        docs2.to_string()
+    );
+    let back = lokadb(&w.dsn, &["move-back", "2", "--fold-max-rows", "100000"]);
+    assert!(back.status.success(), "{}", stderr(&back));
+    assert!(
+        stderr(&back).contains("folded organization 2 into DEFAULT"),
+        "{}",
+        stderr(&back)
+    );
+    assert_eq!(count(&w.cloud, "app", OWN_RELATIONS), 0);
+    assert_eq!(refs_of_2(&w), 0);
+    assert_eq!(counts(&w), (docs2, versions2, docs1));
+    // Its rows are under DEFAULT's own foreign keys again: deleting its project cascades to
+    // its documents and, through the key map, their versions.
+    q(&w.cloud, "DELETE FROM projects WHERE id = 20");
+    assert_eq!(counts(&w), (0, 0, docs1));
 }
 
 /// Runs `lokadb ARGS` killed at failpoint `point` (exit 99), and checks that afterwards
@@ -700,7 +837,9 @@ fn an_orm_client_through_the_proxy_sees_no_error_during_moves() {
     let stop = Arc::new(AtomicBool::new(false));
     let handles = writers(&via_proxy, 4, stop.clone());
     std::thread::sleep(Duration::from_millis(300));
-    let back = ok(&lokadb(&w.dsn, &["move-back", "2"]));
+    // Its partitions kept: a fold would make the next move split again, which tells the
+    // writers waiting at that instant to retry (40001).
+    let back = ok(&lokadb(&w.dsn, &["move-back", "2", "--fold-max-rows", "0"]));
     let out = ok(&lokadb(&w.dsn, &["move-org", "2"]));
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);

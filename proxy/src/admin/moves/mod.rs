@@ -1,4 +1,4 @@
-//! `lokadb move-org`, `move-back`, `verify` and `status`: moving an organization's rows
+//! `lokadb move-org`, `move-back`, `fold`, `verify` and `status`: moving an organization's rows
 //! between the cloud and its own database while it keeps working. See docs/moving.md.
 //!
 //! A move is a journal row (`lokadb.moves`) and a sequence of steps, each of which a
@@ -7,11 +7,13 @@
 //! ([`switch`]) and the verification ([`verify`]). Until the switch commits the
 //! organization is served from where it was and `--abort` rolls everything back; the
 //! switch is one cloud transaction; after it, a rerun finishes verification and clean-up.
+//! A small organization moved back is then folded into DEFAULT ([`fold`]).
 //! The command holds a session advisory lock per organization, so a second move of the
 //! same organization is refused, and any pause it takes ends with its session.
 
 pub mod capture;
 pub mod copy;
+pub mod fold;
 pub mod layout;
 pub mod logical;
 pub mod split;
@@ -74,6 +76,9 @@ pub struct MoveOptions {
     /// Connection string of the cloud database as the organization's database reaches
     /// it (logical mode's subscription; required there).
     pub cloud_from_org: Option<String>,
+    /// move-back: fold the organization into DEFAULT afterwards when it has at most this
+    /// many rows ([`fold`]); 0 keeps its partitions.
+    pub fold_max_rows: u64,
 }
 
 /// Which way a move goes.
@@ -176,6 +181,15 @@ fn move_lock(c: &mut postgres::Client, org: &str) -> Result<(), AdminError> {
         )));
     }
     Ok(())
+}
+
+/// Lets go of [`move_lock`] now, not when the server notices this process has gone: a
+/// command run right after this one must not find the move "already running".
+fn move_unlock(c: &mut postgres::Client, org: &str) {
+    let _ = c.execute(
+        "SELECT pg_advisory_unlock(hashtextextended('lokadb.move:' || $1, 0))",
+        &[&org],
+    );
 }
 
 fn read_org(c: &mut postgres::Client, id: &str) -> Result<Org, AdminError> {
@@ -376,13 +390,8 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
     let id = org.id.clone();
     let mut slot = Some(cloud);
     let result = run_locked(&mut slot, dsn, org, opts, direction);
-    // Let go of the move's lock now, not when the server notices this process has gone: a
-    // command run right after this one must not find the move "already running".
     if let Some(c) = slot.as_mut() {
-        let _ = c.execute(
-            "SELECT pg_advisory_unlock(hashtextextended('lokadb.move:' || $1, 0))",
-            &[&id],
-        );
+        move_unlock(c, &id);
     }
     result
 }
@@ -474,7 +483,10 @@ fn run_locked(
         }
         match direction {
             Direction::Out => out(&mut m)?,
-            Direction::Back => back(&mut m)?,
+            Direction::Back => {
+                back(&mut m)?;
+                fold_after_back(&mut m);
+            }
         }
         let secs = started.elapsed().as_secs_f64();
         Ok(format!(
@@ -661,6 +673,36 @@ fn back(m: &mut Move) -> Result<(), AdminError> {
         switch::cleanup(m)?;
     }
     Ok(())
+}
+
+/// After a move back: folds a small organization into DEFAULT ([`fold`]). The move is done
+/// whatever happens here; a fold that fails or is too big is said, for `lokadb fold` later.
+fn fold_after_back(m: &mut Move) {
+    let max = m.opts.fold_max_rows;
+    let id = m.org.id.clone();
+    let later = format!("lokadb fold {id} folds them into DEFAULT later");
+    if max == 0 {
+        return;
+    }
+    let tables = m.tables.clone();
+    let result = (|| {
+        let own = fold::own_partitions(&mut m.cloud, &id, &tables)?;
+        if own.is_empty() {
+            return Ok(None);
+        }
+        let rows = fold::rows_up_to(&mut m.cloud, &own, max)?;
+        if rows > max {
+            return Ok(Some(format!(
+                "kept {id}'s partitions: more than {max} rows (--fold-max-rows); {later}, locking its tables for the copy"
+            )));
+        }
+        fold::fold(&mut m.cloud, &id, &own).map(|f| Some(fold::summary(&id, &f)))
+    })();
+    match result {
+        Ok(Some(line)) => m.say(line),
+        Ok(None) => {}
+        Err(e) => m.say(format!("kept {id}'s partitions: {e}; {later}")),
+    }
 }
 
 /// The organization's tables in its database (created again: nothing was copied yet),

@@ -33,15 +33,7 @@ pub fn preflight(c: &mut postgres::Client, tables: &[MoveTable]) -> Result<(), A
         }
         // The DELETE from DEFAULT runs as a replica so no ordinary trigger sees the rows
         // leave; triggers enabled ALWAYS or REPLICA would, and act on a move as a delete.
-        let found: Option<String> = c
-            .query_opt(
-                "SELECT tgname::text FROM pg_trigger
-                 WHERE tgrelid = to_regclass($1) AND NOT tgisinternal AND tgenabled IN ('A', 'R')
-                 LIMIT 1",
-                &[&t.default()],
-            )?
-            .map(|r| r.get(0));
-        if let Some(tg) = found {
+        if let Some(tg) = replica_trigger(c, t)? {
             return Err(AdminError::usage(format!(
                 "trigger {tg} on {} is enabled ALWAYS or REPLICA: it would take the organization's rows leaving DEFAULT for deletions. Make it an ordinary trigger for the move (ALTER TABLE {} ENABLE TRIGGER {}) and set it back afterwards. Nothing was changed",
                 t.default(),
@@ -51,6 +43,25 @@ pub fn preflight(c: &mut postgres::Client, tables: &[MoveTable]) -> Result<(), A
         }
     }
     Ok(())
+}
+
+/// A trigger on `t`'s DEFAULT partition that fires for a session in replica role (enabled
+/// ALWAYS or REPLICA): it would see rows a move takes out of DEFAULT, or a fold puts in.
+///
+/// # Errors
+///
+/// The query failed.
+pub fn replica_trigger(
+    c: &mut postgres::Client,
+    t: &MoveTable,
+) -> Result<Option<String>, AdminError> {
+    Ok(c.query_opt(
+        "SELECT tgname::text FROM pg_trigger
+         WHERE tgrelid = to_regclass($1) AND NOT tgisinternal AND tgenabled IN ('A', 'R')
+         LIMIT 1",
+        &[&t.default()],
+    )?
+    .map(|r| r.get(0)))
 }
 
 /// Runs the split of every table whose organization rows are still in DEFAULT.

@@ -154,13 +154,8 @@ pub fn lock_own(
     tables: &[MoveTable],
 ) -> Result<bool, postgres::Error> {
     tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_WAIT}'"))?;
-    // A superuser setting; without it the order above still avoids most deadlocks.
-    if tx
-        .batch_execute("SAVEPOINT d; SET LOCAL deadlock_timeout = '100ms'; RELEASE d")
-        .is_err()
-    {
-        tx.batch_execute("ROLLBACK TO SAVEPOINT d; RELEASE d")?;
-    }
+    // Without it the order above still avoids most deadlocks.
+    be_the_deadlock_victim(tx)?;
     for t in tables {
         if let Err(e) = tx.batch_execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", t.own())) {
             if e.as_db_error()
@@ -172,6 +167,25 @@ pub fn lock_own(
         }
     }
     Ok(true)
+}
+
+/// Makes `tx` notice a deadlock before the application's transactions do (a short
+/// `deadlock_timeout`), so an admin step is its victim, retried, never a writer. A superuser
+/// setting: for another role nothing changes.
+///
+/// # Errors
+///
+/// The savepoint failed.
+pub fn be_the_deadlock_victim(
+    tx: &mut impl postgres::GenericClient,
+) -> Result<(), postgres::Error> {
+    if tx
+        .batch_execute("SAVEPOINT d; SET LOCAL deadlock_timeout = '100ms'; RELEASE d")
+        .is_err()
+    {
+        tx.batch_execute("ROLLBACK TO SAVEPOINT d; RELEASE d")?;
+    }
+    Ok(())
 }
 
 /// Takes the organization's direct-writers key exclusively for the switch's transaction:

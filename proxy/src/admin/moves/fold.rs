@@ -1,0 +1,239 @@
+//! Folding an organization back into DEFAULT (`lokadb fold`, and the end of a small
+//! organization's `move-back`): its rows leave its own partition for the DEFAULT partition,
+//! and its partitions are dropped, so the cloud keeps partitions only for organizations that
+//! are away or moving.
+//!
+//! Why: Postgres pays per partition and per backend (relation cache, LokaDB's row triggers
+//! compiled per partition, the lock table), so a cloud with thousands of partitions serves
+//! every organization slower (research/bench/README.md, "Organizations results"). An
+//! organization moved back keeps nothing in its own partition that DEFAULT can't hold.
+//!
+//! How: one transaction takes every LokaDB table ACCESS EXCLUSIVE (a short lock wait, retried,
+//! since everyone queues behind a waiting ACCESS EXCLUSIVE), detaches the organization's
+//! table, copies its rows into DEFAULT in replica role (no trigger sees a write: the key maps
+//! already hold its keys, and DEFAULT's native foreign keys take over from the guards, whose
+//! refs of the organization go), and drops the detached table. No write is paused
+//! separately: the lock holds every writer of the tables, and the rows never exist twice or
+//! nowhere. Every organization's statements on these tables wait for that transaction, which
+//! is why `move-back` folds only up to `--fold-max-rows`.
+
+use super::layout::{self, MoveTable, Place};
+use super::switch::be_the_deadlock_victim;
+use super::{move_lock, move_unlock, read_journal, read_org, session_settings};
+use crate::admin::db::{connect, literal, AdminError};
+use crate::admin::fkeys::{with_lock_retry_within, StepError};
+use crate::admin::migrations::require_current;
+use std::time::{Duration, Instant};
+
+/// What `move-back` folds by default: at most this many rows over all LokaDB tables (a few
+/// tens of milliseconds of the tables' lock on the machines measured).
+pub const DEFAULT_FOLD_MAX_ROWS: u64 = 10_000;
+
+/// How long the fold waits for the tables' lock per attempt: new statements on the tables
+/// queue behind the waiting lock, so waiting long would stall every organization.
+pub const FOLD_LOCK_WAIT: &str = "500ms";
+
+/// A fold done.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Folded {
+    pub rows: u64,
+    pub tables: usize,
+    /// From the lock granted to the commit: how long every statement on the tables waited.
+    pub held: Duration,
+}
+
+/// The organization's tables that have a partition of their own (in the cloud).
+///
+/// # Errors
+///
+/// A table whose partition is foreign (the organization is away), or a failed query.
+pub fn own_partitions(
+    c: &mut postgres::Client,
+    org: &str,
+    tables: &[MoveTable],
+) -> Result<Vec<MoveTable>, AdminError> {
+    let mut out = Vec::new();
+    for t in tables {
+        match layout::place(c, t)? {
+            Place::Default => {}
+            Place::Cloud => out.push(t.clone()),
+            Place::Foreign => {
+                return Err(AdminError::usage(format!(
+                    "organization {org}'s {} is in its own database: only an organization in the cloud folds into DEFAULT (lokadb move-back {org} first)",
+                    t.display()
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Rows in the organization's own partitions, counted up to `limit + 1` (enough to compare).
+///
+/// # Errors
+///
+/// A failed query.
+pub fn rows_up_to(
+    c: &mut postgres::Client,
+    tables: &[MoveTable],
+    limit: u64,
+) -> Result<u64, AdminError> {
+    let mut total = 0u64;
+    for t in tables {
+        let left = (limit + 1).saturating_sub(total);
+        let n: i64 = c
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {left}) s",
+                    t.cloud_part()
+                ),
+                &[],
+            )?
+            .get(0);
+        total += n.unsigned_abs();
+        if total > limit {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// Folds the organization's own partitions (`tables`: those [`own_partitions`] found) into
+/// DEFAULT, in one transaction.
+///
+/// # Errors
+///
+/// A trigger on DEFAULT that a replica-role insert would fire (usage, nothing changed), the
+/// lock not granted after the retries, or a failure (rolled back: nothing changed).
+pub fn fold(
+    c: &mut postgres::Client,
+    org: &str,
+    tables: &[MoveTable],
+) -> Result<Folded, AdminError> {
+    for t in tables {
+        if let Some(tg) = super::split::replica_trigger(c, t)? {
+            return Err(AdminError::usage(format!(
+                "trigger {tg} on {} is enabled ALWAYS or REPLICA: it would take organization {org}'s rows arriving in DEFAULT for insertions. Make it an ordinary trigger for the fold and set it back afterwards. Nothing was changed",
+                t.default()
+            )));
+        }
+    }
+    let refs = refs_tables(c, tables)?;
+    let parents: Vec<String> = tables.iter().map(MoveTable::parent).collect();
+    let what = format!("folding organization {org} into DEFAULT");
+    with_lock_retry_within(c, &what, FOLD_LOCK_WAIT, |tx| {
+        be_the_deadlock_victim(tx)?;
+        // In the order the tables were enabled (that of `tables`), as the moves lock them.
+        let lock = format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", parents.join(", "));
+        tx.batch_execute(&lock)
+            .map_err(|e| StepError::Pg(e, lock.clone()))?;
+        let held = Instant::now();
+        // Replica role: no trigger fires (the rows are the organization's already, in the
+        // key maps; DEFAULT's disabled guard clones and the capture have nothing to do).
+        tx.batch_execute("SET LOCAL session_replication_role = replica")?;
+        let mut rows = 0u64;
+        for t in tables {
+            let detach = format!("ALTER TABLE {} DETACH PARTITION {}", t.parent(), t.own());
+            tx.batch_execute(&detach)
+                .map_err(|e| StepError::Pg(e, detach.clone()))?;
+            // The rows keep their identity values (a no-op for tables without identity).
+            let copy = format!(
+                "INSERT INTO {} ({cols}) OVERRIDING SYSTEM VALUE SELECT {cols} FROM {}",
+                t.default(),
+                t.cloud_part(),
+                cols = t.cols()
+            );
+            let n = tx
+                .execute(&copy, &[])
+                .map_err(|e| StepError::Pg(e, copy.clone()))?;
+            rows += n;
+            let drop = format!("DROP TABLE {} CASCADE", t.own());
+            tx.batch_execute(&drop)
+                .map_err(|e| StepError::Pg(e, drop.clone()))?;
+        }
+        // Its rows are under DEFAULT's native foreign keys now: the guards' record of them
+        // goes (a parent's delete would otherwise still be refused for them, or cascade
+        // twice).
+        for r in &refs {
+            let clear = format!("DELETE FROM lokadb.{r} WHERE org = {}", literal(org));
+            tx.batch_execute(&clear)
+                .map_err(|e| StepError::Pg(e, clear.clone()))?;
+        }
+        Ok(Folded {
+            rows,
+            tables: tables.len(),
+            held: held.elapsed(),
+        })
+    })
+}
+
+/// The refs tables of the guards on `tables` (quoted names in schema lokadb).
+fn refs_tables(c: &mut postgres::Client, tables: &[MoveTable]) -> Result<Vec<String>, AdminError> {
+    let mut out = Vec::new();
+    for t in tables {
+        for r in c.query(
+            "SELECT refs::text FROM lokadb.guards WHERE child_schema = $1 AND child_table = $2 ORDER BY refs",
+            &[&t.schema, &t.name],
+        )? {
+            out.push(crate::admin::db::ident(&r.get::<_, String>(0)));
+        }
+    }
+    Ok(out)
+}
+
+/// `lokadb fold ORG`: folds an organization in the cloud that has partitions of its own
+/// (moved back with them kept, or a move aborted after its split) into DEFAULT, whatever
+/// its size.
+///
+/// # Errors
+///
+/// Unknown organization, one that is moved or moving (usage), or a failed fold.
+pub fn fold_org(dsn: &str, org_id: &str) -> Result<String, AdminError> {
+    crate::admin::org::check_id(org_id)?;
+    let mut cloud = connect(dsn)?;
+    require_current(&mut cloud)?;
+    session_settings(&mut cloud)?;
+    let org = read_org(&mut cloud, org_id)?;
+    move_lock(&mut cloud, &org.id)?;
+    let result = (|| {
+        if let Some(j) = read_journal(&mut cloud, &org.id)? {
+            let cmd = if j.direction == "out" {
+                "move-org"
+            } else {
+                "move-back"
+            };
+            return Err(AdminError::usage(format!(
+                "a {cmd} of organization {} is in progress (step {}): finish it (lokadb {cmd} {}) or roll it back (--abort) first; nothing was changed",
+                org.id, j.step, org.id
+            )));
+        }
+        if org.state != "cloud" {
+            return Err(AdminError::usage(format!(
+                "organization {} is {}: only an organization in the cloud folds into DEFAULT (lokadb move-back {} first); nothing was changed",
+                org.id, org.state, org.id
+            )));
+        }
+        let tables = layout::tables(&mut cloud, &org.id)?;
+        let own = own_partitions(&mut cloud, &org.id, &tables)?;
+        if own.is_empty() {
+            return Ok(format!(
+                "organization {}'s rows are in DEFAULT already: nothing to fold",
+                org.id
+            ));
+        }
+        let f = fold(&mut cloud, &org.id, &own)?;
+        Ok(summary(&org.id, &f))
+    })();
+    move_unlock(&mut cloud, &org.id);
+    result
+}
+
+/// One line saying what a fold did.
+pub fn summary(org: &str, f: &Folded) -> String {
+    format!(
+        "folded organization {org} into DEFAULT: {} rows of {} tables, its partitions dropped; the tables were locked {:.0} ms",
+        f.rows,
+        f.tables,
+        f.held.as_secs_f64() * 1e3
+    )
+}
