@@ -12,6 +12,11 @@ use crate::rt::sleep;
 use lokadb_shared::config::Config;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+
+/// Each core thread's stack: the statement analysis walks parse trees recursively, as
+/// deep as [`crate::route::analysis::MAX_OPERATORS`] allows; reserved, not committed until
+/// used.
+const CORE_STACK_BYTES: usize = 16 << 20;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -118,6 +123,7 @@ pub fn run(
         let (shared, resolved, peers) = (shared.clone(), resolved.clone(), peers.clone());
         let thread = std::thread::Builder::new()
             .name(format!("lokadb-core-{id}"))
+            .stack_size(CORE_STACK_BYTES)
             .spawn(move || {
                 if pin {
                     pin_to_cpu(id);

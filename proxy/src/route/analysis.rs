@@ -5,13 +5,15 @@
 //! The rule is conservative: a statement is placed in an organization only when *every*
 //! reference to a LokaDB table in it is limited to that one organization, by a condition
 //! the statement cannot escape:
-//! - `org_column = literal` or `= $n` (casts allowed, `IN` with one value), in a WHERE, ON or
-//!   HAVING conjunct of the reference's own query level (never under OR or NOT);
+//! - `org_column = literal` or `= $n` (casts that keep the value's text allowed, `IN` with
+//!   one value), in a WHERE, ON or HAVING conjunct of the reference's own query level (never
+//!   under OR or NOT);
 //! - an equality with another placed reference's organization column (`a.org = b.org`);
 //! - for INSERT … VALUES, the organization column's value in every row.
 //!
 //! Anything else (no condition, two organizations, `SET org_column = …`, INSERT … SELECT,
-//! a parse error) is not placed, and goes to the cloud, which is always correct.
+//! a parse error, a statement over the parse bounds [`parse`] sets) is not placed, and goes
+//! to the cloud, which is always correct. More cases: `super::analysis_cases`.
 
 use sqlparser::ast::{
     CopySource, Expr, InTarget, JoinConstraint, JoinOperator, ObjectName, ObjectNamePart, Query,
@@ -19,7 +21,9 @@ use sqlparser::ast::{
     Visitor,
 };
 use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::keywords::Keyword;
 use sqlparser::parser::Parser;
+use sqlparser::tokenizer::{Token, Tokenizer};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -175,21 +179,107 @@ impl Catalog {
             return false;
         }
         let lower = sql.to_ascii_lowercase();
+        // `U&"\0064ocuments"` names documents: not found by its text.
         self.needles
             .iter()
             .any(|n| n.find(lower.as_bytes()).is_some())
+            || lower.contains("u&\"")
     }
 
+    /// The LokaDB table `name` resolves to: `table`, `schema.table` or
+    /// `database.schema.table` (Postgres accepts the current database's name there), each
+    /// part folded as Postgres folds it. A quoted part holding a dot is one name.
     pub(super) fn lookup(&self, name: &ObjectName) -> Option<usize> {
-        let parts: Vec<String> = name
-            .0
-            .iter()
-            .map(|p| match p {
-                ObjectNamePart::Identifier(i) => fold(&i.value, i.quote_style.is_some()),
-                ObjectNamePart::Function(f) => f.name.value.clone(),
-            })
-            .collect();
-        self.by_name.get(&parts.join(".")).copied()
+        let mut parts = Vec::with_capacity(name.0.len());
+        for p in &name.0 {
+            match p {
+                ObjectNamePart::Identifier(i) if !i.value.contains('.') => {
+                    parts.push(fold(&i.value, i.quote_style.is_some()));
+                }
+                _ => return None,
+            }
+        }
+        match parts.as_slice() {
+            [table] => self.by_name.get(table).copied(),
+            [schema, table] | [_, schema, table] => {
+                self.by_name.get(&format!("{schema}.{table}")).copied()
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a name (folded) is a LokaDB table's, in any schema.
+    fn is_table_name(&self, name: &str) -> bool {
+        self.tables.iter().any(|t| t.name == name)
+    }
+}
+
+/// The longest statement text the proxy parses: a longer one goes to the cloud unplaced
+/// (the parse runs on the session's core, in time with the text's length).
+pub const MAX_PARSED_BYTES: usize = 1 << 20;
+
+/// The most operators (AND, OR, UNION, `=`, `+`, `::`, …) a parsed statement may hold.
+/// Each may nest the parse tree one level deeper (`a AND b AND c …` is a chain as deep as
+/// it is long), and the tree is walked and dropped recursively: a deeper one would overflow
+/// the core's stack.
+pub const MAX_OPERATORS: usize = 4096;
+
+/// Parses `sql` as routing does (every parse of a client's text goes through here): texts
+/// over [`MAX_PARSED_BYTES`] or [`MAX_OPERATORS`] are refused before the parse. Spans are
+/// kept (the rewrites edit the text by them).
+///
+/// # Errors
+///
+/// Why it was not parsed.
+pub fn parse(sql: &str) -> Result<Vec<Statement>, &'static str> {
+    if sql.len() > MAX_PARSED_BYTES {
+        return Err("the statement is too long for the proxy to analyse (over 1 MiB)");
+    }
+    let dialect = PostgreSqlDialect {};
+    let tokens = Tokenizer::new(&dialect, sql)
+        .tokenize_with_location()
+        .map_err(|_| "the statement did not parse")?;
+    if tokens.iter().filter(|t| is_operator(&t.token)).count() > MAX_OPERATORS {
+        return Err("the statement holds too many operators for the proxy to analyse");
+    }
+    Parser::new(&dialect)
+        .with_tokens_with_locations(tokens)
+        .parse_statements()
+        .map_err(|_| "the statement did not parse")
+}
+
+/// Whether a token may join two expressions or queries (and so deepen the parse tree):
+/// anything but names, literals, parameters and punctuation, and the keywords AND, OR, NOT,
+/// UNION, INTERSECT and EXCEPT among names.
+fn is_operator(t: &Token) -> bool {
+    match t {
+        Token::Word(w) => matches!(
+            w.keyword,
+            Keyword::AND
+                | Keyword::OR
+                | Keyword::NOT
+                | Keyword::UNION
+                | Keyword::INTERSECT
+                | Keyword::EXCEPT
+        ),
+        Token::Whitespace(_)
+        | Token::Number(..)
+        | Token::Placeholder(_)
+        | Token::Comma
+        | Token::Period
+        | Token::LParen
+        | Token::RParen
+        | Token::SemiColon
+        | Token::EOF
+        | Token::SingleQuotedString(_)
+        | Token::DoubleQuotedString(_)
+        | Token::DollarQuotedString(_)
+        | Token::EscapedStringLiteral(_)
+        | Token::UnicodeStringLiteral(_)
+        | Token::NationalStringLiteral(_)
+        | Token::HexStringLiteral(_)
+        | Token::SingleQuotedByteStringLiteral(_) => false,
+        _ => true,
     }
 }
 
@@ -202,7 +292,7 @@ pub fn copy_out_of_loka_table<'c>(sql: &str, catalog: &'c Catalog) -> Option<&'c
     if !mentions(sql, b"copy") || !catalog.may_touch(sql) {
         return None;
     }
-    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
+    let statements = parse(sql).ok()?;
     statements.iter().find_map(|s| match s {
         Statement::Copy {
             source: CopySource::Table { table_name, .. },
@@ -236,12 +326,13 @@ pub fn find(sql: &str, word: &[u8]) -> Option<usize> {
     })
 }
 
-/// Postgres folds unquoted identifiers to lower case.
+/// Postgres folds unquoted identifiers to lower case: ASCII letters only, in a UTF-8
+/// database (`Ä` and `ä` are two names).
 pub(super) fn fold(value: &str, quoted: bool) -> String {
     if quoted {
         value.to_owned()
     } else {
-        value.to_lowercase()
+        value.to_ascii_lowercase()
     }
 }
 
@@ -370,8 +461,9 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
     if !catalog.may_touch(sql) {
         return Analysis::NoLokaTable;
     }
-    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
-        return Analysis::Unplaced("the statement did not parse");
+    let statements = match parse(sql) {
+        Ok(s) => s,
+        Err(why) => return Analysis::Unplaced(why),
     };
     let mut w = Walk {
         catalog,
@@ -391,6 +483,14 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
         .sum();
     if named > w.refs.len() {
         w.unplaceable = Some("a LokaDB table named where no condition can reach it");
+    }
+    // Other statements (COPY of a table, DDL, GRANT, VACUUM, MERGE …) name tables where the
+    // walk does not look: any word that is a LokaDB table's name counts.
+    if statements
+        .iter()
+        .any(|s| !walked(s) && names_a_table(s, catalog))
+    {
+        w.unplaceable = Some("a LokaDB table named in a statement no condition limits");
     }
     match w.finish() {
         Analysis::Org { org, tables, .. } => {
@@ -414,6 +514,37 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
         },
         other => other,
     }
+}
+
+/// Whether the walk sees every table `s` can touch: a query, INSERT, UPDATE, DELETE,
+/// `COPY (query)`, a cursor's query, or an EXPLAIN of one. (A `PREPARE` is not: its `$n`
+/// are bound by an EXECUTE the proxy does not follow.)
+fn walked(s: &Statement) -> bool {
+    match s {
+        Statement::Query(_)
+        | Statement::Insert(_)
+        | Statement::Update(_)
+        | Statement::Delete(_) => true,
+        Statement::Copy {
+            source: CopySource::Query(_),
+            ..
+        } => true,
+        Statement::Explain { statement, .. } => walked(statement),
+        // `DECLARE c CURSOR FOR <query>`: the query is walked.
+        Statement::Declare { stmts, .. } => stmts.iter().all(|d| d.for_query.is_some()),
+        _ => false,
+    }
+}
+
+/// Whether a word of `s` (as printed) is a LokaDB table's name.
+fn names_a_table(s: &Statement, catalog: &Catalog) -> bool {
+    let text = s.to_string();
+    let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, &text).tokenize() else {
+        return true;
+    };
+    tokens.iter().any(|t| {
+        matches!(t, Token::Word(w) if catalog.is_table_name(&fold(&w.value, w.quote_style.is_some())))
+    })
 }
 
 /// Built-in functions a direct read may call: the organization's database has them and
@@ -602,10 +733,16 @@ struct Ref {
     table: usize,
     /// The name it goes by at its query level (alias, else table name).
     alias: String,
+    /// Not aliased: `schema.table` qualifies its columns too.
+    aliased: bool,
     org: Option<Org>,
     /// Two different organizations were required of it.
     conflict: bool,
 }
+
+/// The most references to LokaDB tables one statement may hold to be placed: linking them
+/// costs up to their number squared.
+pub const MAX_REFERENCES: usize = 256;
 
 struct Walk<'a> {
     catalog: &'a Catalog,
@@ -627,17 +764,10 @@ impl Walk<'_> {
         if let Some(why) = self.unplaceable {
             return Analysis::Unplaced(why);
         }
-        // Organization equalities carry a placed reference's organization to another.
-        for _ in 0..self.links.len() {
-            for &(a, b) in &self.links.clone() {
-                match (self.refs[a].org.clone(), self.refs[b].org.clone()) {
-                    (Some(o), None) => self.refs[b].org = Some(o),
-                    (None, Some(o)) => self.refs[a].org = Some(o),
-                    (Some(x), Some(y)) if x != y => self.refs[a].conflict = true,
-                    _ => {}
-                }
-            }
+        if self.refs.len() > MAX_REFERENCES {
+            return Analysis::Unplaced("more LokaDB table references than the proxy analyses");
         }
+        self.link();
         let mut org: Option<Org> = None;
         for r in &self.refs {
             if r.conflict {
@@ -664,23 +794,86 @@ impl Walk<'_> {
         }
     }
 
+    /// Organization equalities (`a.org = b.org`) carry a placed reference's organization to
+    /// every reference they connect: each connected group takes its one organization, or all
+    /// of it conflicts. Linear in references and links.
+    fn link(&mut self) {
+        let n = self.refs.len();
+        let mut next: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for &(a, b) in &self.links {
+            next[a].push(b);
+            next[b].push(a);
+        }
+        let mut seen = vec![false; n];
+        for start in 0..n {
+            if seen[start] || next[start].is_empty() {
+                continue;
+            }
+            let (mut group, mut todo) = (Vec::new(), vec![start]);
+            seen[start] = true;
+            while let Some(i) = todo.pop() {
+                group.push(i);
+                for &j in &next[i] {
+                    if !std::mem::replace(&mut seen[j], true) {
+                        todo.push(j);
+                    }
+                }
+            }
+            let mut org: Option<Org> = None;
+            let mut conflict = group.iter().any(|&i| self.refs[i].conflict);
+            for &i in &group {
+                match (&org, &self.refs[i].org) {
+                    (None, Some(o)) => org = Some(o.clone()),
+                    (Some(a), Some(b)) if a != b => conflict = true,
+                    _ => {}
+                }
+            }
+            for &i in &group {
+                self.refs[i].conflict = conflict;
+                if self.refs[i].org.is_none() {
+                    self.refs[i].org.clone_from(&org);
+                }
+            }
+        }
+    }
+
     /// The reference of a table factor (registering it on first sight).
     fn reference(&mut self, f: &TableFactor) -> Option<usize> {
         let key = std::ptr::from_ref(f) as usize;
         if let Some(&i) = self.by_factor.get(&key) {
             return Some(i);
         }
-        let TableFactor::Table { name, alias, .. } = f else {
+        let TableFactor::Table {
+            name,
+            alias,
+            inheritance,
+            ..
+        } = f
+        else {
             return None;
         };
         let table = self.catalog.lookup(name)?;
+        if matches!(
+            inheritance,
+            Some(sqlparser::ast::TableInheritance::Only { .. })
+        ) {
+            // The cloud's parent holds no rows of its own; the organization's table does.
+            self.unplaceable = Some("ONLY of a LokaDB table");
+        }
         let alias = match alias {
+            // `documents d (id, organization_id)`: its organization column may go by
+            // another name, and another of its columns by that one.
+            Some(a) if !a.columns.is_empty() => {
+                self.unplaceable = Some("a LokaDB table's alias that renames its columns");
+                fold(&a.name.value, a.name.quote_style.is_some())
+            }
             Some(a) => fold(&a.name.value, a.name.quote_style.is_some()),
             None => self.catalog.tables[table].name.clone(),
         };
         self.refs.push(Ref {
             table,
             alias,
+            aliased: matches!(f, TableFactor::Table { alias: Some(_), .. }),
             org: None,
             conflict: false,
         });
@@ -690,6 +883,9 @@ impl Walk<'_> {
 
     /// Applies the conjuncts of `cond` to the references `scope` (one query level).
     fn constrain(&mut self, scope: &[usize], cond: &Expr) {
+        if self.refs.len() > MAX_REFERENCES {
+            return; // not placed (`finish`): no links to build
+        }
         for c in conjuncts(cond) {
             match c {
                 Expr::BinaryOp { left, op, right } if op.to_string() == "=" => {
@@ -753,16 +949,16 @@ impl Walk<'_> {
         while let Expr::Nested(inner) = e {
             e = inner;
         }
-        let (qualifier, column) = match e {
-            Expr::Identifier(i) => (None, fold(&i.value, i.quote_style.is_some())),
-            Expr::CompoundIdentifier(parts) if parts.len() >= 2 => {
-                let q = &parts[parts.len() - 2];
-                let c = &parts[parts.len() - 1];
-                (
-                    Some(fold(&q.value, q.quote_style.is_some())),
-                    fold(&c.value, c.quote_style.is_some()),
-                )
-            }
+        let f = |i: &sqlparser::ast::Ident| fold(&i.value, i.quote_style.is_some());
+        // The column and what qualifies it: nothing, `alias`, `schema.table` or
+        // `database.schema.table` (the latter two name an unaliased reference).
+        let (schema, qualifier, column) = match e {
+            Expr::Identifier(i) => (None, None, f(i)),
+            Expr::CompoundIdentifier(p) => match p.as_slice() {
+                [q, c] => (None, Some(f(q)), f(c)),
+                [s, q, c] | [_, s, q, c] => (Some(f(s)), Some(f(q)), f(c)),
+                _ => return Vec::new(),
+            },
             _ => return Vec::new(),
         };
         scope
@@ -770,8 +966,10 @@ impl Walk<'_> {
             .copied()
             .filter(|&i| {
                 let r = &self.refs[i];
-                self.catalog.tables[r.table].org_column == column
+                let t = &self.catalog.tables[r.table];
+                t.org_column == column
                     && qualifier.as_ref().is_none_or(|q| *q == r.alias)
+                    && schema.as_ref().is_none_or(|s| !r.aliased && *s == t.schema)
             })
             .collect()
     }
@@ -853,19 +1051,35 @@ impl Visitor for Walk<'_> {
                     return ControlFlow::Continue(());
                 };
                 let col = &self.catalog.tables[table].org_column;
-                let pos = ins.columns.iter().position(|c| {
-                    c.0.last().is_some_and(|p| match p {
-                        ObjectNamePart::Identifier(i) => {
-                            fold(&i.value, i.quote_style.is_some()) == *col
-                        }
-                        ObjectNamePart::Function(_) => false,
-                    })
-                });
+                // The organization column named once, as itself (`meta.organization_id` is
+                // a field of a composite column).
+                let is_org = |c: &ObjectName| {
+                    matches!(c.0.as_slice(), [ObjectNamePart::Identifier(i)]
+                        if fold(&i.value, i.quote_style.is_some()) == *col)
+                };
+                let mut named = ins.columns.iter().enumerate().filter(|(_, c)| is_org(c));
+                let pos = match (named.next(), named.next()) {
+                    (Some((i, _)), None) => Some(i),
+                    _ => None,
+                };
+                if let Some(sqlparser::ast::OnInsert::OnConflict(sqlparser::ast::OnConflict {
+                    action: sqlparser::ast::OnConflictAction::DoUpdate(u),
+                    ..
+                })) = &ins.on
+                {
+                    if self.sets_org_column(&u.assignments) {
+                        self.unplaceable = Some("an upsert that changes the organization column");
+                    }
+                }
                 let org = match (pos, ins.source.as_deref().map(|q| q.body.as_ref())) {
                     (Some(pos), Some(SetExpr::Values(v))) => {
                         let mut org: Option<Org> = None;
                         let mut ok = !v.rows.is_empty();
+                        let width = ins.columns.len();
                         for row in &v.rows {
+                            if row.len() != width {
+                                ok = false;
+                            }
                             match (row.get(pos).and_then(constant), &org) {
                                 (Some(o), None) => org = Some(o),
                                 (Some(o), Some(p)) if o == *p => {}
@@ -880,6 +1094,7 @@ impl Visitor for Walk<'_> {
                 self.refs.push(Ref {
                     table,
                     alias,
+                    aliased: false,
                     org,
                     conflict: false,
                 });
@@ -894,12 +1109,8 @@ impl Visitor for Walk<'_> {
                     items.extend(v.iter());
                 }
                 // Changing the organization column moves a row between organizations.
-                for a in &u.assignments {
-                    let name = a.target.to_string().to_lowercase();
-                    let column = name.rsplit('.').next().unwrap_or(&name).trim_matches('"');
-                    if self.catalog.tables.iter().any(|t| column == t.org_column) {
-                        self.unplaceable = Some("an UPDATE of the organization column");
-                    }
+                if self.sets_org_column(&u.assignments) {
+                    self.unplaceable = Some("an UPDATE of the organization column");
                 }
                 let conds: Vec<&Expr> = u.selection.iter().collect();
                 self.dml_level(&items, &conds);
@@ -927,6 +1138,23 @@ impl Visitor for Walk<'_> {
 }
 
 impl Walk<'_> {
+    /// Whether assignments set an organization column (`SET organization_id = …`,
+    /// `SET (title, organization_id) = …`).
+    fn sets_org_column(&self, assignments: &[sqlparser::ast::Assignment]) -> bool {
+        assignments.iter().any(|a| {
+            let names = match &a.target {
+                sqlparser::ast::AssignmentTarget::ColumnName(c) => std::slice::from_ref(c),
+                sqlparser::ast::AssignmentTarget::Tuple(t) => t.as_slice(),
+            };
+            names.iter().any(|n| {
+                matches!(n.0.last(), Some(ObjectNamePart::Identifier(i))
+                if self.catalog.tables.iter().any(|t| {
+                    fold(&i.value, i.quote_style.is_some()) == t.org_column
+                }))
+            })
+        })
+    }
+
     /// UPDATE and DELETE: the target and the FROM / USING items form one level.
     fn dml_level(&mut self, items: &[&TableWithJoins], conds: &[&Expr]) {
         let mut scope = Vec::new();
@@ -975,20 +1203,101 @@ pub(super) fn conjuncts(e: &Expr) -> Vec<&Expr> {
     }
 }
 
-/// `e` without parentheses and casts.
-fn strip(e: &Expr) -> &Expr {
-    match e {
-        Expr::Nested(inner) => strip(inner),
-        Expr::Cast { expr, .. } => strip(expr),
-        _ => e,
+/// `e` without parentheses and casts, and whether every cast removed keeps a value's text
+/// as it reads (see [`faithful`]); whether one made it an integer.
+fn strip(e: &Expr) -> (&Expr, bool, bool) {
+    let (mut e, mut kept, mut integer) = (e, true, false);
+    loop {
+        match e {
+            Expr::Nested(inner) => e = inner,
+            Expr::Cast {
+                expr,
+                data_type,
+                format: None,
+                ..
+            } => {
+                let (keeps, to_integer) = faithful(data_type);
+                kept &= keeps;
+                integer |= to_integer;
+                e = expr;
+            }
+            Expr::Cast { expr, .. } => {
+                kept = false;
+                e = expr;
+            }
+            _ => return (e, kept, integer),
+        }
     }
 }
 
-/// A constant or parameter value.
+/// Whether a cast to `t` keeps the text of an organization's id as it reads (integers,
+/// `text`, `varchar` and `numeric` without a length, `uuid`), and whether it is an integer
+/// type (which rounds `8.4` to 8). `varchar(1)`, `char`, `bit(4)`, `float4` … change it:
+/// `'81'::varchar(1)::bigint` is organization 8.
+fn faithful(t: &sqlparser::ast::DataType) -> (bool, bool) {
+    use sqlparser::ast::{DataType as T, ExactNumberInfo};
+    match t {
+        T::BigInt(None)
+        | T::Int8(None)
+        | T::Int(None)
+        | T::Integer(None)
+        | T::Int4(None)
+        | T::SmallInt(None)
+        | T::Int2(None) => (true, true),
+        T::Text
+        | T::Uuid
+        | T::Varchar(None)
+        | T::CharacterVarying(None)
+        | T::Numeric(ExactNumberInfo::None)
+        | T::Decimal(ExactNumberInfo::None) => (true, false),
+        _ => (false, false),
+    }
+}
+
+/// A constant or parameter value, cast only in ways that keep its text ([`faithful`]).
 pub(super) fn constant(e: &Expr) -> Option<Org> {
-    match strip(e) {
+    let (bare, kept, integer) = strip(e);
+    if is_session_org(bare) || matches!(bare, Expr::Function(_)) {
+        // The proxy writes one cast around these, to the organization column's type,
+        // whatever it is (`character varying(64)`); any other must keep the value.
+        let mut outer = e;
+        while let Expr::Nested(inner) = outer {
+            outer = inner;
+        }
+        if let Expr::Cast { expr, .. } = outer {
+            outer = expr;
+        }
+        if !strip(outer).1 {
+            return None;
+        }
+        if is_session_org(bare) {
+            return Some(Org::Session);
+        }
+        return key_org(bare).map(|k| Org::Key(Arc::new(k)));
+    }
+    if !kept {
+        return None;
+    }
+    let number = |n: &str, minus: &str, integer: bool| {
+        // `0x10`, `1_000` (PostgreSQL 16) and `1e3` read otherwise: not followed.
+        if !n.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            return None;
+        }
+        // `8.4::bigint` is 8.
+        if integer && n.contains('.') {
+            return None;
+        }
+        // `05` is 5 (an integer column; a text one has no `=` with a number).
+        let n = match n.trim_start_matches('0') {
+            "" => "0",
+            t if t.starts_with('.') => return Some(Org::Literal(format!("{minus}{n}"))),
+            t => t,
+        };
+        Some(Org::Literal(format!("{minus}{n}")))
+    };
+    match bare {
         Expr::Value(v) => match &v.value {
-            Value::Number(n, _) => Some(Org::Literal(n.clone())),
+            Value::Number(n, _) => number(n, "", integer),
             Value::SingleQuotedString(s) => Some(Org::Literal(s.clone())),
             Value::Placeholder(p) => p
                 .strip_prefix('$')
@@ -997,14 +1306,12 @@ pub(super) fn constant(e: &Expr) -> Option<Org> {
                 .map(Org::Param),
             _ => None,
         },
-        e if is_session_org(e) => Some(Org::Session),
-        f @ Expr::Function(_) => key_org(f).map(|k| Org::Key(Arc::new(k))),
         Expr::UnaryOp {
             op: UnaryOperator::Minus,
             expr,
         } => match strip(expr) {
-            Expr::Value(v) => match &v.value {
-                Value::Number(n, _) => Some(Org::Literal(format!("-{n}"))),
+            (Expr::Value(v), true, inner_integer) => match &v.value {
+                Value::Number(n, _) => number(n, "-", integer || inner_integer),
                 _ => None,
             },
             _ => None,

@@ -33,10 +33,12 @@ pub fn normalize(sql: &str) -> Option<(String, Vec<String>)> {
         let c = b[i];
         let after_word = i > 0 && is_word_byte(b[i - 1]);
         match c {
+            // A line comment ends at a newline or a carriage return, as Postgres's lexer
+            // has it.
             b'-' if b.get(i + 1) == Some(&b'-') => {
                 i = b[i..]
                     .iter()
-                    .position(|&x| x == b'\n')
+                    .position(|&x| x == b'\n' || x == b'\r')
                     .map_or(b.len(), |n| i + n);
             }
             b'/' if b.get(i + 1) == Some(&b'*') => i = block_comment_end(b, i)?,

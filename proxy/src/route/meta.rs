@@ -339,10 +339,19 @@ impl CoreMeta {
             Placement::Org(Org::Literal(v)) => {
                 let (sign, index) = v.strip_prefix('-').map_or(("", &*v), |i| ("-", i));
                 match index.parse::<usize>().ok().and_then(|i| values.get(i)) {
+                    // A number the analysis reads otherwise than its text (`8.4::bigint`
+                    // is 8, `05` is 5; their index is a plain integer): analysed as it is.
+                    Some(value)
+                        if value.contains('.') || (value.starts_with('0') && value.len() > 1) =>
+                    {
+                        Placement::of(&self.analyze(sql))
+                    }
                     Some(value) => Placement::Org(Org::Literal(format!("{sign}{value}"))),
                     None => Placement::Unplaced,
                 }
             }
+            // A key map's name is a constant too: the text's own analysis has it.
+            Placement::Org(Org::Key(_)) => Placement::of(&self.analyze(sql)),
             p => p,
         }
     }

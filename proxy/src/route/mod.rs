@@ -15,3 +15,6 @@ pub mod rewrite;
 pub mod scope;
 pub mod setting;
 pub mod watch;
+
+#[cfg(test)]
+mod analysis_cases;

@@ -307,7 +307,7 @@ pub(super) fn after_where(sql: &str) -> Option<usize> {
 /// Whether `rewritten` parses as `original` with `condition` as its WHERE's first conjunct
 /// and nothing else changed: the text went in where it should.
 fn adds_only(original: &Statement, condition: &str, rewritten: &str) -> bool {
-    let Ok(parsed) = Parser::parse_sql(&PostgreSqlDialect {}, rewritten) else {
+    let Ok(parsed) = super::analysis::parse(rewritten) else {
         return false;
     };
     let [new] = parsed.as_slice() else {
@@ -696,7 +696,7 @@ pub(super) fn byte_at(sql: &str, at: Location) -> Option<usize> {
 /// Whether `rewritten` parses as `original` with only its first table replaced by a
 /// subquery of that table: the splice by position hit exactly the table's text.
 fn same_but_the_table(original: &Query, rewritten: &str) -> bool {
-    let Ok(parsed) = Parser::parse_sql(&PostgreSqlDialect {}, rewritten) else {
+    let Ok(parsed) = super::analysis::parse(rewritten) else {
         return false;
     };
     let [Statement::Query(q)] = parsed.as_slice() else {

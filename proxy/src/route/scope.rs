@@ -29,7 +29,6 @@ use super::rewrite::{after_where, bare_name, byte_at, quote_ident, span_bytes};
 use sqlparser::ast::{CopySource, Statement, TableFactor, Visit, Visitor};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::keywords::Keyword;
-use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, Tokenizer};
 use std::ops::ControlFlow;
 
@@ -180,8 +179,7 @@ fn checked(out: String, analyze: impl Fn(&str) -> Analysis) -> Result<String, &'
 
 /// [`scope`]'s text, not checked yet.
 fn rewritten(sql: &str, catalog: &Catalog) -> Result<String, &'static str> {
-    let statements =
-        Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|_| "the statement did not parse")?;
+    let statements = super::analysis::parse(sql)?;
     let [statement] = statements.as_slice() else {
         return Err("a query of several statements");
     };

@@ -11,8 +11,6 @@ use super::analysis::mentions;
 use sqlparser::ast::{
     ContextModifier, DiscardObject, Expr, ObjectName, Reset, Set, Statement, Value,
 };
-use sqlparser::dialect::PostgreSqlDialect;
-use sqlparser::parser::Parser;
 
 /// The setting's name, as Postgres knows it (any case).
 pub const NAME: &str = "lokadb.org";
@@ -50,7 +48,7 @@ pub fn setting(sql: &str, thorough: bool) -> Option<Setting> {
     {
         return None;
     }
-    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
+    let Ok(statements) = super::analysis::parse(sql) else {
         return (names_it
             && (first.eq_ignore_ascii_case("set") || first.eq_ignore_ascii_case("reset")))
         .then_some(Setting::Refused(

@@ -308,3 +308,55 @@ async fn copy_of_a_whole_loka_table_out_is_refused_and_the_allowed_forms_work() 
         .unwrap();
     assert_eq!(n.get::<_, i64>(0), 2);
 }
+
+/// Statements a client could use to take a core down before the parse was bounded: thousands
+/// of AND terms (8,000 overflowed an unoptimised core's stack and aborted the process, 20,000
+/// an optimised one's; 5,000 here, as the cloud plans them in seconds) and 400 references
+/// linked by one unqualified `organization_id = organization_id` (over a minute of a core's
+/// time). Both go to the cloud unplaced and are answered; the session and
+/// the proxy go on, and a session limited by `lokadb.org` is refused them with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_too_deep_or_wide_to_analyse_go_to_the_cloud() {
+    let w = World::start(json!({ "route_log": true }), &[]).unwrap();
+    enable_documents(&w);
+    let client = w.client().await.unwrap();
+    let mut deep =
+        String::from("SELECT count(*) FROM documents WHERE organization_id = 2 /* deep */");
+    for i in 0..5_000 {
+        deep.push_str(&format!(" AND id <> -{i}"));
+    }
+    let refs: Vec<String> = (0..400).map(|i| format!("documents d{i}")).collect();
+    let wide = format!(
+        "SELECT count(*) FROM (SELECT 1 FROM {} WHERE organization_id = organization_id LIMIT 0) s",
+        refs.join(", ")
+    );
+    let started = std::time::Instant::now();
+    let n: i64 = client.query_one(&deep, &[]).await.unwrap().get(0);
+    assert_eq!(n, 100);
+    assert!(one_line(&w, "/* deep */").contains("too many operators"));
+    // Postgres refuses the column as ambiguous; the proxy passes its answer on.
+    let err = client.simple_query(&wide).await.unwrap_err();
+    assert_eq!(
+        err.as_db_error().map(|e| e.code().code()),
+        Some("42702"),
+        "{err}"
+    );
+    assert!(
+        one_line(&w, "FROM documents d0, documents d1,").contains("more LokaDB table references")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    client.simple_query("SET lokadb.org = '2'").await.unwrap();
+    let err = client.simple_query(&deep).await.unwrap_err();
+    let db = err.as_db_error().expect("a refusal");
+    assert_eq!(db.code().code(), "0A000", "{err}");
+    assert!(db.message().contains("too many operators"), "{err}");
+    let rows = client
+        .simple_query("SELECT count(*) FROM documents")
+        .await
+        .unwrap();
+    assert!(!rows.is_empty());
+}
