@@ -249,19 +249,13 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>, &'static str> {
 }
 
 /// Whether a token may join two expressions or queries (and so deepen the parse tree):
-/// anything but names, literals, parameters and punctuation, and the keywords AND, OR, NOT,
-/// UNION, INTERSECT and EXCEPT among names.
+/// anything but names, literals, parameters and punctuation. Every keyword counts (AND, OR,
+/// UNION, but also IN, IS, LIKE, COLLATE, AT TIME ZONE …: `x IN (1) IN (1) …` chains
+/// too), and so every word that is one, even as a name: an ordinary statement has a few
+/// dozen.
 fn is_operator(t: &Token) -> bool {
     match t {
-        Token::Word(w) => matches!(
-            w.keyword,
-            Keyword::AND
-                | Keyword::OR
-                | Keyword::NOT
-                | Keyword::UNION
-                | Keyword::INTERSECT
-                | Keyword::EXCEPT
-        ),
+        Token::Word(w) => w.keyword != Keyword::NoKeyword,
         Token::Whitespace(_)
         | Token::Number(..)
         | Token::Placeholder(_)
@@ -679,9 +673,10 @@ impl Visitor for Check<'_> {
         }
     }
     fn pre_visit_relation(&mut self, r: &ObjectName) -> ControlFlow<()> {
+        // `app.public.documents` names the cloud's database, not the organization's.
         match self.catalog.lookup(r) {
-            Some(_) => ControlFlow::Continue(()),
-            None => ControlFlow::Break(()),
+            Some(_) if r.0.len() <= 2 => ControlFlow::Continue(()),
+            _ => ControlFlow::Break(()),
         }
     }
     fn pre_visit_table_factor(&mut self, f: &TableFactor) -> ControlFlow<()> {
@@ -902,11 +897,13 @@ impl Walk<'_> {
                                 self.place(&r, v);
                             }
                         }
+                        // Every reference on either side is one group: a star from the
+                        // first keeps the links linear (an unqualified `organization_id =
+                        // organization_id` names every reference on both sides).
                         (false, false) => {
-                            for &a in &l {
-                                for &b in &r {
-                                    self.links.push((a, b));
-                                }
+                            let first = l[0];
+                            for &b in l[1..].iter().chain(&r) {
+                                self.links.push((first, b));
                             }
                         }
                         (true, true) => {}

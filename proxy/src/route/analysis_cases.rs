@@ -582,12 +582,13 @@ fn deep_long_and_wide_statements_are_bounded() {
     let repeat = |part: &str, n: usize, sep: &str| vec![part; n].join(sep);
     let cases: Vec<(String, &str)> = vec![
         (and_chain(1_000), "5"),
-        // Just under MAX_OPERATORS: walked and dropped within 2 MiB, even unoptimised.
-        (and_chain(MAX_OPERATORS / 2 - 10), "5"),
+        // Just under MAX_OPERATORS (`AND`, `id`, a keyword, and `<>` each term): walked and
+        // dropped within 2 MiB, even unoptimised.
+        (and_chain(MAX_OPERATORS / 3 - 10), "5"),
         (
             format!(
                 "SELECT * FROM documents WHERE organization_id = 5 AND (id = 0{})",
-                " OR id = 1".repeat(MAX_OPERATORS / 2 - 10)
+                " OR id = 1".repeat(MAX_OPERATORS / 3 - 10)
             ),
             "5",
         ),
@@ -688,6 +689,31 @@ fn deep_long_and_wide_statements_are_bounded() {
             format!(
                 "SELECT * FROM projects WHERE name = '{}'",
                 "documents ".repeat(1_000_000)
+            ),
+            "U",
+        ),
+        // Chains of other keywords (IN, IS NULL, COLLATE …) are as deep.
+        (
+            format!(
+                "SELECT * FROM documents WHERE organization_id = 5 AND x{}",
+                "IN(1)".repeat(200_000)
+            ),
+            "U",
+        ),
+        (
+            format!(
+                "SELECT * FROM documents WHERE organization_id = 5 AND x{}",
+                " IS NULL".repeat(50_000)
+            ),
+            "U",
+        ),
+        // The most references, each conjunct naming all of them on both sides: linked as
+        // one group, not 256² pairs per conjunct.
+        (
+            format!(
+                "SELECT 1 FROM {} WHERE {}",
+                vec!["documents"; MAX_REFERENCES].join(", "),
+                vec!["organization_id = organization_id"; 1000].join(" AND ")
             ),
             "U",
         ),

@@ -248,6 +248,10 @@ fn resolve(relay: &str) -> Option<SocketAddr> {
 /// and caching those gains little).
 const MAX_CACHED: usize = 10_000;
 
+/// The longest statement text kept in the cache: longer ones (bulk inserts, mostly) are
+/// rarely sent twice, and 10,000 of them would hold gigabytes.
+const MAX_CACHED_BYTES: usize = 16 << 10;
+
 /// Where the analysis placed a statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
@@ -310,6 +314,9 @@ impl CoreMeta {
             return a.clone();
         }
         let a = analyze(sql, &self.meta.catalog);
+        if sql.len() > MAX_CACHED_BYTES {
+            return a;
+        }
         let mut cache = self.analyses.borrow_mut();
         if cache.len() >= MAX_CACHED {
             cache.clear();

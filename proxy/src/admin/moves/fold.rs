@@ -8,14 +8,16 @@
 //! every organization slower (research/bench/README.md, "Organizations results"). An
 //! organization moved back keeps nothing in its own partition that DEFAULT can't hold.
 //!
-//! How: one transaction takes every LokaDB table ACCESS EXCLUSIVE (a short lock wait, retried,
-//! since everyone queues behind a waiting ACCESS EXCLUSIVE), detaches the organization's
-//! table, copies its rows into DEFAULT in replica role (no trigger sees a write: the key maps
-//! already hold its keys, and DEFAULT's native foreign keys take over from the guards, whose
-//! refs of the organization go), and drops the detached table. No write is paused
-//! separately: the lock holds every writer of the tables, and the rows never exist twice or
-//! nowhere. Every organization's statements on these tables wait for that transaction, which
-//! is why `move-back` folds only up to `--fold-max-rows`.
+//! How: one transaction takes each LokaDB table the organization has a partition in, and its
+//! DEFAULT partition, ACCESS EXCLUSIVE (short lock waits, retried, since everyone queues
+//! behind a waiting ACCESS EXCLUSIVE), checks the rows against DEFAULT's foreign keys, deletes
+//! the guards' refs of them, detaches the organization's table, copies its rows into DEFAULT
+//! in replica role (no trigger sees a write: the key maps already hold its keys, and
+//! DEFAULT's native foreign keys take over from the guards), and drops the detached table. No
+//! write is paused separately: the lock holds every writer of the tables, and no transaction
+//! sees the rows twice (one whose snapshot predates the fold sees none: docs/moving.md).
+//! Every organization's statements on these tables wait for that transaction, which is why
+//! `move-back` folds only up to `--fold-max-rows`.
 
 use super::layout::{self, MoveTable, Place};
 use super::switch::be_the_deadlock_victim;
@@ -29,8 +31,8 @@ use std::time::{Duration, Instant};
 /// tens of milliseconds of the tables' lock on the machines measured).
 pub const DEFAULT_FOLD_MAX_ROWS: u64 = 10_000;
 
-/// How long the fold waits for the tables' lock per attempt: new statements on the tables
-/// queue behind the waiting lock, so waiting long would stall every organization.
+/// How long the fold waits for each table's lock: new statements on the table queue behind
+/// the waiting lock, so waiting long would stall every organization.
 pub const FOLD_LOCK_WAIT: &str = "500ms";
 
 /// A fold done.
@@ -118,16 +120,64 @@ pub fn fold(
             )));
         }
     }
-    let refs = refs_tables(c, tables)?;
-    let parents: Vec<String> = tables.iter().map(MoveTable::parent).collect();
+    let mut checks = Vec::new();
+    let mut refs = Vec::new();
+    for t in tables {
+        checks.extend(foreign_key_checks(c, t)?);
+        refs.extend(refs_deletes(c, t, org)?);
+    }
+    // In the order the tables were enabled (that of `tables`), as the moves lock them; ONLY:
+    // the parent (every statement through it) and DEFAULT (foreign keys' checks and cascades
+    // go to it directly), not every organization's partitions. DETACH and DROP lock the
+    // organization's own.
+    let lock = format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        tables
+            .iter()
+            .flat_map(|t| [
+                format!("ONLY {}", t.parent()),
+                format!("ONLY {}", t.default())
+            ])
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let what = format!("folding organization {org} into DEFAULT");
     with_lock_retry_within(c, &what, FOLD_LOCK_WAIT, |tx| {
         be_the_deadlock_victim(tx)?;
-        // In the order the tables were enabled (that of `tables`), as the moves lock them.
-        let lock = format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", parents.join(", "));
+        // A killed command's backend notices its client gone within a second, rather than
+        // after its copy, holding every lock (PostgreSQL 14 on; earlier ones lack it).
+        if tx
+            .batch_execute(
+                "SAVEPOINT k; SET LOCAL client_connection_check_interval = '1s'; RELEASE k",
+            )
+            .is_err()
+        {
+            tx.batch_execute("ROLLBACK TO SAVEPOINT k; RELEASE k")?;
+        }
         tx.batch_execute(&lock)
             .map_err(|e| StepError::Pg(e, lock.clone()))?;
         let held = Instant::now();
+        // The rows enter DEFAULT without its foreign keys' checks (replica role, below):
+        // checked here, as they stand now, under the lock. A guard keeps most of them for a
+        // moved organization, not those that include the organization column.
+        for (name, sql) in &checks {
+            if tx
+                .query_opt(sql.as_str(), &[])
+                .map_err(|e| StepError::Pg(e, sql.clone()))?
+                .is_some()
+            {
+                return Err(StepError::Admin(AdminError::failed(format!(
+                    "organization {org}'s rows break the DEFAULT partition's foreign key {name} (a row references a key its target lacks; find it with: {sql}); nothing was changed"
+                ))));
+            }
+        }
+        // Its rows fall under DEFAULT's native foreign keys: the guards' record of them
+        // goes (a parent's delete would otherwise still be refused for them, or cascade
+        // twice). Through their keys, which the refs are indexed by.
+        for sql in &refs {
+            tx.batch_execute(sql)
+                .map_err(|e| StepError::Pg(e, sql.clone()))?;
+        }
         // Replica role: no trigger fires (the rows are the organization's already, in the
         // key maps; DEFAULT's disabled guard clones and the capture have nothing to do).
         tx.batch_execute("SET LOCAL session_replication_role = replica")?;
@@ -147,17 +197,11 @@ pub fn fold(
                 .execute(&copy, &[])
                 .map_err(|e| StepError::Pg(e, copy.clone()))?;
             rows += n;
-            let drop = format!("DROP TABLE {} CASCADE", t.own());
+            // With its partition; not CASCADE: a view of the client's on it fails the fold
+            // (rolled back, named in the error) rather than vanish.
+            let drop = format!("DROP TABLE {}", t.own());
             tx.batch_execute(&drop)
                 .map_err(|e| StepError::Pg(e, drop.clone()))?;
-        }
-        // Its rows are under DEFAULT's native foreign keys now: the guards' record of them
-        // goes (a parent's delete would otherwise still be refused for them, or cascade
-        // twice).
-        for r in &refs {
-            let clear = format!("DELETE FROM lokadb.{r} WHERE org = {}", literal(org));
-            tx.batch_execute(&clear)
-                .map_err(|e| StepError::Pg(e, clear.clone()))?;
         }
         Ok(Folded {
             rows,
@@ -167,18 +211,75 @@ pub fn fold(
     })
 }
 
-/// The refs tables of the guards on `tables` (quoted names in schema lokadb).
-fn refs_tables(c: &mut postgres::Client, tables: &[MoveTable]) -> Result<Vec<String>, AdminError> {
-    let mut out = Vec::new();
-    for t in tables {
-        for r in c.query(
-            "SELECT refs::text FROM lokadb.guards WHERE child_schema = $1 AND child_table = $2 ORDER BY refs",
-            &[&t.schema, &t.name],
-        )? {
-            out.push(crate::admin::db::ident(&r.get::<_, String>(0)));
-        }
-    }
-    Ok(out)
+/// For each foreign key of `t`'s DEFAULT partition: its name, and a query that finds a row
+/// of the organization's cloud partition it would refuse (MATCH SIMPLE: rows with a NULL
+/// column pass).
+fn foreign_key_checks(
+    c: &mut postgres::Client,
+    t: &MoveTable,
+) -> Result<Vec<(String, String)>, AdminError> {
+    let rows = c.query(
+        "SELECT k.conname::text, k.confrelid::regclass::text,
+                ARRAY(SELECT quote_ident(a.attname) FROM unnest(k.conkey) WITH ORDINALITY u(n, i)
+                      JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.n ORDER BY u.i),
+                ARRAY(SELECT quote_ident(a.attname) FROM unnest(k.confkey) WITH ORDINALITY u(n, i)
+                      JOIN pg_attribute a ON a.attrelid = k.confrelid AND a.attnum = u.n ORDER BY u.i)
+         FROM pg_constraint k WHERE k.conrelid = to_regclass($1) AND k.contype = 'f' ORDER BY 1",
+        &[&t.default()],
+    )?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let (name, target): (String, String) = (r.get(0), r.get(1));
+            let (cols, refd): (Vec<String>, Vec<String>) = (r.get(2), r.get(3));
+            let present: Vec<String> = cols.iter().map(|c| format!("c.{c} IS NOT NULL")).collect();
+            let equal: Vec<String> = cols
+                .iter()
+                .zip(&refd)
+                .map(|(c, k)| format!("t.{k} = c.{c}"))
+                .collect();
+            let sql = format!(
+                "SELECT 1 FROM {} c WHERE {} AND NOT EXISTS (SELECT 1 FROM {target} t WHERE {}) LIMIT 1",
+                t.cloud_part(),
+                present.join(" AND "),
+                equal.join(" AND ")
+            );
+            (name, sql)
+        })
+        .collect())
+}
+
+/// The statements that delete the guards' refs of the organization's rows of `t`, joined
+/// through the rows' keys (the refs' index is `(k…, org)`; a scan by organization alone
+/// would read every moved organization's refs while every table is locked).
+fn refs_deletes(
+    c: &mut postgres::Client,
+    t: &MoveTable,
+    org: &str,
+) -> Result<Vec<String>, AdminError> {
+    let rows = c.query(
+        "SELECT refs::text, columns::text[] FROM lokadb.guards
+         WHERE child_schema = $1 AND child_table = $2 ORDER BY refs",
+        &[&t.schema, &t.name],
+    )?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let (refs, columns): (String, Vec<String>) = (r.get(0), r.get(1));
+            let keys: Vec<String> = columns
+                .iter()
+                .enumerate()
+                .map(|(i, col)| format!("r.k{} = c.{}", i + 1, crate::admin::db::ident(col)))
+                .collect();
+            format!(
+                "DELETE FROM lokadb.{} r USING {} c WHERE {} AND r.org = {}",
+                crate::admin::db::ident(&refs),
+                t.cloud_part(),
+                keys.join(" AND "),
+                literal(org)
+            )
+        })
+        .collect())
 }
 
 /// `lokadb fold ORG`: folds an organization in the cloud that has partitions of its own
@@ -222,6 +323,11 @@ pub fn fold_org(dsn: &str, org_id: &str) -> Result<String, AdminError> {
             ));
         }
         let f = fold(&mut cloud, &org.id, &own)?;
+        // DEFAULT's statistics count the organization's rows from now on (autovacuum would
+        // wait for a tenth of the table to change).
+        for t in &own {
+            cloud.batch_execute(&format!("ANALYZE {}", t.default()))?;
+        }
         Ok(summary(&org.id, &f))
     })();
     move_unlock(&mut cloud, &org.id);
