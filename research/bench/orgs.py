@@ -159,6 +159,9 @@ class Mode:
         # "folded": the N organizations as move-back leaves a small one (back in DEFAULT);
         # "partitioned": as `move-back --fold-max-rows 0` leaves them (a partition each).
         self.layout = "folded"
+        # The proxy's `statement_org` (on by default): off measures the worlds without its
+        # request per change of organization (statement_org.py measures it side by side).
+        self.statement_org = True
 
 
 def db_of(n: int) -> str:
@@ -1019,7 +1022,9 @@ def summary_markdown(raw: dict, s: dict) -> str:
              "their rows in DEFAULT (layout `folded`: as `move-back` leaves a small organization)")
           + f", {TOTAL_ROWS:,} documents spread over them "
           f"({TOTAL_ROWS:,} ÷ N each) plus {PLAIN_ROWS:,} of {PLAIN_ORGS} plain cloud organizations in DEFAULT. One "
-          f"`lokadb proxy`, defaults, a `databases` entry per world. pgbench {CLIENTS} clients, -j {THREADS}, "
+          f"`lokadb proxy`, "
+          + ("defaults" if ms.get("statement_org", True) else "`\"statement_org\": false`, otherwise defaults")
+          + f", a `databases` entry per world. pgbench {CLIENTS} clients, -j {THREADS}, "
           f"{ms['seconds']} s per run, R = {ms['reps']}; medians over repetitions; ratios per repetition from runs "
           f"of the same repetition. Direct runs start with {CLIENTS} new backends; through the proxy the pooled "
           f"backends were warmed first (every partition opened in each).", ""]
@@ -1309,6 +1314,8 @@ def main() -> int:
     ap.add_argument("--max-locks", type=int, help=f"the cloud's max_locks_per_transaction (default {MAX_LOCKS}; "
                                                   "Postgres's own default is 64)")
     ap.add_argument("--no-fidelity", action="store_true", help="skip the real move-org + move-back comparison")
+    ap.add_argument("--no-statement-org", action="store_true",
+                    help='the proxy with "statement_org": false (a trial: pair it with --no-charts-data)')
     ap.add_argument("--layout", choices=("folded", "partitioned"), default="folded",
                     help="the N organizations back in DEFAULT, as move-back leaves a small one (default), or each "
                          "with its own partition, as move-back --fold-max-rows 0 leaves them")
@@ -1329,6 +1336,7 @@ def main() -> int:
         mode.query_modes = [x for x in args.query_modes.split(",") if x]
     mode.fidelity = not args.no_fidelity
     mode.layout = args.layout
+    mode.statement_org = not args.no_statement_org
     if args.max_locks:
         mode.max_locks = args.max_locks
     if args.scripts:
@@ -1377,7 +1385,7 @@ def main() -> int:
         for n in mode.orgs:
             log(f"building the world of {n} organizations")
             raw["worlds"].append(build_world(ctx, n))
-        ctx.proxy = start_proxy(ctx)
+        ctx.proxy = start_proxy(ctx, None if mode.statement_org else {"statement_org": False})
         meta["proxy_config"] = ctx.proxy_config
         meta["proxy_port"] = ctx.proxy.port
         raw["proxy_metadata"] = wait_metadata(ctx)
