@@ -1318,16 +1318,30 @@ pub(super) fn constant(e: &Expr) -> Option<Org> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn catalog() -> Catalog {
+    /// The tests' catalog: `public.documents` and `public.document_versions`, organization
+    /// column `organization_id` (`projects` is a cloud table).
+    pub(crate) fn catalog() -> Catalog {
         let t = |name: &str| LokaTable {
             schema: "public".to_owned(),
             name: name.to_owned(),
             org_column: "organization_id".to_owned(),
         };
         Catalog::new(vec![t("documents"), t("document_versions")])
+    }
+
+    /// A core's metadata over [`catalog`], no organization.
+    pub(crate) fn core_meta() -> super::super::meta::CoreMeta {
+        use super::super::meta::{CoreMeta, Meta};
+        CoreMeta::new(Arc::new(Meta {
+            generation: 1,
+            catalog: catalog(),
+            orgs: HashMap::new(),
+            writes: Vec::new(),
+            direct_orgs: 0,
+        }))
     }
 
     fn lit(s: &str) -> Org {
@@ -1446,14 +1460,8 @@ mod tests {
     /// analysis gives, and statements that differ only in values share that analysis.
     #[test]
     fn placing_without_constants_agrees_with_the_analysis() {
-        use super::super::meta::{CoreMeta, Meta, Placement};
-        let m = CoreMeta::new(Arc::new(Meta {
-            generation: 1,
-            catalog: catalog(),
-            orgs: HashMap::new(),
-            writes: Vec::new(),
-            direct_orgs: 0,
-        }));
+        use super::super::meta::Placement;
+        let m = core_meta();
         let more = [
             "SELECT * FROM documents WHERE organization_id = 7 AND organization_id = 7",
             "SELECT * FROM documents WHERE organization_id = -7 AND id = 7",

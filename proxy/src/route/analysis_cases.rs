@@ -9,18 +9,9 @@
 //! and the other a placement the analysis may miss.
 
 use super::analysis::*;
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn catalog() -> Catalog {
-    let t = |name: &str| LokaTable {
-        schema: "public".to_owned(),
-        name: name.to_owned(),
-        org_column: "organization_id".to_owned(),
-    };
-    Catalog::new(vec![t("documents"), t("document_versions")])
-}
+use super::analysis::tests::catalog;
 
 fn code(a: &Analysis) -> String {
     match a {
@@ -475,14 +466,8 @@ fn more_statements_route_as_their_table_says() {
 /// condition behind a carriage return (a line comment ends there).
 #[test]
 fn placing_without_constants_agrees_on_every_case() {
-    use crate::route::meta::{CoreMeta, Meta, Placement};
-    let m = CoreMeta::new(Arc::new(Meta {
-        generation: 1,
-        catalog: catalog(),
-        orgs: HashMap::new(),
-        writes: Vec::new(),
-        direct_orgs: 0,
-    }));
+    use crate::route::meta::Placement;
+    let m = super::analysis::tests::core_meta();
     let extra = [
         "SELECT * FROM documents WHERE title = 'x' AND id <> 2 --\r AND organization_id = 1\n",
         "SELECT * FROM documents WHERE title = 'x' --\r AND organization_id = 0\n",
