@@ -888,12 +888,12 @@ impl Walk<'_> {
                     let r = self.column_refs(scope, right);
                     match (l.is_empty(), r.is_empty()) {
                         (false, true) => {
-                            if let Some(v) = constant(right) {
+                            if let Some(v) = self.value(right, &l) {
                                 self.place(&l, v);
                             }
                         }
                         (true, false) => {
-                            if let Some(v) = constant(left) {
+                            if let Some(v) = self.value(left, &r) {
                                 self.place(&r, v);
                             }
                         }
@@ -916,13 +916,46 @@ impl Walk<'_> {
                     ..
                 } if list.len() == 1 => {
                     let l = self.column_refs(scope, expr);
-                    if let Some(v) = constant(&list[0]) {
+                    if let Some(v) = self.value(&list[0], &l) {
                         self.place(&l, v);
                     }
                 }
                 _ => {}
             }
         }
+    }
+
+    /// [`constant`] as the organization of `refs`: the session's or a key's organization
+    /// only under a cast that keeps its value or one to their organization column's type (the
+    /// cast the proxy writes): `current_setting('lokadb.org')::varchar(1)` is another value.
+    fn value(&self, e: &Expr, refs: &[usize]) -> Option<Org> {
+        let v = constant(e)?;
+        if !matches!(v, Org::Session | Org::Key(_)) {
+            return Some(v);
+        }
+        let mut outer = e;
+        while let Expr::Nested(inner) = outer {
+            outer = inner;
+        }
+        let Expr::Cast { data_type, .. } = outer else {
+            return Some(v);
+        };
+        let ty = data_type.to_string();
+        let columns = refs.iter().all(|&i| {
+            let table = self.refs[i].table;
+            self.catalog
+                .org_type(table)
+                .into_iter()
+                .chain(
+                    self.catalog
+                        .key_maps
+                        .iter()
+                        .filter(|k| k.table == table)
+                        .map(|k| k.org_type.as_str()),
+                )
+                .any(|t| t.eq_ignore_ascii_case(&ty))
+        });
+        (faithful(data_type).0 || columns).then_some(v)
     }
 
     fn place(&mut self, refs: &[usize], org: Org) {

@@ -29,6 +29,11 @@ fn code(a: &Analysis) -> String {
 
 /// (sql, expected)
 const CASES: &[(&str, &str)] = &[
+    // The session's organization under a cast that changes it is another value.
+    ("SELECT * FROM documents WHERE organization_id = current_setting('lokadb.org')::varchar(1)::bigint", "U"),
+    ("SELECT * FROM documents WHERE organization_id = CAST(current_setting('lokadb.org') AS varchar(1))", "U"),
+    ("SELECT * FROM documents WHERE organization_id = CAST(current_setting('lokadb.org') AS bigint)", "S"),
+    ("SELECT * FROM documents WHERE organization_id = lokadb_client.key_org('km_documents_id', CAST(1 AS bigint))::real", "U"),
     // ---- quoting, case, schema qualification
     ("SELECT * FROM DOCUMENTS WHERE Organization_Id = 3", "3"),
     ("SELECT * FROM \"documents\" d WHERE d.\"organization_id\" = 3", "3"),

@@ -456,6 +456,34 @@ mod tests {
         assert!(scope("COPY (SELECT * FROM documents) TO STDOUT", &c).is_ok());
     }
 
+    /// A text organization column with a length: the proxy's cast to it is the session's
+    /// organization, a client's cast to another length is not.
+    #[test]
+    fn the_cast_to_the_organization_columns_own_type_is_the_sessions() {
+        let c = Catalog::new(vec![LokaTable {
+            schema: "public".into(),
+            name: "documents".into(),
+            org_column: "organization_id".into(),
+        }])
+        .with_org_types(vec!["character varying(64)".into()]);
+        let out = scope("UPDATE documents SET title = 'x' WHERE id = 1", &c).unwrap();
+        assert!(out.contains("AS character varying(64))"), "{out}");
+        assert!(matches!(
+            analyze(&out, &c),
+            Analysis::Org {
+                org: Org::Session,
+                ..
+            }
+        ));
+        assert!(matches!(
+            analyze(
+                "SELECT * FROM documents WHERE organization_id = CAST(current_setting('lokadb.org') AS varchar(1))",
+                &c
+            ),
+            Analysis::Unplaced(_)
+        ));
+    }
+
     #[test]
     fn updates_and_deletes_get_the_condition_first_in_their_where() {
         let c = catalog();
