@@ -38,6 +38,10 @@ pub struct CloudOrg {
     parsed: bool,
     /// The request number of the proxy's last request of its own that set it.
     last: Option<u64>,
+    /// The statement was parsed inside a client's batch: that request's number and the
+    /// exchange's error count then. It exists once that request is answered with no error
+    /// since (a Parse that ran is not undone by a later error or rollback).
+    parsed_in: Option<(u64, u64)>,
 }
 
 impl CloudOrg {
@@ -46,6 +50,7 @@ impl CloudOrg {
     fn forget(&mut self) {
         self.known = None;
         self.parsed = false;
+        self.parsed_in = None;
     }
 }
 
@@ -67,6 +72,13 @@ impl ClientFrames<'_> {
             // The last one failed (its answers were dropped): nothing of it is known.
             self.router.cloud_org.forget();
         }
+        if let Some((request, errors)) = self.router.cloud_org.parsed_in {
+            if ex.answered > request {
+                let state = &mut self.router.cloud_org;
+                state.parsed_in = None;
+                state.parsed = ex.errors == errors;
+            }
+        }
         let org = self.statement_org(tag, frame)?;
         if self.router.cloud_org.known.as_deref() == Some(&*org) {
             return None;
@@ -75,20 +87,27 @@ impl ClientFrames<'_> {
         let ex = &mut self.exchanges.cloud;
         let state = &mut self.router.cloud_org;
         // The proxy's own named statement and portal: the client's unnamed ones stay as
-        // they are (a simple Query would destroy the unnamed statement). Inside the client's
-        // batch it is parsed again: what that batch did before it is not known yet.
+        // they are (a simple Query would destroy the unnamed statement). Parsed once: a
+        // client's statement that could deallocate it (DISCARD, DEALLOCATE) makes the proxy
+        // forget it, as it is seen, also earlier in the same batch.
         let mut out = Vec::with_capacity(160 + org.len());
         frontend::close_portal(&mut out, OWN);
-        if ex.unsynced || !state.parsed {
+        let parse = !state.parsed;
+        if parse {
             frontend::close_statement(&mut out, OWN);
             frontend::parse(&mut out, OWN, SET_SQL);
         }
         frontend::bind_portal_text(&mut out, OWN, OWN, &[Some(&org)]);
         frontend::execute_portal(&mut out, OWN);
         if ex.unsynced {
-            // Inside the client's batch, in its implicit transaction.
-            ex.add_own();
-            state.forget();
+            // Inside the client's batch, in its implicit transaction: the value may be
+            // rolled back with it; a Parse holds once the batch ran without error.
+            // Answers: CloseComplete(s), ParseComplete, BindComplete, CommandComplete.
+            ex.add_own(if parse { 5 } else { 3 });
+            state.known = None;
+            if parse {
+                state.parsed_in = Some((ex.answered + u64::from(ex.pending), ex.errors));
+            }
         } else {
             // A request of its own, dropped whole. Alone outside a transaction it cannot be
             // rolled back: what it set and parsed is known.

@@ -53,8 +53,9 @@ pub struct Exchange {
     /// proxy's).
     pub sent_in_batch: u32,
     /// Messages of the proxy's own added inside a client's batch, whose answers are all
-    /// dropped: (the request, how many answers of it come before theirs), oldest first.
-    pub added: std::collections::VecDeque<(u64, u32)>,
+    /// dropped: (the request, how many answers of it come before theirs, how many answers
+    /// they get), oldest first.
+    pub added: std::collections::VecDeque<(u64, u32, u32)>,
     /// Answers ended ([`ends_answer`]) in the request being answered.
     pub ended: u32,
     /// Answers of the proxy's added messages still to drop (how many to end).
@@ -66,11 +67,6 @@ pub struct Exchange {
 
 /// How many failed requests of the proxy's own an exchange remembers.
 const FAILED_KEPT: usize = 8;
-
-/// The answers an added message set ([`crate::frontend::cloud_org`]) gets: two
-/// CloseCompletes, ParseComplete, BindComplete, and its Execute's CommandComplete (its one
-/// DataRow ends no answer).
-pub const ADDED_ANSWERS: u32 = 5;
 
 /// Whether a backend message ends the answer to one extended-protocol message: ParseComplete,
 /// BindComplete, CloseComplete, NoData or RowDescription (Describe), and what ends an
@@ -165,10 +161,11 @@ impl Exchange {
     }
 
     /// Notes that messages of the proxy's own go out now inside the client's batch (after
-    /// everything counted in [`Exchange::sent_in_batch`]): their answers are dropped.
-    pub fn add_own(&mut self) {
+    /// everything counted in [`Exchange::sent_in_batch`]): their `answers` answers (each
+    /// ended as [`ends_answer`] says) are dropped.
+    pub fn add_own(&mut self, answers: u32) {
         let request = self.answered + u64::from(self.pending);
-        self.added.push_back((request, self.sent_in_batch));
+        self.added.push_back((request, self.sent_in_batch, answers));
     }
 
     /// Counts the messages of `bytes` (whole frames) going out to this side.
@@ -194,7 +191,9 @@ impl Exchange {
 
     /// Whether the answer coming next is the first of the proxy's added messages.
     fn added_next(&self) -> bool {
-        self.added.front() == Some(&(self.answered, self.ended))
+        self.added
+            .front()
+            .is_some_and(|&(r, at, _)| (r, at) == (self.answered, self.ended))
     }
 
     /// Whether the proxy's own request `request` failed (an ErrorResponse among its answers).
@@ -786,8 +785,7 @@ impl ServerFrames<'_> {
         }
         let ex = &mut *self.exchange;
         if ex.dropping_added == 0 && ex.added_next() {
-            ex.added.pop_front();
-            ex.dropping_added = ADDED_ANSWERS;
+            ex.dropping_added = ex.added.pop_front().map_or(0, |(_, _, n)| n);
         }
         if tag == BE_ERROR_RESPONSE {
             // The batch stops here; the error is the client's to see.
@@ -820,7 +818,7 @@ impl ServerFrames<'_> {
                 while ex.dropping.front().is_some_and(|&(r, _)| r < ex.answered) {
                     ex.dropping.pop_front();
                 }
-                while ex.added.front().is_some_and(|&(r, _)| r < ex.answered) {
+                while ex.added.front().is_some_and(|&(r, _, _)| r < ex.answered) {
                     ex.added.pop_front();
                 }
                 ex.ended = 0;
@@ -1021,7 +1019,7 @@ mod tests {
         }
         ex.note_sent(&sent);
         ex.unsynced = true;
-        ex.add_own();
+        ex.add_own(5);
         ex.note_sent_tag(FE_CLOSE);
         ex.pending += 1; // the batch's Sync
         let mut reported = Reported::default();
@@ -1072,7 +1070,7 @@ mod tests {
 
         // An error before the added messages: the batch stops, nothing is dropped.
         ex.note_sent_tag(FE_BIND);
-        ex.add_own();
+        ex.add_own(5);
         ex.pending += 1;
         let mut s = server(&mut ex, &mut reported);
         assert_eq!(s.on_frame(h(BE_ERROR_RESPONSE), None), Action::Forward);

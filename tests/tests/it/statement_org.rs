@@ -169,6 +169,25 @@ async fn the_cloud_learns_each_statements_organization(
     let mut e = expect(&["2"]);
     e.remove(0);
     assert_eq!(answers(&mut raw, &out).await, e);
+    // A DEALLOCATE ALL earlier in the same batch drops the proxy's statement before its
+    // Bind runs: it is seen, and the statement parsed again in the batch. The next batches
+    // use it without parsing it again.
+    for first in [true, false, false] {
+        let mut out = Vec::new();
+        if first {
+            frontend::parse(&mut out, "", "DEALLOCATE ALL");
+            bind(&mut out, "", &[]);
+        }
+        frontend::parse(&mut out, "", SEEN);
+        bind(&mut out, "", &["1"]);
+        bind(&mut out, "", &["2"]);
+        frontend::sync(&mut out);
+        let mut e = expect(&["1", "2"]);
+        if first {
+            e.splice(0..0, ["1".to_owned(), "2".to_owned(), "C".to_owned()]);
+        }
+        assert_eq!(answers(&mut raw, &out).await, e);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
