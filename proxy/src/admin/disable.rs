@@ -51,7 +51,7 @@ pub fn disable(dsn: &str, table: &str, plan: bool) -> Result<String, AdminError>
         .collect();
     if !others.is_empty() {
         return Err(AdminError::usage(format!(
-            "{} has partitions other than the default one: {}; move those organizations back (lokadb move-back) first",
+            "{} has partitions other than the default one: {}; move those organizations back (lokadb move-back) and fold them into DEFAULT (lokadb fold) first",
             catalog::plain(&r.schema, &r.table),
             others.join(", ")
         )));

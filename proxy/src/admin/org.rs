@@ -258,6 +258,27 @@ pub fn remove(dsn: &str, id: &str) -> Result<(), AdminError> {
             )))
         }
     }
+    // Partitions of its own (moved back with them kept, or a move aborted after its split)
+    // would be left with nobody to fold them.
+    let own: Vec<String> = tx
+        .query(
+            "SELECT c.relname::text FROM lokadb.tables t
+             JOIN pg_inherits i ON i.inhparent = to_regclass(format('%I.%I', t.schema_name, t.table_name))
+             JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE pg_get_expr(c.relpartbound, c.oid)
+                   IN (format('FOR VALUES IN (%L)', $1::text), format('FOR VALUES IN (%s)', $1::text))
+             ORDER BY 1",
+            &[&id],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !own.is_empty() {
+        return Err(AdminError::usage(format!(
+            "organization {id} still has partitions of its own ({}): fold it into DEFAULT first (lokadb fold {id}); nothing was changed",
+            own.join(", ")
+        )));
+    }
     let server = ident(&server_name(id));
     tx.batch_execute(&format!(
         "DROP USER MAPPING IF EXISTS FOR PUBLIC SERVER {server};

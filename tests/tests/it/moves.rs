@@ -557,6 +557,10 @@ fn a_moved_back_organization_folds_into_default_under_writers() {
     );
     let own = count(&w.cloud, "app", OWN_RELATIONS);
     assert_ne!(own, 0);
+    // Removing it now would orphan its partitions.
+    let out = lokadb(&w.dsn, &["org", "remove", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("lokadb fold 2"), "{}", stderr(&out));
     // A trigger that would see the rows arrive in DEFAULT: refused, nothing changed.
     q(
         &w.cloud,
