@@ -102,8 +102,7 @@ impl ClientFrames<'_> {
         if ex.unsynced {
             // Inside the client's batch, in its implicit transaction: the value may be
             // rolled back with it; a Parse holds once the batch ran without error.
-            // Answers: CloseComplete(s), ParseComplete, BindComplete, CommandComplete.
-            ex.add_own(if parse { 5 } else { 3 });
+            ex.add_own(&out);
             state.known = None;
             if parse {
                 state.parsed_in = Some((ex.answered + u64::from(ex.pending), ex.errors));

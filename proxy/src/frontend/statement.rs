@@ -85,6 +85,18 @@ pub fn ends_answer(tag: u8) -> bool {
     )
 }
 
+/// The tags of the whole frames in `bytes`.
+fn tags(bytes: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let header = bytes
+            .get(at..)
+            .and_then(|b| Header::peek(b, u32::MAX).ok().flatten())?;
+        at += header.frame_len();
+        Some(header.tag)
+    })
+}
+
 /// Whether a client message gets an answer of its own that [`ends_answer`] ends.
 pub fn gets_answer(tag: u8) -> bool {
     matches!(
@@ -160,23 +172,23 @@ impl Exchange {
             .is_some_and(|&(r, n)| r == self.answered && n > 0)
     }
 
-    /// Notes that messages of the proxy's own go out now inside the client's batch (after
-    /// everything counted in [`Exchange::sent_in_batch`]): their `answers` answers (each
-    /// ended as [`ends_answer`] says) are dropped.
-    pub fn add_own(&mut self, answers: u32) {
+    /// Notes that `messages` (whole frames) of the proxy's own go out now inside the
+    /// client's batch (after everything counted in [`Exchange::sent_in_batch`]): their
+    /// answers are dropped.
+    pub fn add_own(&mut self, messages: &[u8]) {
         let request = self.answered + u64::from(self.pending);
-        self.added.push_back((request, self.sent_in_batch, answers));
+        let answers = tags(messages).filter(|&t| gets_answer(t)).count();
+        self.added.push_back((
+            request,
+            self.sent_in_batch,
+            u32::try_from(answers).unwrap_or(u32::MAX),
+        ));
     }
 
     /// Counts the messages of `bytes` (whole frames) going out to this side.
     pub fn note_sent(&mut self, bytes: &[u8]) {
-        let mut at = 0;
-        while let Some(header) = bytes
-            .get(at..)
-            .and_then(|b| Header::peek(b, u32::MAX).ok().flatten())
-        {
-            self.note_sent_tag(header.tag);
-            at += header.frame_len();
+        for tag in tags(bytes) {
+            self.note_sent_tag(tag);
         }
     }
 
@@ -1019,7 +1031,11 @@ mod tests {
         }
         ex.note_sent(&sent);
         ex.unsynced = true;
-        ex.add_own(5);
+        let mut own = Vec::new();
+        for tag in [FE_CLOSE, FE_CLOSE, FE_PARSE, FE_BIND, FE_EXECUTE] {
+            own.extend_from_slice(&[tag, 0, 0, 0, 4]);
+        }
+        ex.add_own(&own);
         ex.note_sent_tag(FE_CLOSE);
         ex.pending += 1; // the batch's Sync
         let mut reported = Reported::default();
@@ -1070,7 +1086,7 @@ mod tests {
 
         // An error before the added messages: the batch stops, nothing is dropped.
         ex.note_sent_tag(FE_BIND);
-        ex.add_own(5);
+        ex.add_own(&own);
         ex.pending += 1;
         let mut s = server(&mut ex, &mut reported);
         assert_eq!(s.on_frame(h(BE_ERROR_RESPONSE), None), Action::Forward);

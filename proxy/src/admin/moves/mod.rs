@@ -679,11 +679,11 @@ fn back(m: &mut Move) -> Result<(), AdminError> {
 /// whatever happens here; a fold that fails or is too big is said, for `lokadb fold` later.
 fn fold_after_back(m: &mut Move) {
     let max = m.opts.fold_max_rows;
-    let id = m.org.id.clone();
-    let later = format!("lokadb fold {id} folds them into DEFAULT later");
     if max == 0 {
         return;
     }
+    let id = m.org.id.clone();
+    let later = format!("lokadb fold {id} folds them into DEFAULT later");
     let tables = m.tables.clone();
     let result = (|| {
         let own = fold::own_partitions(&mut m.cloud, &id, &tables)?;
