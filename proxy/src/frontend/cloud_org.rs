@@ -5,13 +5,21 @@
 //! reads it with `current_setting('lokadb.statement_org', true)`. It costs the client no
 //! round trip: the answers are dropped as they come.
 //!
-//! It is sent only when the value changes. The proxy trusts the value it set only when its
-//! request ran alone outside a transaction: one set inside a transaction (or the client's
-//! batch) may be rolled back with it, so it is set again before the next statement.
+//! It is sent only when the value changes, and in the cheapest form the protocol allows:
+//! - ahead of a Bind (the extended protocol), the proxy's Bind and Execute go at the front
+//!   of the client's batch, or where the Bind is inside it, and its Sync ends both: no
+//!   request of its own;
+//! - ahead of a simple Query, a request of its own (Bind, Execute, Sync): Postgres cannot
+//!   run a simple Query inside a batch begun with the extended protocol.
+//!
+//! The proxy trusts the value it set only where it cannot have been rolled back: its own
+//! request that ran alone outside a transaction, or a batch begun outside a transaction
+//! whose one Bind was its statement's, placed in one organization (so no transaction
+//! control), that ran without error. Otherwise it sets it again before the next statement.
 
 use super::router::count;
-use super::statement::{statement_of, ClientFrames};
-use crate::route::analysis::{mentions, Analysis, Org};
+use super::statement::{statement_of, ClientFrames, Exchange};
+use crate::route::analysis::{mentions, Analysis, Org, RUNS_ALONE};
 use crate::route::meta::Placement;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
@@ -38,10 +46,24 @@ pub struct CloudOrg {
     parsed: bool,
     /// The request number of the proxy's last request of its own that set it.
     last: Option<u64>,
-    /// The statement was parsed inside a client's batch: that request's number and the
-    /// exchange's error count then. It exists once that request is answered with no error
-    /// since (a Parse that ran is not undone by a later error or rollback).
-    parsed_in: Option<(u64, u64)>,
+    /// The proxy's last messages inside a client's batch.
+    added: Option<Added>,
+}
+
+/// The proxy's messages inside a client's batch, known once that batch is answered: they
+/// ran if it ran without error. (A Parse that ran is not undone by a later error or
+/// rollback; the value may be.)
+#[derive(Debug)]
+struct Added {
+    /// The batch's request number.
+    request: u64,
+    /// The exchange's error count when they were added.
+    errors: u64,
+    /// They parsed the proxy's statement.
+    parsed: bool,
+    /// The value the cloud keeps if the batch runs without error: its one statement was
+    /// placed in one organization and it began outside a transaction.
+    keeps: Option<Rc<str>>,
 }
 
 impl CloudOrg {
@@ -50,7 +72,29 @@ impl CloudOrg {
     fn forget(&mut self) {
         self.known = None;
         self.parsed = false;
-        self.parsed_in = None;
+        self.added = None;
+    }
+
+    /// Learns what became of the proxy's messages in a batch that is answered now.
+    fn settle(&mut self, ex: &Exchange) {
+        if self.last.is_some_and(|last| ex.own_failed(last)) {
+            // The last request of its own failed (its answers were dropped): nothing of it
+            // is known.
+            self.last = None;
+            self.forget();
+        }
+        let Some(added) = self.added.take_if(|a| ex.answered > a.request) else {
+            return;
+        };
+        if ex.errors == added.errors {
+            self.parsed |= added.parsed;
+            if added.keeps.is_some() {
+                self.known = added.keeps;
+            }
+        } else {
+            // An error in that batch, or since: the proxy's statement may not exist.
+            self.forget();
+        }
     }
 }
 
@@ -59,27 +103,23 @@ impl ClientFrames<'_> {
     /// cloud knows its statement's organization; registered on the cloud's exchange, so
     /// its answers are dropped. `None`: nothing (no LokaDB table, or the value is known).
     pub(super) fn tell_cloud(&mut self, tag: u8, frame: &[u8]) -> Option<Vec<u8>> {
-        if !self.router.cloud_org.tell {
+        if !self.router.cloud_org.tell || !matches!(tag, FE_QUERY | FE_BIND) {
             return None;
         }
         let ex = &self.exchanges.cloud;
-        if self
-            .router
-            .cloud_org
-            .last
-            .is_some_and(|last| ex.own_failed(last))
-        {
-            // The last one failed (its answers were dropped): nothing of it is known.
-            self.router.cloud_org.forget();
+        let state = &mut self.router.cloud_org;
+        state.settle(ex);
+        let batch = ex.answered + u64::from(ex.pending);
+        if let Some(added) = state.added.as_mut().filter(|a| a.request == batch) {
+            // A second statement in the batch the value was added to: it may end the
+            // transaction (a ROLLBACK).
+            added.keeps = None;
         }
-        if let Some((request, errors)) = self.router.cloud_org.parsed_in {
-            if ex.answered > request {
-                let state = &mut self.router.cloud_org;
-                state.parsed_in = None;
-                state.parsed = ex.errors == errors;
-            }
+        if ex.status == TX_FAILED && ex.pending == 0 {
+            // Every statement fails until the transaction ends; so would the proxy's.
+            return None;
         }
-        let org = self.statement_org(tag, frame)?;
+        let (org, placed) = self.statement_org(tag, frame)?;
         if self.router.cloud_org.known.as_deref() == Some(&*org) {
             return None;
         }
@@ -99,20 +139,27 @@ impl ClientFrames<'_> {
         }
         frontend::bind_portal_text(&mut out, OWN, OWN, &[Some(&org)]);
         frontend::execute_portal(&mut out, OWN);
-        if ex.unsynced {
-            // Inside the client's batch, in its implicit transaction: the value may be
-            // rolled back with it; a Parse holds once the batch ran without error.
+        // Inside the client's batch: where its Bind is inside one, or at the front of the
+        // one it begins when its statement is placed (a statement the analysis could not
+        // place may be one Postgres runs only alone, or end the transaction).
+        if tag == FE_BIND && (ex.unsynced || placed) {
+            // Nothing of the batch ran before: it runs alone outside a transaction, with
+            // only this statement so far (each Bind comes with an Execute).
+            let first = ex.pending == 0 && ex.status == TX_IDLE && ex.sent_in_batch <= 1;
             ex.add_own(&out);
             state.known = None;
-            if parse {
-                state.parsed_in = Some((ex.answered + u64::from(ex.pending), ex.errors));
-            }
+            state.added = Some(Added {
+                request: batch,
+                errors: ex.errors,
+                parsed: parse,
+                keeps: (placed && first).then_some(org),
+            });
         } else {
             // A request of its own, dropped whole. Alone outside a transaction it cannot be
             // rolled back: what it set and parsed is known.
             let alone = ex.is_idle();
             frontend::sync(&mut out);
-            state.last = Some(ex.answered + u64::from(ex.pending));
+            state.last = Some(batch);
             ex.silence_next();
             count(ex, FE_SYNC);
             state.parsed |= alone;
@@ -121,10 +168,11 @@ impl ClientFrames<'_> {
         Some(out)
     }
 
-    /// The organization of a Query's or Bind's statement as the cloud should know it:
-    /// `""` for a statement on LokaDB tables the analysis could not place in one;
-    /// `None` for one on no LokaDB table (the setting stays as it is).
-    fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<Cow<'_, str>> {
+    /// The organization of a Query's or Bind's statement as the cloud should know it
+    /// (`""` for a statement on LokaDB tables the analysis could not place in one), and
+    /// whether the analysis placed it; `None` for one on no LokaDB table (the setting stays
+    /// as it is), or one Postgres runs only alone.
+    fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<(Cow<'_, str>, bool)> {
         let meta = self.meta?;
         let mut f = Fields::new(&frame[5..], "message");
         let org = match tag {
@@ -139,7 +187,8 @@ impl ClientFrames<'_> {
                         .catalog
                         .may_touch(sql)
                         .then_some(session)
-                        .flatten();
+                        .flatten()
+                        .map(|org| (org, false));
                 }
                 match meta.place(sql) {
                     Placement::NoLokaTable => return None,
@@ -152,8 +201,10 @@ impl ClientFrames<'_> {
                 let name = f.cstr().ok()?;
                 match self.router.prepared_analysis(name) {
                     Some(Analysis::NoLokaTable) => return None,
+                    Some(Analysis::Unplaced(why)) if *why == RUNS_ALONE => return None,
                     Some(Analysis::Org { org, .. }) => {
-                        self.router.org_value(org, Some(&mut f)).ok()?
+                        let org = self.router.org_value(org, Some(&mut f)).ok()?;
+                        return Some((org.unwrap_or(Cow::Borrowed("")), true));
                     }
                     // Unplaced, or parsed before the metadata was loaded, or forgotten.
                     _ => None,
@@ -161,7 +212,7 @@ impl ClientFrames<'_> {
             }
             _ => return None,
         };
-        Some(org.unwrap_or(Cow::Borrowed("")))
+        Some((org.unwrap_or(Cow::Borrowed("")), false))
     }
 
     /// A client's Query or Parse: forgets the value the cloud holds when the statement may
@@ -175,7 +226,7 @@ impl ClientFrames<'_> {
             return;
         };
         let state = &mut self.router.cloud_org;
-        if (state.known.is_some() || state.parsed)
+        if (state.known.is_some() || state.parsed || state.added.is_some())
             && (mentions(sql, b"statement_org")
                 || mentions(sql, b"reset")
                 || mentions(sql, b"discard")
@@ -186,5 +237,202 @@ impl ClientFrames<'_> {
         if let (Some(name), false) = (name, self.router.enabled) {
             self.router.remember(name, &[], None, meta.analyze(sql));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pump::{Action, Inspect};
+    use super::super::router::{Exchanges, Router, Side};
+    use super::super::statement::{ClientFrames, Reported, ServerFrames};
+    use super::*;
+    use crate::route::analysis::tests::core_meta;
+    use crate::route::meta::CoreMeta;
+    use lokadb_shared::wire::Header;
+
+    /// A session with the cloud: what reaches the cloud of the client's messages, and what
+    /// reaches the client of the cloud's answers.
+    struct Session {
+        exchanges: Exchanges,
+        router: Router,
+        meta: CoreMeta,
+    }
+
+    /// The whole frames of `bytes`.
+    fn frames(bytes: &[u8]) -> Vec<&[u8]> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(h) = Header::peek(&bytes[at..], u32::MAX).unwrap() {
+            out.push(&bytes[at..at + h.frame_len()]);
+            at += h.frame_len();
+        }
+        out
+    }
+
+    fn tags(bytes: &[u8]) -> String {
+        frames(bytes).iter().map(|f| f[0] as char).collect()
+    }
+
+    fn header(f: &[u8]) -> Header {
+        Header::peek(f, u32::MAX).unwrap().unwrap()
+    }
+
+    impl Session {
+        fn new() -> Session {
+            let mut router = Router::default();
+            router.cloud_org.tell = true;
+            Session {
+                exchanges: Exchanges::default(),
+                router,
+                meta: core_meta(),
+            }
+        }
+
+        /// The client sends `bytes`: what goes to the cloud.
+        fn send(&mut self, bytes: &[u8]) -> Vec<u8> {
+            let mut c = ClientFrames {
+                exchanges: &mut self.exchanges,
+                route_log: false,
+                meta: Some(&self.meta),
+                router: &mut self.router,
+                record: None,
+            };
+            let mut out = Vec::new();
+            for f in frames(bytes) {
+                match c.on_frame(header(f), Some(f)) {
+                    Action::Forward => out.extend_from_slice(f),
+                    Action::Replace(b) => out.extend_from_slice(&b),
+                    a => panic!("{a:?}"),
+                }
+            }
+            out
+        }
+
+        /// The cloud answers with messages of these tags (`Z`: ReadyForQuery, its status
+        /// `status`): the tags the client gets.
+        fn answer(&mut self, answers: &str, status: u8) -> String {
+            let mut reported = Reported::default();
+            let mut s = ServerFrames {
+                exchange: &mut self.exchanges.cloud,
+                side: Side::Cloud,
+                reported: &mut reported,
+                record: None,
+            };
+            let mut seen = String::new();
+            for tag in answers.bytes() {
+                let body: &[u8] = match tag {
+                    b'Z' => &[status],
+                    b'C' => b"SELECT 1\0",
+                    b'D' => b"\0\x01\0\0\0\x011",
+                    b'E' => b"SERROR\0C22012\0\0",
+                    _ => b"",
+                };
+                let mut f = vec![tag];
+                f.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+                f.extend_from_slice(body);
+                match s.on_frame(header(&f), Some(&f)) {
+                    Action::Forward => seen.push(tag as char),
+                    Action::Replace(b) => seen.push_str(&tags(&b)),
+                    a => panic!("{a:?}"),
+                }
+            }
+            seen
+        }
+    }
+
+    fn bind_batch(statement: &str, org: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        frontend::bind_text(&mut out, statement, &[Some(org)]);
+        frontend::execute(&mut out);
+        frontend::sync(&mut out);
+        out
+    }
+
+    /// The proxy's messages go at the front of the client's batch (no Sync of their own),
+    /// their answers are dropped, and the value is trusted only after a batch that cannot
+    /// have rolled it back: begun outside a transaction, one placed statement, no error.
+    #[test]
+    fn a_bind_batch_carries_the_setting_and_trusts_it_only_when_it_cannot_roll_back() {
+        let mut s = Session::new();
+        let mut out = Vec::new();
+        frontend::parse(
+            &mut out,
+            "q",
+            "SELECT * FROM documents WHERE organization_id = $1",
+        );
+        frontend::parse(&mut out, "one", "SELECT 1");
+        frontend::parse(&mut out, "v", "VACUUM documents");
+        frontend::sync(&mut out);
+        assert_eq!(s.send(&out), out);
+        assert_eq!(s.answer("111Z", TX_IDLE), "111Z");
+
+        // Organization 1: Close, Close, Parse, Bind, Execute of the proxy's, then the
+        // client's Bind, Execute, Sync; its answers only reach the client.
+        let b1 = bind_batch("q", "1");
+        assert_eq!(tags(&s.send(&b1)), "CCPBEBES");
+        assert_eq!(s.answer("3312DC2DCZ", TX_IDLE), "2DCZ");
+        // Known now: nothing added.
+        assert_eq!(s.send(&b1), b1);
+        assert_eq!(s.answer("2DCZ", TX_IDLE), "2DCZ");
+
+        // Organization 2, and an error in the client's statement: the value went with it,
+        // and the proxy's statement is parsed again (it might be what failed).
+        let b2 = bind_batch("q", "2");
+        assert_eq!(tags(&s.send(&b2)), "CBEBES");
+        assert_eq!(s.answer("32DC2EZ", TX_IDLE), "2EZ");
+        assert_eq!(tags(&s.send(&b2)), "CCPBEBES");
+        assert_eq!(s.answer("3312DC2DCZ", TX_IDLE), "2DCZ");
+        assert_eq!(s.send(&b2), b2);
+        assert_eq!(s.answer("2DCZ", TX_IDLE), "2DCZ");
+
+        // A second statement in the batch (it could be a ROLLBACK): not trusted.
+        let mut two = Vec::new();
+        frontend::bind_text(&mut two, "q", &[Some("3")]);
+        frontend::execute(&mut two);
+        frontend::bind_text(&mut two, "one", &[]);
+        frontend::execute(&mut two);
+        frontend::sync(&mut two);
+        assert_eq!(tags(&s.send(&two)), "CBEBEBES");
+        assert_eq!(s.answer("32DC2DC2DCZ", TX_IDLE), "2DC2DCZ");
+        let b3 = bind_batch("q", "3");
+        assert_eq!(tags(&s.send(&b3)), "CBEBES");
+        assert_eq!(s.answer("32DC2DCZ", TX_IDLE), "2DCZ");
+        assert_eq!(s.send(&b3), b3);
+        assert_eq!(s.answer("2DCZ", TX_IDLE), "2DCZ");
+
+        // In a transaction block: added each time (a ROLLBACK would undo it).
+        let mut begin = Vec::new();
+        frontend::query(&mut begin, "BEGIN");
+        s.send(&begin);
+        assert_eq!(s.answer("CZ", TX_IN_BLOCK), "CZ");
+        let b4 = bind_batch("q", "4");
+        for _ in 0..2 {
+            assert_eq!(tags(&s.send(&b4)), "CBEBES");
+            assert_eq!(s.answer("32DC2DCZ", TX_IN_BLOCK), "2DCZ");
+        }
+        // A failed transaction runs nothing: nothing added.
+        assert_eq!(tags(&s.send(&b4)), "CBEBES");
+        assert_eq!(s.answer("32DC2EZ", TX_FAILED), "2EZ");
+        assert_eq!(s.send(&b4), b4);
+        assert_eq!(s.answer("EZ", TX_FAILED), "EZ");
+        let mut rollback = Vec::new();
+        frontend::query(&mut rollback, "ROLLBACK");
+        s.send(&rollback);
+        assert_eq!(s.answer("CZ", TX_IDLE), "CZ");
+
+        // A statement Postgres runs only alone: nothing ahead of it.
+        let v = bind_batch("v", "");
+        assert_eq!(s.send(&v), v);
+        assert_eq!(s.answer("2CZ", TX_IDLE), "2CZ");
+
+        // A simple Query: a request of the proxy's own, with its Sync, then the Query (the
+        // proxy's statement parsed again after the errors above).
+        let mut q = Vec::new();
+        frontend::query(&mut q, "SELECT * FROM documents WHERE organization_id = 5");
+        assert_eq!(tags(&s.send(&q)), "CCPBESQ");
+        assert_eq!(s.answer("3312DCZ", TX_IDLE), "");
+        assert_eq!(s.answer("TDCZ", TX_IDLE), "TDCZ");
+        // Alone outside a transaction: known.
+        assert_eq!(s.send(&q), q);
     }
 }

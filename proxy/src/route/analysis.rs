@@ -457,6 +457,7 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
     }
     let statements = match parse(sql) {
         Ok(s) => s,
+        Err(_) if runs_alone(sql) => return Analysis::Unplaced(RUNS_ALONE),
         Err(why) => return Analysis::Unplaced(why),
     };
     let mut w = Walk {
@@ -484,7 +485,11 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
         .iter()
         .any(|s| !walked(s) && names_a_table(s, catalog))
     {
-        w.unplaceable = Some("a LokaDB table named in a statement no condition limits");
+        w.unplaceable = Some(if runs_alone(sql) {
+            RUNS_ALONE
+        } else {
+            "a LokaDB table named in a statement no condition limits"
+        });
     }
     match w.finish() {
         Analysis::Org { org, tables, .. } => {
@@ -507,6 +512,41 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
             None => Analysis::Unplaced(why),
         },
         other => other,
+    }
+}
+
+/// Why a statement Postgres runs only alone in its request is unplaced: VACUUM,
+/// `… CONCURRENTLY`, `CREATE DATABASE` and the like. Nothing of the proxy's may go ahead of
+/// it in the client's batch (Postgres would refuse it "within a pipeline").
+pub const RUNS_ALONE: &str =
+    "a statement Postgres runs only outside a transaction (VACUUM, CONCURRENTLY, DATABASE …)";
+
+/// Whether `sql` is a statement Postgres runs only outside a transaction block (comments
+/// and quoted names aside): VACUUM, one with the keyword CONCURRENTLY, or CREATE, DROP,
+/// ALTER or REINDEX of a DATABASE, TABLESPACE, SUBSCRIPTION or the SYSTEM.
+fn runs_alone(sql: &str) -> bool {
+    if sql.len() > MAX_PARSED_BYTES {
+        return false;
+    }
+    let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {
+        return false;
+    };
+    // Each token but spaces and comments: an unquoted word as lower case, else nothing.
+    let mut words = tokens.iter().filter_map(|t| match t {
+        Token::Whitespace(_) => None,
+        Token::Word(w) if w.quote_style.is_none() => Some(Some(w.value.to_ascii_lowercase())),
+        _ => Some(None),
+    });
+    let first = words.next().flatten();
+    let second = words.next().flatten();
+    let (first, second) = (first.as_deref(), second.as_deref());
+    match (first, second) {
+        (Some("vacuum"), _) => true,
+        (
+            Some("create" | "drop" | "alter" | "reindex"),
+            Some("database" | "tablespace" | "subscription" | "system"),
+        ) => true,
+        _ => second == Some("concurrently") || words.any(|w| w.as_deref() == Some("concurrently")),
     }
 }
 
@@ -1379,6 +1419,32 @@ pub(crate) mod tests {
 
     fn lit(s: &str) -> Org {
         Org::Literal(s.to_owned())
+    }
+
+    /// Statements Postgres runs only alone in their request are told apart (nothing of the
+    /// proxy's may go ahead of them); a word in a literal or a quoted name does not count.
+    #[test]
+    fn statements_that_run_only_alone_are_told_apart() {
+        let c = catalog();
+        for sql in [
+            "VACUUM documents",
+            "/* maintenance */ vacuum (analyze) documents",
+            "CREATE INDEX CONCURRENTLY documents_title ON documents (title)",
+            "reindex table concurrently documents",
+            "DROP INDEX CONCURRENTLY documents_title",
+            "CREATE DATABASE documents",
+        ] {
+            assert_eq!(analyze(sql, &c), Analysis::Unplaced(RUNS_ALONE), "{sql}");
+        }
+        for sql in [
+            "CREATE INDEX documents_title ON documents (title)",
+            "SELECT * FROM documents WHERE title = 'concurrently'",
+            "SELECT \"concurrently\" FROM documents",
+            "ANALYZE documents",
+            "COPY documents FROM STDIN",
+        ] {
+            assert_ne!(analyze(sql, &c), Analysis::Unplaced(RUNS_ALONE), "{sql}");
+        }
     }
 
     #[test]

@@ -188,6 +188,78 @@ async fn the_cloud_learns_each_statements_organization(
         }
         assert_eq!(answers(&mut raw, &out).await, e);
     }
+
+    // The proxy's messages at the front of a batch that ends with a ROLLBACK are rolled
+    // back with it: the next statement of organization 1 gets the setting again. (The
+    // DEALLOCATE ALL above dropped the client's statement too.)
+    let mut out = Vec::new();
+    frontend::parse(&mut out, "seen", SEEN);
+    frontend::sync(&mut out);
+    assert_eq!(answers(&mut raw, &out).await, ["1", "Z"]);
+    assert_eq!(
+        answers(&mut raw, &bound("seen", "2")).await,
+        expect(&["2"])[1..]
+    );
+    let mut out = Vec::new();
+    bind(&mut out, "seen", &["1"]);
+    frontend::parse(&mut out, "", "ROLLBACK");
+    bind(&mut out, "", &[]);
+    frontend::sync(&mut out);
+    let mut e = expect(&["1"]);
+    e.remove(0);
+    e.splice(3..3, ["1".to_owned(), "2".to_owned(), "C".to_owned()]);
+    assert_eq!(answers(&mut raw, &out).await, e);
+    for _ in 0..2 {
+        assert_eq!(
+            answers(&mut raw, &bound("seen", "1")).await,
+            expect(&["1"])[1..]
+        );
+    }
+
+    // Statements Postgres runs only alone in their request, parsed and run in one batch:
+    // nothing of the proxy's goes ahead of them (it would make Postgres refuse them).
+    for sql in ["VACUUM documents", "REINDEX TABLE CONCURRENTLY documents"] {
+        let mut out = Vec::new();
+        frontend::parse(&mut out, "", sql);
+        bind(&mut out, "", &[]);
+        frontend::sync(&mut out);
+        assert_eq!(answers(&mut raw, &out).await, ["1", "2", "C", "Z"], "{sql}");
+    }
+
+    // Cloud-side code that deallocates the proxy's statement where the proxy cannot see
+    // it: the next batch that needs the setting fails once, with Postgres's error, and the
+    // proxy parses its statement again.
+    cloud
+        .batch_execute(
+            "CREATE FUNCTION drop_prepared() RETURNS int LANGUAGE plpgsql AS $$ \
+             BEGIN EXECUTE 'DEALLOC' || 'ATE ALL'; RETURN 1; END $$",
+        )
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    frontend::query(&mut out, "SELECT drop_prepared()");
+    assert_eq!(answers(&mut raw, &out).await, ["T", "D=1", "C", "Z"]);
+    let mut out = Vec::new();
+    frontend::parse(&mut out, "seen", SEEN);
+    frontend::sync(&mut out);
+    answers(&mut raw, &out).await;
+    let got = answers(&mut raw, &bound("seen", "2")).await;
+    assert!(
+        matches!(got.as_slice(), [e, z] if e.contains("26000") && e.contains("lokadb_statement_org") && z == "Z"),
+        "{got:?}"
+    );
+    assert_eq!(
+        answers(&mut raw, &bound("seen", "2")).await,
+        expect(&["2"])[1..]
+    );
+}
+
+/// A batch of one Bind and Execute of `statement` for organization `org`.
+fn bound(statement: &str, org: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    bind(&mut out, statement, &[org]);
+    frontend::sync(&mut out);
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
