@@ -75,18 +75,25 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="N = 1000 only, 3 s runs, R = 2 (≈ 2 min)")
+    ap.add_argument("--quick", action="store_true", help="N = 1000 only, 3 s runs, R = 2 (≈ 2.5 min)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-statement-org[-quick])")
     ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
+    ap.add_argument("--orgs", help="comma-separated organization counts (default: 1000 quick, 1,1000 full)")
+    ap.add_argument("--query-modes", default="simple,extended,prepared",
+                    help="comma-separated pgbench protocols (default: all three)")
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, False)
     preflight("statement_org.py", (common.PG_BIN / "postgres", common.PG_BIN / "pgbench", LOKADB_BIN))
     mode = orgs.Mode(args.quick)
     mode.orgs = [1000] if args.quick else [1, 1000]
+    if args.orgs:
+        mode.orgs = [int(n) for n in args.orgs.split(",")]
     mode.reps = 2 if args.quick else 3
     mode.scripts = ["read", "update", "insert"]
-    mode.query_modes = ["simple", "extended"]
+    mode.query_modes = args.query_modes.split(",")
+    if any(qm not in orgs.QUERY_MODES for qm in mode.query_modes):
+        ap.error(f"--query-modes: each one of {', '.join(orgs.QUERY_MODES)}")
     started, run_id, outdir = result_dir(args.out, "-statement-org", mode.quick)
     raise_fd_limit()
     catch_signals()
