@@ -420,17 +420,34 @@ mod tests {
         s.send(&rollback);
         assert_eq!(s.answer("CZ", TX_IDLE), "CZ");
 
+        // The unnamed statement parsed in each batch (Parse, Bind, Describe, Execute, Sync):
+        // trusted alike, the Parse ran nothing. (The proxy's statement is parsed again: the
+        // failed transaction above may have failed it.)
+        let mut unnamed = Vec::new();
+        frontend::parse(
+            &mut unnamed,
+            "",
+            "SELECT * FROM documents WHERE organization_id = $1",
+        );
+        frontend::bind_text(&mut unnamed, "", &[Some("7")]);
+        unnamed.extend_from_slice(b"D\0\0\0\x06P\0"); // Describe of the unnamed portal
+        frontend::execute(&mut unnamed);
+        frontend::sync(&mut unnamed);
+        assert_eq!(tags(&s.send(&unnamed)), "PCCPBEBDES");
+        assert_eq!(s.answer("13312DC2TDCZ", TX_IDLE), "12TDCZ");
+        assert_eq!(s.send(&unnamed), unnamed);
+        assert_eq!(s.answer("12TDCZ", TX_IDLE), "12TDCZ");
+
         // A statement Postgres runs only alone: nothing ahead of it.
         let v = bind_batch("v", "");
         assert_eq!(s.send(&v), v);
         assert_eq!(s.answer("2CZ", TX_IDLE), "2CZ");
 
-        // A simple Query: a request of the proxy's own, with its Sync, then the Query (the
-        // proxy's statement parsed again after the errors above).
+        // A simple Query: a request of the proxy's own, with its Sync, then the Query.
         let mut q = Vec::new();
         frontend::query(&mut q, "SELECT * FROM documents WHERE organization_id = 5");
-        assert_eq!(tags(&s.send(&q)), "CCPBESQ");
-        assert_eq!(s.answer("3312DCZ", TX_IDLE), "");
+        assert_eq!(tags(&s.send(&q)), "CBESQ");
+        assert_eq!(s.answer("32DCZ", TX_IDLE), "");
         assert_eq!(s.answer("TDCZ", TX_IDLE), "TDCZ");
         // Alone outside a transaction: known.
         assert_eq!(s.send(&q), q);
