@@ -110,11 +110,16 @@ VARIANTS = {
 
 
 class Conn:
-    """A raw protocol connection (trust authentication over the cluster's socket folder)."""
+    """A raw protocol connection, over the cluster's Unix socket or TCP on 127.0.0.1 (the
+    proxy's way to the cloud), trusted."""
 
-    def __init__(self, socket_dir: Path, port: int):
-        self.s = socket.socket(socket.AF_UNIX)
-        self.s.connect(str(socket_dir / f".s.PGSQL.{port}"))
+    def __init__(self, socket_dir: Path, port: int, transport: str):
+        if transport == "unix":
+            self.s = socket.socket(socket.AF_UNIX)
+            self.s.connect(str(socket_dir / f".s.PGSQL.{port}"))
+        else:
+            self.s = socket.create_connection(("127.0.0.1", port))
+            self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         body = struct.pack("!I", 196608) + cstr("user") + cstr("postgres") + cstr("database") + cstr("postgres") + b"\0"
         self.s.sendall(struct.pack("!I", len(body) + 4) + body)
         self.buf = b""
@@ -154,21 +159,24 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     if not runs:
         return write_empty_summary(raw, outdir, "statement_org wire benchmark", "measured run")
     m = raw["meta"]
-    by = {v: [r["backend_us_per_op"] for r in runs if r["variant"] == v] for v in VARIANTS}
     base = {"simple": "simple", "simple+own": "simple", "simple multi": "simple",
             "simple as extended": "simple", "prepared": "prepared", "prepared+own": "prepared",
             "prepared folded": "prepared"}
-    rows = ["| variant | backend µs/op (median) | − its baseline | runs |", "|---|---:|---:|---|"]
-    for v, xs in by.items():
-        if not xs:
-            continue
-        b = med(by[base[v]]) if by[base[v]] else None
-        diff = "" if v == base[v] or b is None else fmt(med(xs) - b, 1)
-        rows.append(f"| {v} | {fmt(med(xs), 1)} | {diff} | {', '.join(fmt(x, 1) for x in xs)} |")
+    rows = ["| transport | variant | backend µs/op (median) | − its baseline | runs |",
+            "|---|---|---:|---:|---|"]
+    for transport in m["transports"]:
+        by = {v: [r["backend_us_per_op"] for r in runs if (r["variant"], r["transport"]) == (v, transport)]
+              for v in VARIANTS}
+        for v, xs in by.items():
+            if not xs:
+                continue
+            b = med(by[base[v]]) if by[base[v]] else None
+            diff = "" if v == base[v] or b is None else fmt(med(xs) - b, 1)
+            rows.append(f"| {transport} | {v} | {fmt(med(xs), 1)} | {diff} | {', '.join(fmt(x, 1) for x in xs)} |")
     md = (f"# statement_org wire benchmark — run {m['run_id']}\n\n"
           f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
           f"{m['wall_seconds']} s, {m['postgres_version']}. Command: `{m['command']}`.\n\n"
-          f"One raw-protocol client over the Unix socket, one request at a time, N = {m['n']:,} "
+          f"One raw-protocol client (over the Unix socket, then TCP on 127.0.0.1), one request at a time, N = {m['n']:,} "
           f"operations per run, R = {m['reps']}, the variants alternating; the backend's CPU "
           f"(user + system) per operation.\n\n" + "\n".join(rows) + "\n")
     if m["errors"]:
@@ -182,6 +190,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="N = 10,000, R = 3 (≈ 1 min)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-statement-org-wire[-quick])")
     ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
+    ap.add_argument("--transports", default="unix,tcp", help="comma-separated: unix, tcp (default both)")
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, False)
@@ -191,7 +200,11 @@ def main() -> int:
     catch_signals()
     commands: list = []
     errors: list = []
+    transports = args.transports.split(",")
+    if any(t not in ("unix", "tcp") for t in transports):
+        ap.error("--transports: unix and/or tcp")
     meta = {"run_id": run_id, "started_utc": started.isoformat(), "n": n, "reps": reps,
+            "transports": transports,
             "command": ".venv/bin/python research/bench/statement_org_wire.py " + shlex.join(sys.argv[1:]),
             "machine": common.machine_info(), "git": common.git_info(), "setup_commands": commands,
             "errors": errors}
@@ -200,29 +213,37 @@ def main() -> int:
     rc = 0
     try:
         tmp = temp_dir("lokadb-statement-org-wire-")
-        pg = PgCluster(cluster_root(tmp / "clusters"), "cloud", commands).create({"autovacuum": "off"})
+        pg = PgCluster(cluster_root(tmp / "clusters"), "cloud", commands)
+        pg.initdb()
+        # The raw client speaks no SCRAM: trust on 127.0.0.1 too (a throwaway cluster).
+        hba = pg.data / "pg_hba.conf"
+        hba.write_text("host all postgres 127.0.0.1/32 trust\n" + hba.read_text())
+        commands.append(f"(prepended to {hba}) host all postgres 127.0.0.1/32 trust")
+        pg.start({"autovacuum": "off"})
         meta["postgres_version"] = pg.one("SELECT version()", dbname="postgres")
-        c = Conn(pg.dir, pg.port)
-        pid = int(c.run(query("SELECT pg_backend_pid()"))[1][1][6:].decode())
-        c.run(query(f"CREATE TABLE t (a int PRIMARY KEY, b text); INSERT INTO t "
-                    f"SELECT g, 'x' FROM generate_series(1, {ROWS}) g; ANALYZE t"))
-        c.run(parse("o", SET_SQL) + parse("q", "SELECT b FROM t WHERE a = $1") + SYNC)
-        for rep in range(reps):
-            order = list(VARIANTS) if rep % 2 == 0 else list(VARIANTS)[::-1]
-            for v in order:
-                make, ready = VARIANTS[v]
-                for i in range(500):  # warm: plans cached, pages in memory
-                    c.run(make(i), ready)
-                before, t0 = backend_cpu(pid), time.time()
-                for i in range(n):
-                    c.run(make(i), ready)
-                cpu, wall = backend_cpu(pid) - before, time.time() - t0
-                raw["runs"].append({"variant": v, "rep": rep, "n": n,
-                                    "backend_us_per_op": 1e6 * cpu / n, "wall_us_per_op": 1e6 * wall / n})
-                log(f"  {v:20s} rep {rep}: backend {1e6 * cpu / n:6.1f} µs/op, wall {1e6 * wall / n:6.1f}")
-        if c.errors:
-            errors.extend(c.errors[:5])
-            rc = 1
+        for transport in transports:
+            c = Conn(pg.dir, pg.port, transport)
+            pid = int(c.run(query("SELECT pg_backend_pid()"))[1][1][6:].decode())
+            c.run(query(f"DROP TABLE IF EXISTS t; CREATE TABLE t (a int PRIMARY KEY, b text); INSERT INTO t "
+                        f"SELECT g, 'x' FROM generate_series(1, {ROWS}) g; ANALYZE t"))
+            c.run(parse("o", SET_SQL) + parse("q", "SELECT b FROM t WHERE a = $1") + SYNC)
+            for rep in range(reps):
+                order = list(VARIANTS) if rep % 2 == 0 else list(VARIANTS)[::-1]
+                for v in order:
+                    make, ready = VARIANTS[v]
+                    for i in range(500):  # warm: plans cached, pages in memory
+                        c.run(make(i), ready)
+                    before, t0 = backend_cpu(pid), time.time()
+                    for i in range(n):
+                        c.run(make(i), ready)
+                    cpu, wall = backend_cpu(pid) - before, time.time() - t0
+                    raw["runs"].append({"transport": transport, "variant": v, "rep": rep, "n": n,
+                                        "backend_us_per_op": 1e6 * cpu / n, "wall_us_per_op": 1e6 * wall / n})
+                    log(f"  {transport} {v:20s} rep {rep}: backend {1e6 * cpu / n:6.1f} µs/op, "
+                        f"wall {1e6 * wall / n:6.1f}")
+            if c.errors:
+                errors.extend(c.errors[:5])
+                rc = 1
     except KeyboardInterrupt as e:
         errors.append(f"interrupted: {e}")
         rc = 130
