@@ -6,11 +6,12 @@
 //! round trip: the answers are dropped as they come.
 //!
 //! It is sent only when the value changes, and in the cheapest form the protocol allows:
-//! - ahead of a Bind (the extended protocol), the proxy's Bind and Execute go at the front
-//!   of the client's batch, or where the Bind is inside it, and its Sync ends both: no
-//!   request of its own;
-//! - ahead of a simple Query, a request of its own (Bind, Execute, Sync): Postgres cannot
-//!   run a simple Query inside a batch begun with the extended protocol.
+//! - inside the client's batch (the extended protocol) where the statement is: the proxy's
+//!   Bind and Execute go just before its Bind, at the front of the batch when that Bind
+//!   begins it and its statement is placed; the client's Sync ends both;
+//! - otherwise a request of its own (Bind, Execute, Sync): a simple Query after Bind and
+//!   Execute without a Sync would run in their implicit transaction (PostgreSQL 18 leaves it
+//!   open), and an unplaced statement may be one Postgres runs only alone.
 //!
 //! The proxy trusts the value it set only where it cannot have been rolled back: its own
 //! request that ran alone outside a transaction, or a batch begun outside a transaction
@@ -115,7 +116,7 @@ impl ClientFrames<'_> {
             // transaction (a ROLLBACK).
             added.keeps = None;
         }
-        if ex.status == TX_FAILED && ex.pending == 0 {
+        if ex.status == TX_FAILED && ex.pending == 0 && !ex.unsynced {
             // Every statement fails until the transaction ends; so would the proxy's.
             return None;
         }
@@ -139,13 +140,13 @@ impl ClientFrames<'_> {
         }
         frontend::bind_portal_text(&mut out, OWN, OWN, &[Some(&org)]);
         frontend::execute_portal(&mut out, OWN);
-        // Inside the client's batch: where its Bind is inside one, or at the front of the
-        // one it begins when its statement is placed (a statement the analysis could not
-        // place may be one Postgres runs only alone, or end the transaction).
-        if tag == FE_BIND && (ex.unsynced || placed) {
-            // Nothing of the batch ran before: it runs alone outside a transaction, with
-            // only this statement so far (each Bind comes with an Execute).
-            let first = ex.pending == 0 && ex.status == TX_IDLE && ex.sent_in_batch <= 1;
+        // Inside the client's batch: where its statement is inside one, or at the front of
+        // the one a Bind begins when its statement is placed (a statement the analysis could
+        // not place may be one Postgres runs only alone, or end the transaction).
+        if ex.unsynced || (tag == FE_BIND && placed) {
+            // Nothing of the batch can run but this statement: it began outside a
+            // transaction with nothing pending, and no portal was bound in it before.
+            let first = ex.pending == 0 && ex.status == TX_IDLE && ex.binds_in_batch == 0;
             ex.add_own(&out);
             state.known = None;
             state.added = Some(Added {
@@ -160,6 +161,10 @@ impl ClientFrames<'_> {
             let alone = ex.is_idle();
             frontend::sync(&mut out);
             state.last = Some(batch);
+            // An earlier batch still unanswered must not make its older value known.
+            if let Some(added) = &mut state.added {
+                added.keeps = None;
+            }
             ex.silence_next();
             count(ex, FE_SYNC);
             state.parsed |= alone;
@@ -201,10 +206,16 @@ impl ClientFrames<'_> {
                 let name = f.cstr().ok()?;
                 match self.router.prepared_analysis(name) {
                     Some(Analysis::NoLokaTable) => return None,
-                    Some(Analysis::Unplaced(why)) if *why == RUNS_ALONE => return None,
+                    // Inside a batch nothing may go ahead of it; at a batch's front the
+                    // proxy's request of its own may.
+                    Some(Analysis::Unplaced(why))
+                        if *why == RUNS_ALONE && self.exchanges.cloud.unsynced =>
+                    {
+                        return None
+                    }
                     Some(Analysis::Org { org, .. }) => {
                         let org = self.router.org_value(org, Some(&mut f)).ok()?;
-                        return Some((org.unwrap_or(Cow::Borrowed("")), true));
+                        return Some((readable(org), true));
                     }
                     // Unplaced, or parsed before the metadata was loaded, or forgotten.
                     _ => None,
@@ -237,6 +248,22 @@ impl ClientFrames<'_> {
         if let (Some(name), false) = (name, self.router.enabled) {
             self.router.remember(name, &[], None, meta.analyze(sql));
         }
+    }
+}
+
+/// The organization as the cloud should know it, `""` when the proxy cannot read it: a
+/// bound value in binary that is not an integer (a uuid's 16 bytes) is no text the cloud
+/// accepts, and the proxy's messages ride in the client's batch (their failure fails it).
+fn readable(org: Option<Cow<'_, str>>) -> Cow<'_, str> {
+    match org {
+        Some(v)
+            if !v
+                .chars()
+                .any(|c| c.is_control() || c == char::REPLACEMENT_CHARACTER) =>
+        {
+            v
+        }
+        _ => Cow::Borrowed(""),
     }
 }
 
@@ -362,9 +389,10 @@ mod tests {
         );
         frontend::parse(&mut out, "one", "SELECT 1");
         frontend::parse(&mut out, "v", "VACUUM documents");
+        frontend::parse(&mut out, "u", "SELECT * FROM documents");
         frontend::sync(&mut out);
         assert_eq!(s.send(&out), out);
-        assert_eq!(s.answer("111Z", TX_IDLE), "111Z");
+        assert_eq!(s.answer("1111Z", TX_IDLE), "1111Z");
 
         // Organization 1: Close, Close, Parse, Bind, Execute of the proxy's, then the
         // client's Bind, Execute, Sync; its answers only reach the client.
@@ -438,10 +466,19 @@ mod tests {
         assert_eq!(s.send(&unnamed), unnamed);
         assert_eq!(s.answer("12TDCZ", TX_IDLE), "12TDCZ");
 
-        // A statement Postgres runs only alone: nothing ahead of it.
+        // A statement Postgres runs only alone: at a batch's front, a request of the proxy's
+        // own goes ahead of it (''); inside a batch, nothing.
         let v = bind_batch("v", "");
-        assert_eq!(s.send(&v), v);
+        assert_eq!(tags(&s.send(&v)), "CBESBES");
+        assert_eq!(s.answer("32DCZ", TX_IDLE), "");
         assert_eq!(s.answer("2CZ", TX_IDLE), "2CZ");
+        let mut pv = Vec::new();
+        frontend::parse(&mut pv, "", "VACUUM documents");
+        frontend::bind_text(&mut pv, "", &[]);
+        frontend::execute(&mut pv);
+        frontend::sync(&mut pv);
+        assert_eq!(s.send(&pv), pv);
+        assert_eq!(s.answer("12CZ", TX_IDLE), "12CZ");
 
         // A simple Query: a request of the proxy's own, with its Sync, then the Query.
         let mut q = Vec::new();
@@ -451,5 +488,79 @@ mod tests {
         assert_eq!(s.answer("TDCZ", TX_IDLE), "TDCZ");
         // Alone outside a transaction: known.
         assert_eq!(s.send(&q), q);
+        assert_eq!(s.answer("TDCZ", TX_IDLE), "TDCZ");
+
+        // A Query inside the client's batch (no Sync before it): the proxy's messages go in
+        // the batch too, with no Sync of theirs.
+        let mut mixed = Vec::new();
+        frontend::bind_text(&mut mixed, "one", &[]);
+        frontend::execute(&mut mixed);
+        frontend::query(
+            &mut mixed,
+            "SELECT * FROM documents WHERE organization_id = 6",
+        );
+        assert_eq!(tags(&s.send(&mixed)), "BECBEQ");
+        assert_eq!(s.answer("2DC32DCTDCZ", TX_IDLE), "2DCTDCZ");
+
+        // Pipelined batches: an older batch's value is not made known once a newer one was
+        // sent (here '' for an unplaced statement, in a request of the proxy's own).
+        let a = bind_batch("q", "8");
+        assert_eq!(tags(&s.send(&a)), "CBEBES");
+        assert_eq!(tags(&s.send(&bind_batch("u", ""))), "CBESBES");
+        assert_eq!(s.answer("32DC2DCZ", TX_IDLE), "2DCZ");
+        assert_eq!(s.answer("32DCZ", TX_IDLE), "");
+        assert_eq!(s.answer("2DCZ", TX_IDLE), "2DCZ");
+        assert_eq!(tags(&s.send(&a)), "CBEBES");
+        assert_eq!(s.answer("32DC2DCZ", TX_IDLE), "2DCZ");
+
+        // A portal bound earlier in the batch may run after the proxy's messages (it could be
+        // a ROLLBACK): not trusted.
+        let mut late = Vec::new();
+        frontend::bind_portal_text(&mut late, "p", "one", &[]);
+        frontend::bind_text(&mut late, "q", &[Some("9")]);
+        frontend::execute(&mut late);
+        frontend::execute_portal(&mut late, "p");
+        frontend::sync(&mut late);
+        assert_eq!(tags(&s.send(&late)), "BCBEBEES");
+        assert_eq!(s.answer("232DC2DCDCZ", TX_IDLE), "22DCDCZ");
+        assert_eq!(tags(&s.send(&bind_batch("q", "9"))), "CBEBES");
+        assert_eq!(s.answer("32DC2DCZ", TX_IDLE), "2DCZ");
+
+        // A failed transaction that a ROLLBACK earlier in the batch ends: the statement after
+        // it gets the setting.
+        s.send(&begin);
+        assert_eq!(s.answer("CZ", TX_IN_BLOCK), "CZ");
+        s.send(&bind_batch("one", ""));
+        assert_eq!(s.answer("EZ", TX_FAILED), "EZ");
+        let mut rb = Vec::new();
+        frontend::parse(&mut rb, "", "ROLLBACK");
+        frontend::bind_text(&mut rb, "", &[]);
+        frontend::execute(&mut rb);
+        frontend::bind_text(&mut rb, "q", &[Some("10")]);
+        frontend::execute(&mut rb);
+        frontend::sync(&mut rb);
+        assert_eq!(tags(&s.send(&rb)), "PBECBEBES");
+        assert_eq!(s.answer("12C32DC2DCZ", TX_IDLE), "12C2DCZ");
+
+        // The proxy's messages fail: the client's batch fails with Postgres's error, and the
+        // proxy parses its statement again.
+        assert_eq!(tags(&s.send(&bind_batch("q", "11"))), "CBEBES");
+        assert_eq!(s.answer("3EZ", TX_IDLE), "EZ");
+        assert_eq!(tags(&s.send(&bind_batch("q", "11"))), "CCPBEBES");
+        assert_eq!(s.answer("3312DC2DCZ", TX_IDLE), "2DCZ");
+    }
+
+    /// A bound value in binary that is no integer (a uuid's 16 bytes) is told as unknown: as
+    /// text the cloud could refuse it, failing the client's batch.
+    #[test]
+    fn a_value_the_cloud_cannot_read_is_told_as_unknown() {
+        let uuid = [
+            0x8f, 0x00, 0x2a, 0x41, 0x9c, 0x11, 0x4e, 0x02, 0xb3, 0x5d, 0x7e, 0x18, 0x00, 0x6a,
+            0xc4, 0x21,
+        ];
+        assert_eq!(readable(Some(String::from_utf8_lossy(&uuid))), "");
+        assert_eq!(readable(Some(Cow::Borrowed("\u{1}\u{2}"))), "");
+        assert_eq!(readable(Some(Cow::Borrowed("acme-é"))), "acme-é");
+        assert_eq!(readable(None), "");
     }
 }

@@ -52,6 +52,8 @@ pub struct Exchange {
     /// ([`ends_answer`]): Parse, Bind, Close, Describe, Execute (the client's and the
     /// proxy's).
     pub sent_in_batch: u32,
+    /// Binds among them: a portal bound in the batch may be executed later in it.
+    pub binds_in_batch: u32,
     /// Messages of the proxy's own added inside a client's batch, whose answers are all
     /// dropped: (the request, how many answers of it come before theirs, how many answers
     /// they get), oldest first.
@@ -119,6 +121,7 @@ impl Default for Exchange {
             errors: 0,
             syncs_after_execute: 0,
             sent_in_batch: 0,
+            binds_in_batch: 0,
             added: std::collections::VecDeque::new(),
             ended: 0,
             dropping_added: 0,
@@ -195,7 +198,14 @@ impl Exchange {
     /// Counts a message with this tag going out to this side.
     pub fn note_sent_tag(&mut self, tag: u8) {
         match tag {
-            FE_QUERY | FE_SYNC | FE_FUNCTION_CALL => self.sent_in_batch = 0,
+            FE_QUERY | FE_SYNC | FE_FUNCTION_CALL => {
+                self.sent_in_batch = 0;
+                self.binds_in_batch = 0;
+            }
+            FE_BIND => {
+                self.sent_in_batch += 1;
+                self.binds_in_batch += 1;
+            }
             _ if gets_answer(tag) => self.sent_in_batch += 1,
             _ => {}
         }
@@ -595,7 +605,7 @@ impl ClientFrames<'_> {
 
 /// The value bound to parameter `$n` (1-based) of a Bind body whose portal and statement
 /// names were read: text as is; binary as an integer when 2, 4 or 8 bytes (the usual
-/// organization column types), else as text if it is UTF-8.
+/// organization column types), else as its bytes read as UTF-8 (invalid ones replaced).
 pub(super) fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameError> {
     Ok(match bind_value(f, n)? {
         Bound::Missing => "?".to_owned(),

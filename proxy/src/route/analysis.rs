@@ -542,6 +542,8 @@ fn runs_alone(sql: &str) -> bool {
     let (first, second) = (first.as_deref(), second.as_deref());
     match (first, second) {
         (Some("vacuum"), _) => true,
+        // REFRESH MATERIALIZED VIEW CONCURRENTLY runs in a transaction.
+        (Some("refresh"), _) => false,
         (
             Some("create" | "drop" | "alter" | "reindex"),
             Some("database" | "tablespace" | "subscription" | "system"),
@@ -1436,10 +1438,12 @@ pub(crate) mod tests {
         ] {
             assert_eq!(analyze(sql, &c), Analysis::Unplaced(RUNS_ALONE), "{sql}");
         }
+        // Statements the walk does not see, so each reaches the check.
         for sql in [
             "CREATE INDEX documents_title ON documents (title)",
-            "SELECT * FROM documents WHERE title = 'concurrently'",
-            "SELECT \"concurrently\" FROM documents",
+            "CREATE INDEX documents_title ON documents (title) WHERE title <> 'concurrently'",
+            "CREATE INDEX \"concurrently\" ON documents (title)",
+            "REFRESH MATERIALIZED VIEW CONCURRENTLY documents",
             "ANALYZE documents",
             "COPY documents FROM STDIN",
         ] {
