@@ -1104,6 +1104,14 @@ def write_empty_summary(raw: dict, outdir: Path, title: str, what: str) -> str:
     return md
 
 
+def write_summary(outdir: Path, md: str, errors: list) -> str:
+    """summary.md: `md`, then the run's errors if any; returns it."""
+    if errors:
+        md += "\n## Errors\n\n" + "\n".join(f"- {e[:500]}" for e in errors) + "\n"
+    (outdir / "summary.md").write_text(md)
+    return md
+
+
 def write_outputs(raw: dict, s: dict, outdir: Path, charts_data: bool, summary_markdown, draw_charts,
                   update_charts_data) -> str:
     """summary.md, the charts (one that fails is reported, not fatal) and, if charts_data, the

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
 from run import (  # noqa: E402
     Ctx, catch_signals, fatal, finish_run, ignore_signals, log, preflight, raise_fd_limit, rerender,
-    result_dir, safe_cleanup, temp_dir, write_empty_summary,
+    result_dir, safe_cleanup, temp_dir, write_empty_summary, write_summary,
 )
 import orgs  # noqa: E402  (the worlds, the proxy, pgbench with the proxy's and the cloud's CPU)
 from moves import fmt, med  # noqa: E402
@@ -67,10 +67,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
           f"{orgs.CLIENTS} clients, {m['mode_settings']['seconds']} s per run, R = {m['mode_settings']['reps']}, "
           f"through each in turn (the order alternates). Every transaction picks a random organization. "
           f"Ratios are per repetition, medians over repetitions.\n\n" + "\n".join(rows) + "\n")
-    if m["errors"]:
-        md += "\n## Errors\n\n" + "\n".join(f"- {e[:500]}" for e in m["errors"]) + "\n"
-    (outdir / "summary.md").write_text(md)
-    return md
+    return write_summary(outdir, md, m["errors"])
 
 
 def main() -> int:

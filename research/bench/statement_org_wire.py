@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
 from run import (  # noqa: E402
     catch_signals, fatal, finish_run, ignore_signals, log, preflight, rerender, result_dir,
-    safe_cleanup, temp_dir, write_empty_summary,
+    safe_cleanup, temp_dir, write_empty_summary, write_summary,
 )
 from moves import PgCluster, cluster_root, fmt, med  # noqa: E402
 
@@ -179,10 +179,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
           f"One raw-protocol client (over the Unix socket, then TCP on 127.0.0.1), one request at a time, N = {m['n']:,} "
           f"operations per run, R = {m['reps']}, the variants alternating; the backend's CPU "
           f"(user + system) per operation.\n\n" + "\n".join(rows) + "\n")
-    if m["errors"]:
-        md += "\n## Errors\n\n" + "\n".join(f"- {e[:500]}" for e in m["errors"]) + "\n"
-    (outdir / "summary.md").write_text(md)
-    return md
+    return write_summary(outdir, md, m["errors"])
 
 
 def main() -> int:
