@@ -26,6 +26,7 @@ use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
 use lokadb_shared::wire::tags::*;
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::rc::Rc;
 
 /// The setting's name.
@@ -49,6 +50,10 @@ pub struct CloudOrg {
     last: Option<u64>,
     /// The proxy's last messages inside a client's batch.
     added: Option<Added>,
+    /// The client's prepared statements that may change the setting or drop the proxy's
+    /// statement when they run (their text names `statement_org`, RESET, DISCARD or
+    /// DEALLOCATE): each Bind of one forgets, as its Parse did.
+    changers: HashSet<String>,
 }
 
 /// The proxy's messages inside a client's batch, known once that batch is answered: they
@@ -109,6 +114,15 @@ impl ClientFrames<'_> {
         }
         let ex = &self.exchanges.cloud;
         let state = &mut self.router.cloud_org;
+        if tag == FE_BIND && !state.changers.is_empty() {
+            let mut f = Fields::new(&frame[5..], "Bind");
+            if f.cstr()
+                .and_then(|_| f.cstr())
+                .is_ok_and(|s| state.changers.contains(s))
+            {
+                state.forget();
+            }
+        }
         state.settle(ex);
         let batch = ex.answered + u64::from(ex.pending);
         if let Some(added) = state.added.as_mut().filter(|a| a.request == batch) {
@@ -237,13 +251,21 @@ impl ClientFrames<'_> {
             return;
         };
         let state = &mut self.router.cloud_org;
-        if (state.known.is_some() || state.parsed || state.added.is_some())
-            && (mentions(sql, b"statement_org")
-                || mentions(sql, b"reset")
-                || mentions(sql, b"discard")
-                || mentions(sql, b"deallocate"))
-        {
+        let changes = mentions(sql, b"statement_org")
+            || mentions(sql, b"reset")
+            || mentions(sql, b"discard")
+            || mentions(sql, b"deallocate");
+        if changes {
             state.forget();
+        }
+        match name {
+            Some(name) if changes => {
+                state.changers.insert(name.to_owned());
+            }
+            Some(name) if !state.changers.is_empty() => {
+                state.changers.remove(name);
+            }
+            _ => {}
         }
         if let (Some(name), false) = (name, self.router.enabled) {
             self.router.remember(name, &[], None, meta.analyze(sql));
@@ -465,6 +487,34 @@ mod tests {
         assert_eq!(s.answer("13312DC2TDCZ", TX_IDLE), "12TDCZ");
         assert_eq!(s.send(&unnamed), unnamed);
         assert_eq!(s.answer("12TDCZ", TX_IDLE), "12TDCZ");
+
+        // A prepared RESET ALL, run later: each run forgets what the cloud held (and the
+        // proxy's statement: a DEALLOCATE would drop it); the name parsed again as something
+        // else does not.
+        let mut reset = Vec::new();
+        frontend::parse(&mut reset, "r", "RESET ALL");
+        frontend::sync(&mut reset);
+        s.send(&reset);
+        assert_eq!(s.answer("1Z", TX_IDLE), "1Z");
+        let u7 = bind_batch("q", "7");
+        assert_eq!(tags(&s.send(&u7)), "CCPBEBES");
+        assert_eq!(s.answer("3312DC2DCZ", TX_IDLE), "2DCZ");
+        assert_eq!(s.send(&u7), u7);
+        assert_eq!(s.answer("2DCZ", TX_IDLE), "2DCZ");
+        let r = bind_batch("r", "");
+        assert_eq!(s.send(&r), r);
+        assert_eq!(s.answer("2CZ", TX_IDLE), "2CZ");
+        assert_eq!(tags(&s.send(&u7)), "CCPBEBES");
+        assert_eq!(s.answer("3312DC2DCZ", TX_IDLE), "2DCZ");
+        let mut other = Vec::new();
+        frontend::parse(&mut other, "r", "SELECT 2");
+        frontend::sync(&mut other);
+        s.send(&other);
+        assert_eq!(s.answer("1Z", TX_IDLE), "1Z");
+        s.send(&r);
+        assert_eq!(s.answer("2DCZ", TX_IDLE), "2DCZ");
+        assert_eq!(s.send(&u7), u7);
+        assert_eq!(s.answer("2DCZ", TX_IDLE), "2DCZ");
 
         // A statement Postgres runs only alone: at a batch's front, a request of the proxy's
         // own goes ahead of it (''); inside a batch, nothing.

@@ -252,6 +252,27 @@ async fn the_cloud_learns_each_statements_organization(
         answers(&mut raw, &bound("seen", "2")).await,
         expect(&["2"])[1..]
     );
+
+    // A prepared RESET ALL run later clears the setting each time it runs: the next
+    // statement gets it again.
+    let mut out = Vec::new();
+    frontend::parse(&mut out, "reset", "RESET ALL");
+    frontend::sync(&mut out);
+    assert_eq!(answers(&mut raw, &out).await, ["1", "Z"]);
+    for _ in 0..2 {
+        assert_eq!(
+            answers(&mut raw, &bound("seen", "2")).await,
+            expect(&["2"])[1..]
+        );
+        let mut out = Vec::new();
+        bind(&mut out, "reset", &[]);
+        frontend::sync(&mut out);
+        assert_eq!(answers(&mut raw, &out).await, ["2", "C", "Z"]);
+    }
+    assert_eq!(
+        answers(&mut raw, &bound("seen", "2")).await,
+        expect(&["2"])[1..]
+    );
 }
 
 /// A batch of one Bind and Execute of `statement` for organization `org`.
