@@ -54,6 +54,8 @@ pub struct CloudOrg {
     /// statement when they run (their text names `statement_org`, RESET, DISCARD or
     /// DEALLOCATE): each Bind of one forgets, as its Parse did.
     changers: HashSet<String>,
+    /// The client prepared such a statement with SQL (`PREPARE`): every `EXECUTE` may run it.
+    sql_prepared: bool,
 }
 
 /// The proxy's messages inside a client's batch, known once that batch is answered: they
@@ -75,7 +77,7 @@ struct Added {
 impl CloudOrg {
     /// Forgets what the cloud holds: the client's statement may have changed it, or
     /// deallocated the proxy's statement.
-    fn forget(&mut self) {
+    pub(super) fn forget(&mut self) {
         self.known = None;
         self.parsed = false;
         self.added = None;
@@ -251,10 +253,14 @@ impl ClientFrames<'_> {
             return;
         };
         let state = &mut self.router.cloud_org;
-        let changes = mentions(sql, b"statement_org")
+        let names_it = mentions(sql, b"statement_org")
             || mentions(sql, b"reset")
             || mentions(sql, b"discard")
             || mentions(sql, b"deallocate");
+        if names_it && mentions(sql, b"prepare") {
+            state.sql_prepared = true;
+        }
+        let changes = names_it || (state.sql_prepared && mentions(sql, b"execute"));
         if changes {
             state.forget();
         }

@@ -277,6 +277,10 @@ impl Inspect for ClientFrames<'_> {
             self.exchanges.cloud.terminated = true;
             return Action::Stop;
         }
+        if header.tag == FE_FUNCTION_CALL {
+            // A function the proxy does not follow may change what the cloud holds.
+            self.router.cloud_org.forget();
+        }
         // A refused or rewritten statement is routed in place of the client's (a COPY of a
         // whole LokaDB table goes to the cloud, which raises the refusal, whatever was added
         // before it).

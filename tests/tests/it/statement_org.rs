@@ -269,6 +269,45 @@ async fn the_cloud_learns_each_statements_organization(
         frontend::sync(&mut out);
         assert_eq!(answers(&mut raw, &out).await, ["2", "C", "Z"]);
     }
+    // So does a statement prepared with SQL that sets it, at each EXECUTE.
+    let mut out = Vec::new();
+    frontend::query(
+        &mut out,
+        "PREPARE set_it AS SELECT pg_catalog.set_config('lokadb.statement_org', 'x', false)",
+    );
+    assert_eq!(answers(&mut raw, &out).await, ["C", "Z"]);
+    for _ in 0..2 {
+        assert_eq!(
+            answers(&mut raw, &bound("seen", "2")).await,
+            expect(&["2"])[1..]
+        );
+        let mut out = Vec::new();
+        frontend::query(&mut out, "EXECUTE set_it");
+        assert_eq!(answers(&mut raw, &out).await, ["T", "D=x", "C", "Z"]);
+    }
+    // And a FunctionCall (the protocol's own call of a function by its oid): set_config.
+    for _ in 0..2 {
+        assert_eq!(
+            answers(&mut raw, &bound("seen", "2")).await,
+            expect(&["2"])[1..]
+        );
+        let mut body = 2078u32.to_be_bytes().to_vec(); // pg_catalog.set_config
+        body.extend_from_slice(&0i16.to_be_bytes()); // arguments as text
+        body.extend_from_slice(&3i16.to_be_bytes());
+        for arg in ["lokadb.statement_org", "y", "false"] {
+            body.extend_from_slice(&(arg.len() as i32).to_be_bytes());
+            body.extend_from_slice(arg.as_bytes());
+        }
+        body.extend_from_slice(&0i16.to_be_bytes()); // result as text
+        let mut out = vec![b'F'];
+        out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        out.extend_from_slice(&body);
+        assert_eq!(answers(&mut raw, &out).await, ["V", "Z"]);
+    }
+    assert_eq!(
+        answers(&mut raw, &bound("seen", "2")).await,
+        expect(&["2"])[1..]
+    );
     assert_eq!(
         answers(&mut raw, &bound("seen", "2")).await,
         expect(&["2"])[1..]
