@@ -26,7 +26,6 @@ use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
 use lokadb_shared::wire::tags::*;
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::rc::Rc;
 
 /// The setting's name.
@@ -50,10 +49,10 @@ pub struct CloudOrg {
     last: Option<u64>,
     /// The proxy's last messages inside a client's batch.
     added: Option<Added>,
-    /// The client's prepared statements that may change the setting or drop the proxy's
-    /// statement when they run (their text names `statement_org`, RESET, DISCARD or
-    /// DEALLOCATE): each Bind of one forgets, as its Parse did.
-    changers: HashSet<String>,
+    /// The client prepared a statement that may change the setting or drop the proxy's
+    /// statement when it runs (its text names `statement_org`, RESET, DISCARD or
+    /// DEALLOCATE; the router marks it): each Bind of one forgets, as its Parse did.
+    changers: bool,
     /// The client prepared such a statement with SQL (`PREPARE`): every `EXECUTE` may run it.
     sql_prepared: bool,
 }
@@ -114,17 +113,17 @@ impl ClientFrames<'_> {
         if !self.router.cloud_org.tell || !matches!(tag, FE_QUERY | FE_BIND) {
             return None;
         }
-        let ex = &self.exchanges.cloud;
-        let state = &mut self.router.cloud_org;
-        if tag == FE_BIND && !state.changers.is_empty() {
+        if tag == FE_BIND && self.router.cloud_org.changers {
             let mut f = Fields::new(&frame[5..], "Bind");
             if f.cstr()
                 .and_then(|_| f.cstr())
-                .is_ok_and(|s| state.changers.contains(s))
+                .is_ok_and(|s| self.router.changes_setting(s))
             {
-                state.forget();
+                self.router.cloud_org.forget();
             }
         }
+        let ex = &self.exchanges.cloud;
+        let state = &mut self.router.cloud_org;
         state.settle(ex);
         let batch = ex.answered + u64::from(ex.pending);
         if let Some(added) = state.added.as_mut().filter(|a| a.request == batch) {
@@ -264,17 +263,14 @@ impl ClientFrames<'_> {
         if changes {
             state.forget();
         }
-        match name {
-            Some(name) if changes => {
-                state.changers.insert(name.to_owned());
+        if let Some(name) = name {
+            if !self.router.enabled {
+                self.router.remember(name, &[], None, meta.analyze(sql));
             }
-            Some(name) if !state.changers.is_empty() => {
-                state.changers.remove(name);
+            if changes {
+                self.router.mark_changes_setting(name);
+                self.router.cloud_org.changers = true;
             }
-            _ => {}
-        }
-        if let (Some(name), false) = (name, self.router.enabled) {
-            self.router.remember(name, &[], None, meta.analyze(sql));
         }
     }
 }

@@ -188,6 +188,9 @@ struct Prepared {
     /// the organization's database runs (its rows are all that organization's).
     direct_parse: Option<Box<[u8]>>,
     analysis: Analysis,
+    /// Running it may change what the cloud holds of `lokadb.statement_org`
+    /// ([`super::cloud_org`]).
+    changes_setting: bool,
 }
 
 /// The most prepared statements a session's routing remembers; past it the map starts
@@ -459,8 +462,22 @@ impl Router {
                 parse: parse.into(),
                 direct_parse: direct_parse.map(Into::into),
                 analysis,
+                changes_setting: false,
             },
         );
+    }
+
+    /// Marks a remembered statement as one whose run may change `lokadb.statement_org`.
+    pub(super) fn mark_changes_setting(&mut self, name: &str) {
+        if let Some(p) = self.prepared.get_mut(name) {
+            p.changes_setting = true;
+        }
+    }
+
+    /// Whether running a statement may change `lokadb.statement_org`: marked so, or no
+    /// longer remembered.
+    pub(super) fn changes_setting(&self, name: &str) -> bool {
+        !matches!(self.prepared.get(name), Some(p) if !p.changes_setting)
     }
 }
 

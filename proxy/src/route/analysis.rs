@@ -75,7 +75,8 @@ pub struct Catalog {
     /// Each table's organization column's SQL type (`bigint`, `uuid`, …), by index; empty
     /// when not loaded (then no statement is limited to the session's organization).
     org_types: Vec<String>,
-    /// Lowercased bare names, for the fast path.
+    /// Lowercased bare names, for the fast path, and `u&"` (a Unicode-escaped name, which
+    /// may spell any of them).
     needles: Vec<memchr::memmem::Finder<'static>>,
 }
 
@@ -91,6 +92,10 @@ impl Catalog {
             needles.push(
                 memchr::memmem::Finder::new(t.name.to_ascii_lowercase().as_bytes()).into_owned(),
             );
+        }
+        if !needles.is_empty() {
+            // `U&"\0064ocuments"` names documents: not found by its text.
+            needles.push(memchr::memmem::Finder::new(b"u&\"").into_owned());
         }
         Catalog {
             by_name,
@@ -179,11 +184,9 @@ impl Catalog {
             return false;
         }
         let lower = sql.to_ascii_lowercase();
-        // `U&"\0064ocuments"` names documents: not found by its text.
         self.needles
             .iter()
             .any(|n| n.find(lower.as_bytes()).is_some())
-            || lower.contains("u&\"")
     }
 
     /// The LokaDB table `name` resolves to: `table`, `schema.table` or
@@ -532,15 +535,16 @@ fn runs_alone(sql: &str) -> bool {
         return false;
     };
     // Each token but spaces and comments: an unquoted word as lower case, else nothing.
-    let mut words = tokens.iter().filter_map(|t| match t {
-        Token::Whitespace(_) => None,
-        Token::Word(w) if w.quote_style.is_none() => Some(Some(w.value.to_ascii_lowercase())),
-        _ => Some(None),
-    });
-    let first = words.next().flatten();
-    let second = words.next().flatten();
-    let (first, second) = (first.as_deref(), second.as_deref());
-    match (first, second) {
+    let words: Vec<Option<String>> = tokens
+        .iter()
+        .filter_map(|t| match t {
+            Token::Whitespace(_) => None,
+            Token::Word(w) if w.quote_style.is_none() => Some(Some(w.value.to_ascii_lowercase())),
+            _ => Some(None),
+        })
+        .collect();
+    let word = |i: usize| words.get(i).and_then(Option::as_deref);
+    match (word(0), word(1)) {
         (Some("vacuum"), _) => true,
         // REFRESH MATERIALIZED VIEW CONCURRENTLY runs in a transaction.
         (Some("refresh"), _) => false,
@@ -548,7 +552,7 @@ fn runs_alone(sql: &str) -> bool {
             Some("create" | "drop" | "alter" | "reindex"),
             Some("database" | "tablespace" | "subscription" | "system"),
         ) => true,
-        _ => second == Some("concurrently") || words.any(|w| w.as_deref() == Some("concurrently")),
+        _ => words.iter().any(|w| w.as_deref() == Some("concurrently")),
     }
 }
 
@@ -975,13 +979,12 @@ impl Walk<'_> {
         if !matches!(v, Org::Session | Org::Key(_)) {
             return Some(v);
         }
-        let mut outer = e;
-        while let Expr::Nested(inner) = outer {
-            outer = inner;
-        }
-        let Expr::Cast { data_type, .. } = outer else {
+        let Some((_, data_type)) = outer_cast(e) else {
             return Some(v);
         };
+        if faithful(data_type).0 {
+            return Some(v);
+        }
         let ty = data_type.to_string();
         let columns = refs.iter().all(|&i| {
             let table = self.refs[i].table;
@@ -997,7 +1000,7 @@ impl Walk<'_> {
                 )
                 .any(|t| t.eq_ignore_ascii_case(&ty))
         });
-        (faithful(data_type).0 || columns).then_some(v)
+        columns.then_some(v)
     }
 
     fn place(&mut self, refs: &[usize], org: Org) {
@@ -1326,23 +1329,31 @@ fn faithful(t: &sqlparser::ast::DataType) -> (bool, bool) {
     }
 }
 
+/// The outermost cast of `e` (brackets aside): what it casts, and to what type.
+fn outer_cast(mut e: &Expr) -> Option<(&Expr, &sqlparser::ast::DataType)> {
+    while let Expr::Nested(inner) = e {
+        e = inner;
+    }
+    match e {
+        Expr::Cast {
+            expr, data_type, ..
+        } => Some((expr, data_type)),
+        _ => None,
+    }
+}
+
 /// A constant or parameter value, cast only in ways that keep its text ([`faithful`]).
 pub(super) fn constant(e: &Expr) -> Option<Org> {
     let (bare, kept, integer) = strip(e);
-    if is_session_org(bare) || matches!(bare, Expr::Function(_)) {
+    let session = is_session_org(bare);
+    if session || matches!(bare, Expr::Function(_)) {
         // The proxy writes one cast around these, to the organization column's type,
         // whatever it is (`character varying(64)`); any other must keep the value.
-        let mut outer = e;
-        while let Expr::Nested(inner) = outer {
-            outer = inner;
-        }
-        if let Expr::Cast { expr, .. } = outer {
-            outer = expr;
-        }
-        if !strip(outer).1 {
+        let inside = outer_cast(e).map_or(e, |(inner, _)| inner);
+        if !strip(inside).1 {
             return None;
         }
-        if is_session_org(bare) {
+        if session {
             return Some(Org::Session);
         }
         return key_org(bare).map(|k| Org::Key(Arc::new(k)));
@@ -1362,7 +1373,7 @@ pub(super) fn constant(e: &Expr) -> Option<Org> {
         // `05` is 5 (an integer column; a text one has no `=` with a number).
         let n = match n.trim_start_matches('0') {
             "" => "0",
-            t if t.starts_with('.') => return Some(Org::Literal(format!("{minus}{n}"))),
+            t if t.starts_with('.') => n,
             t => t,
         };
         Some(Org::Literal(format!("{minus}{n}")))

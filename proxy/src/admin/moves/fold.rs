@@ -20,9 +20,9 @@
 //! `move-back` folds only up to `--fold-max-rows`.
 
 use super::layout::{self, MoveTable, Place};
-use super::switch::be_the_deadlock_victim;
+use super::switch::{be_the_deadlock_victim, set_local_if_allowed};
 use super::{move_lock, move_unlock, read_journal, read_org, session_settings};
-use crate::admin::db::{connect, literal, AdminError};
+use crate::admin::db::{connect, AdminError};
 use crate::admin::fkeys::{with_lock_retry_within, StepError};
 use crate::admin::migrations::require_current;
 use std::time::{Duration, Instant};
@@ -124,7 +124,7 @@ pub fn fold(
     let mut refs = Vec::new();
     for t in tables {
         checks.extend(foreign_key_checks(c, t)?);
-        refs.extend(refs_deletes(c, t, org)?);
+        refs.extend(refs_deletes(c, t)?);
     }
     // In the order the tables were enabled (that of `tables`), as the moves lock them; ONLY:
     // the parent (every statement through it) and DEFAULT (foreign keys' checks and cascades
@@ -146,14 +146,7 @@ pub fn fold(
         be_the_deadlock_victim(tx)?;
         // A killed command's backend notices its client gone within a second, rather than
         // after its copy, holding every lock (PostgreSQL 14 on; earlier ones lack it).
-        if tx
-            .batch_execute(
-                "SAVEPOINT k; SET LOCAL client_connection_check_interval = '1s'; RELEASE k",
-            )
-            .is_err()
-        {
-            tx.batch_execute("ROLLBACK TO SAVEPOINT k; RELEASE k")?;
-        }
+        set_local_if_allowed(tx, "client_connection_check_interval", "'1s'")?;
         tx.batch_execute(&lock)
             .map_err(|e| StepError::Pg(e, lock.clone()))?;
         let held = Instant::now();
@@ -252,11 +245,7 @@ fn foreign_key_checks(
 /// The statements that delete the guards' refs of the organization's rows of `t`, joined
 /// through the rows' keys (the refs' index is `(k…, org)`; a scan by organization alone
 /// would read every moved organization's refs while every table is locked).
-fn refs_deletes(
-    c: &mut postgres::Client,
-    t: &MoveTable,
-    org: &str,
-) -> Result<Vec<String>, AdminError> {
+fn refs_deletes(c: &mut postgres::Client, t: &MoveTable) -> Result<Vec<String>, AdminError> {
     let rows = c.query(
         "SELECT refs::text, columns::text[] FROM lokadb.guards
          WHERE child_schema = $1 AND child_table = $2 ORDER BY refs",
@@ -276,7 +265,7 @@ fn refs_deletes(
                 crate::admin::db::ident(&refs),
                 t.cloud_part(),
                 keys.join(" AND "),
-                literal(org)
+                t.org_literal
             )
         })
         .collect())

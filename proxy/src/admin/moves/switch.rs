@@ -179,11 +179,27 @@ pub fn lock_own(
 pub fn be_the_deadlock_victim(
     tx: &mut impl postgres::GenericClient,
 ) -> Result<(), postgres::Error> {
+    set_local_if_allowed(tx, "deadlock_timeout", "'100ms'")
+}
+
+/// `SET LOCAL setting = value` in `tx`, inside a savepoint: a server or role that refuses it
+/// leaves the transaction as it was.
+///
+/// # Errors
+///
+/// The savepoint failed.
+pub fn set_local_if_allowed(
+    tx: &mut impl postgres::GenericClient,
+    setting: &str,
+    value: &str,
+) -> Result<(), postgres::Error> {
     if tx
-        .batch_execute("SAVEPOINT d; SET LOCAL deadlock_timeout = '100ms'; RELEASE d")
+        .batch_execute(&format!(
+            "SAVEPOINT s; SET LOCAL {setting} = {value}; RELEASE s"
+        ))
         .is_err()
     {
-        tx.batch_execute("ROLLBACK TO SAVEPOINT d; RELEASE d")?;
+        tx.batch_execute("ROLLBACK TO SAVEPOINT s; RELEASE s")?;
     }
     Ok(())
 }
