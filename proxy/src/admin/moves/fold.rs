@@ -312,15 +312,25 @@ pub fn fold_org(dsn: &str, org_id: &str) -> Result<String, AdminError> {
             ));
         }
         let f = fold(&mut cloud, &org.id, &own)?;
-        // DEFAULT's statistics count the organization's rows from now on (autovacuum would
-        // wait for a tenth of the table to change).
-        for t in &own {
-            cloud.batch_execute(&format!("ANALYZE {}", t.default()))?;
-        }
+        analyze_defaults(&mut cloud, &own)?;
         Ok(summary(&org.id, &f))
     })();
     move_unlock(&mut cloud, &org.id);
     result
+}
+
+/// ANALYZE of the DEFAULT partitions a fold filled, after it committed: their statistics
+/// count the organization's rows from now on (autovacuum would wait for a tenth of the table
+/// to change, and the planner would take the organization for one with no rows there).
+///
+/// # Errors
+///
+/// A failed ANALYZE (the fold stays done).
+pub fn analyze_defaults(c: &mut postgres::Client, tables: &[MoveTable]) -> Result<(), AdminError> {
+    for t in tables {
+        c.batch_execute(&format!("ANALYZE {}", t.default()))?;
+    }
+    Ok(())
 }
 
 /// One line saying what a fold did.

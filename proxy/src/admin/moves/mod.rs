@@ -685,7 +685,7 @@ fn fold_after_back(m: &mut Move) {
     let id = m.org.id.clone();
     let later = format!("lokadb fold {id} folds them into DEFAULT later");
     let tables = m.tables.clone();
-    let result = (|| {
+    let result = (|| -> Result<Option<String>, AdminError> {
         let own = fold::own_partitions(&mut m.cloud, &id, &tables)?;
         if own.is_empty() {
             return Ok(None);
@@ -696,7 +696,14 @@ fn fold_after_back(m: &mut Move) {
                 "kept {id}'s partitions: more than {max} rows (--fold-max-rows); {later}, locking its tables for the copy"
             )));
         }
-        fold::fold(&mut m.cloud, &id, &own).map(|f| Some(fold::summary(&id, &f)))
+        let f = fold::fold(&mut m.cloud, &id, &own)?;
+        let mut line = fold::summary(&id, &f);
+        if let Err(e) = fold::analyze_defaults(&mut m.cloud, &own) {
+            line.push_str(&format!(
+                "; ANALYZE of DEFAULT failed ({e}): autovacuum will do it later"
+            ));
+        }
+        Ok(Some(line))
     })();
     match result {
         Ok(Some(line)) => m.say(line),
