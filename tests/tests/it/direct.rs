@@ -352,6 +352,233 @@ async fn an_unreachable_organization_fails_only_its_own_statements() {
     assert_eq!(org_ran(&w, sql) - before, 2, "{}", proxy.output());
 }
 
+/// A moved organization's database stopped (the database itself: its agent and the tunnel
+/// stay up), on fdw+direct and then on fdw: organization 2's clients get errors for its
+/// statements, direct reads and reads and writes through the cloud's postgres_fdw alike,
+/// and their sessions go on; organization 1's clients, working all along on a session of
+/// their own, get none; the proxy stays up and takes new sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_organization_database_fails_only_its_own_clients() {
+    let (w, proxy) = direct_world(json!({}));
+    let org2 = client(&proxy).await;
+    let read2 = "SELECT count(*) FROM documents WHERE organization_id = 2";
+    let write2 = "INSERT INTO document_versions (organization_id, document_id, body) \
+                  SELECT 2, min(id), 'while stopped' FROM documents WHERE organization_id = 2";
+    let read1 = "SELECT count(*) FROM documents WHERE organization_id = 1";
+    assert_eq!(one_i64(&org2.simple_query(read2).await.unwrap()), 100);
+
+    // Organization 1 works all along.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let org1 = client(&proxy).await;
+    let worker = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let (mut ops, mut errors) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for sql in [
+                    "SELECT count(*) FROM documents WHERE organization_id = 1",
+                    "INSERT INTO document_versions (organization_id, document_id, body) \
+                     SELECT 1, min(id), 'org 1 meanwhile' FROM documents WHERE organization_id = 1",
+                ] {
+                    match org1.simple_query(sql).await {
+                        Ok(_) => ops += 1,
+                        Err(e) => errors.push(format!("{sql}: {e}")),
+                    }
+                }
+            }
+            (ops, errors)
+        }
+    });
+
+    // Fast shutdown (SIGINT) of organization 2's Postgres: its sessions end; then it
+    // refuses connections.
+    let pid = w.org.db.pid().expect("running") as libc::pid_t;
+    // SAFETY: a plain syscall on the cluster this test started.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(w.org.db.addr()).is_ok() {
+        assert!(Instant::now() < deadline, "organization 2's database stops");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for profile in ["fdw+direct", "fdw"] {
+        w.cloud
+            .psql(
+                "app",
+                &format!("UPDATE lokadb.org SET profile = '{profile}' WHERE id = '2'"),
+            )
+            .unwrap();
+        for _ in 0..3 {
+            for sql in [read2, write2] {
+                let err = org2
+                    .simple_query(sql)
+                    .await
+                    .expect_err(&format!("{profile}: {sql} fails"));
+                // The server's error (the session is kept): a connection failure, naming
+                // the organization's server.
+                let db = err
+                    .as_db_error()
+                    .unwrap_or_else(|| panic!("{profile}: {sql}: {err}"));
+                assert!(
+                    db.code().code().starts_with("08") && db.message().contains("lokadb_org_2"),
+                    "{profile}: {sql}: {db:?}"
+                );
+            }
+            // The same session, for organization 1: answered.
+            assert!(one_i64(&org2.simple_query(read1).await.unwrap()) >= 100);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ops, errors) = worker.await.unwrap();
+    assert!(errors.is_empty(), "organization 1: {errors:#?}");
+    assert!(ops > 0);
+    // A new session is served.
+    let fresh = client(&proxy).await;
+    assert!(one_i64(&fresh.simple_query(read1).await.unwrap()) >= 100);
+}
+
+/// Django's patterns, as its PostgreSQL backend sends them (psycopg's extended protocol,
+/// quoted names), for organization 2 on fdw+direct, then on fdw, and for organization 1 in
+/// the cloud: the select_related feed, a get (by the organization and the key, and by the
+/// primary key alone) and the count of the document's versions, a bulk insert returning
+/// ids, a queryset update and a save() (which sets every column, the organization's too).
+/// Each answers as the cloud answers the statement as written, and every write is seen
+/// there; on fdw+direct the get and the count run in the organization's database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orm_patterns_answer_alike_through_every_profile() {
+    use tokio_postgres::Row;
+    const FEED: &str = r#"SELECT "documents"."id", "documents"."title", "projects"."id" FROM "documents" INNER JOIN "projects" ON ("documents"."project_id" = "projects"."id") WHERE "documents"."organization_id" = $1 ORDER BY "documents"."id" DESC LIMIT 20"#;
+    const GET: &str = r#"SELECT "documents"."id", "documents"."title" FROM "documents" WHERE ("documents"."organization_id" = $1 AND "documents"."id" = $2) LIMIT 21"#;
+    const GET_BY_PK: &str = r#"SELECT "documents"."id", "documents"."title" FROM "documents" WHERE "documents"."id" = $1 LIMIT 21"#;
+    const VERSIONS: &str = r#"SELECT COUNT(*) AS "__count" FROM "document_versions" WHERE ("document_versions"."document_id" = $1 AND "document_versions"."organization_id" = $2)"#;
+    const BULK: &str = r#"INSERT INTO "document_versions" ("organization_id", "document_id", "body") VALUES ($1, $2, $3), ($4, $5, $6), ($7, $8, $9) RETURNING "document_versions"."id""#;
+    const UPDATE: &str = r#"UPDATE "documents" SET "title" = $1 WHERE ("documents"."organization_id" = $2 AND "documents"."id" = $3)"#;
+    const SAVE: &str = r#"UPDATE "documents" SET "organization_id" = $1, "project_id" = $2, "title" = $3 WHERE "documents"."id" = $4"#;
+    let (w, proxy) = direct_world(json!({}));
+    let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
+        .await
+        .unwrap();
+    let text = |rows: Vec<Row>| -> Vec<String> {
+        rows.iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| match r.columns()[i].type_().name() {
+                        "int8" => r.get::<_, i64>(i).to_string(),
+                        _ => r.get::<_, String>(i),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("|")
+            })
+            .collect()
+    };
+    for (org, profile) in [(2i64, "fdw+direct"), (2, "fdw"), (1, "cloud")] {
+        if org == 2 {
+            w.cloud
+                .psql(
+                    "app",
+                    &format!("UPDATE lokadb.org SET profile = '{profile}' WHERE id = '2'"),
+                )
+                .unwrap();
+        }
+        // A new session: the check at login routes it by the new profile.
+        let c = client(&proxy).await;
+        let direct = usize::from(profile == "fdw+direct");
+
+        let feed = text(c.query(FEED, &[&org]).await.unwrap());
+        assert_eq!(feed.len(), 20, "{profile}");
+        assert_eq!(
+            feed,
+            text(cloud.query(FEED, &[&org]).await.unwrap()),
+            "{profile}"
+        );
+        let id: i64 = feed[0].split('|').next().unwrap().parse().unwrap();
+
+        let before = org_ran(&w, GET);
+        let got = text(c.query(GET, &[&org, &id]).await.unwrap());
+        assert_eq!(got.len(), 1, "{profile}");
+        assert_eq!(
+            got,
+            text(cloud.query(GET, &[&org, &id]).await.unwrap()),
+            "{profile}"
+        );
+        assert_eq!(
+            org_ran(&w, GET) - before,
+            direct,
+            "{profile}: the get ran there"
+        );
+        let by_pk = text(c.query(GET_BY_PK, &[&id]).await.unwrap());
+        assert_eq!(by_pk, got, "{profile}");
+
+        let before = org_ran(&w, VERSIONS);
+        let count = |rows: Vec<Row>| rows[0].get::<_, i64>(0);
+        let versions = count(c.query(VERSIONS, &[&id, &org]).await.unwrap());
+        assert_eq!(
+            org_ran(&w, VERSIONS) - before,
+            direct,
+            "{profile}: the count ran there"
+        );
+        assert_eq!(
+            versions,
+            count(cloud.query(VERSIONS, &[&id, &org]).await.unwrap()),
+            "{profile}"
+        );
+
+        let bodies = [
+            format!("{profile} a"),
+            format!("{profile} b"),
+            format!("{profile} c"),
+        ];
+        let ids = c
+            .query(
+                BULK,
+                &[
+                    &org, &id, &bodies[0], &org, &id, &bodies[1], &org, &id, &bodies[2],
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(ids.len(), 3, "{profile}");
+        assert_eq!(
+            count(c.query(VERSIONS, &[&id, &org]).await.unwrap()),
+            versions + 3,
+            "{profile}"
+        );
+        assert_eq!(
+            count(cloud.query(VERSIONS, &[&id, &org]).await.unwrap()),
+            versions + 3,
+            "{profile}"
+        );
+
+        let title = format!("updated on {profile}");
+        assert_eq!(c.execute(UPDATE, &[&title, &org, &id]).await.unwrap(), 1);
+        let seen = cloud
+            .query_one(r#"SELECT title FROM documents WHERE id = $1"#, &[&id])
+            .await
+            .unwrap();
+        assert_eq!(seen.get::<_, String>(0), title, "{profile}");
+        let title = format!("saved on {profile}");
+        let project = org * 10;
+        assert_eq!(
+            c.execute(SAVE, &[&org, &project, &title, &id])
+                .await
+                .unwrap(),
+            1,
+            "{profile}"
+        );
+        let seen = cloud
+            .query_one(
+                r#"SELECT title, organization_id FROM documents WHERE id = $1"#,
+                &[&id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (seen.get::<_, String>(0), seen.get::<_, i64>(1)),
+            (title, org),
+            "{profile}"
+        );
+    }
+}
+
 fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
     msgs.iter()
         .filter_map(|m| match m {

@@ -217,6 +217,16 @@ fn join(handles: Vec<std::thread::JoinHandle<Tally>>) -> Tally {
 /// Organization 2 is entirely in its database, organization 1 entirely in the cloud.
 #[track_caller]
 fn assert_moved(w: &World, docs2: i64, versions2: i64, docs1: i64) {
+    // move-org ANALYZEd its foreign partitions (autovacuum never does): both have statistics
+    // (reltuples is -1 until a table's first ANALYZE).
+    assert_eq!(
+        q(
+            &w.cloud,
+            "SELECT count(*) FILTER (WHERE c.reltuples >= 0) || '/' || count(*) FROM pg_foreign_table f JOIN pg_class c ON c.oid = f.ftrelid"
+        )
+        .trim(),
+        "2/2"
+    );
     assert_eq!(
         count(
             &w.org.db,

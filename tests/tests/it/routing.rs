@@ -360,3 +360,259 @@ async fn statements_too_deep_or_wide_to_analyse_go_to_the_cloud() {
         .unwrap();
     assert!(!rows.is_empty());
 }
+
+/// `documents` and `document_versions` enabled (see [`enable_documents`]).
+fn enable_both(w: &World) {
+    enable_documents(w);
+    ok(&lokadb(
+        &w.cloud.superuser_dsn("app"),
+        &["enable", "document_versions"],
+    ));
+    assert!(
+        w.proxy
+            .wait_for_output("tables=2 organizations=0", Duration::from_secs(10)),
+        "{}",
+        w.proxy.output()
+    );
+}
+
+/// The `lokadb::route` line of the statement marked `/*mark*/` (each case's text ends with
+/// its own mark), waiting for it.
+#[track_caller]
+fn marked_line(w: &World, mark: &str) -> String {
+    one_line(w, &format!("/*{mark}*/"))
+}
+
+/// The statement table of `docs/routing.md`'s rules through the real proxy and the real
+/// cloud catalog, as `route_log` reports each statement: quoting, schemas, CTEs, subqueries,
+/// joins, IN, casts, multi-statement queries, key-map lookups, UPDATE and INSERT, over the
+/// simple protocol and the extended one (the Parse placed by `$n`, its Bind by the bound
+/// value). `org=` is the placement, `?` none, `-` no LokaDB table, `key` a key map's.
+/// (`route/analysis_cases.rs` holds the longer table, against a stand-in catalog.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_statement_table_routes_through_the_proxy_in_both_protocols() {
+    let w = World::start(json!({ "route_log": true }), &[]).unwrap();
+    enable_both(&w);
+    let client = w.client().await.unwrap();
+    // (statement, expected org, expected tables)
+    let simple: &[(&str, &str, &str)] = &[
+        ("SELECT count(*) FROM documents WHERE organization_id = 2", "2", "public.documents"),
+        ("SELECT * FROM public.documents d WHERE d.organization_id = '2'", "2", "public.documents"),
+        ("SELECT * FROM \"documents\" WHERE \"organization_id\" = 2", "2", "public.documents"),
+        ("SELECT * FROM DOCUMENTS WHERE Organization_Id = 2", "2", "public.documents"),
+        ("SELECT * FROM documents WHERE organization_id = '2'::bigint", "2", "public.documents"),
+        ("SELECT * FROM documents WHERE organization_id = CAST(2 AS int8)", "2", "public.documents"),
+        ("SELECT * FROM documents WHERE 2 = organization_id", "2", "public.documents"),
+        ("SELECT * FROM documents WHERE organization_id IN (2)", "2", "public.documents"),
+        ("SELECT * FROM documents WHERE organization_id IN (1, 2)", "?", ""),
+        ("SELECT * FROM documents WHERE organization_id = 1 OR organization_id = 2", "?", ""),
+        ("SELECT count(*) FROM documents", "?", ""),
+        ("SELECT * FROM documents WHERE organization_id = 2 AND organization_id = 1", "?", ""),
+        ("WITH x AS (SELECT id FROM documents WHERE organization_id = 2) SELECT count(*) FROM x", "2", "public.documents"),
+        ("WITH x AS (SELECT id FROM documents) SELECT count(*) FROM x", "?", ""),
+        (
+            "SELECT count(*) FROM document_versions v WHERE v.organization_id = 2 AND v.document_id IN (SELECT id FROM documents WHERE organization_id = 2)",
+            "2",
+            "public.document_versions,public.documents",
+        ),
+        (
+            "SELECT count(*) FROM document_versions v WHERE v.organization_id = 2 AND v.document_id IN (SELECT id FROM documents)",
+            "?",
+            "",
+        ),
+        (
+            "SELECT count(*) FROM documents d JOIN document_versions v ON v.document_id = d.id AND v.organization_id = d.organization_id WHERE d.organization_id = 2",
+            "2",
+            "public.documents,public.document_versions",
+        ),
+        (
+            "SELECT d.title, p.id FROM documents d JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 2",
+            "2",
+            "public.documents",
+        ),
+        ("SELECT count(*) FROM projects p JOIN organizations o ON o.id = p.organization_id", "-", ""),
+        ("SELECT (SELECT count(*) FROM documents WHERE organization_id = 2) AS n", "2", "public.documents"),
+        (
+            "SELECT 1 FROM documents WHERE organization_id = 2 LIMIT 1; SELECT 1 FROM document_versions WHERE organization_id = 2 LIMIT 1",
+            "2",
+            "public.documents,public.document_versions",
+        ),
+        (
+            "SELECT 1 FROM documents WHERE organization_id = 2 LIMIT 1; SELECT 1 FROM document_versions WHERE organization_id = 1 LIMIT 1",
+            "?",
+            "",
+        ),
+        ("SELECT 1; SELECT count(*) FROM projects", "-", ""),
+        ("SELECT title FROM documents WHERE id = 3", "key", ""),
+        ("SELECT title FROM documents WHERE documents.id = '3' AND title <> ''", "key", ""),
+        ("UPDATE documents SET title = title WHERE organization_id = 2 AND id = 2", "2", "public.documents"),
+        ("UPDATE documents SET organization_id = 2 WHERE organization_id = 2 AND id = 2", "?", ""),
+        (
+            "INSERT INTO document_versions (organization_id, document_id, body) VALUES (2, 2, 'a'), ('2', 2, 'b')",
+            "2",
+            "public.document_versions",
+        ),
+        ("DELETE FROM document_versions WHERE organization_id = 2 AND body = 'a'", "2", "public.document_versions"),
+        ("SELECT 'documents WHERE organization_id = 2' FROM projects", "-", ""),
+    ];
+    for (i, (sql, org, tables)) in simple.iter().enumerate() {
+        let mark = format!("s{i}");
+        client
+            .simple_query(&format!("{sql} /*{mark}*/"))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let line = marked_line(&w, &mark);
+        assert!(line.contains("route=\"cloud\""), "{sql}: {line}");
+        assert!(line.contains("kind=\"query\""), "{sql}: {line}");
+        assert!(
+            line.contains(&format!(" org={org} ")),
+            "{sql}: want org={org}: {line}"
+        );
+        // The tables in the catalog's order: compared as sets.
+        let sorted = |t: &str| {
+            let mut v: Vec<String> = t
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
+            v.sort();
+            v
+        };
+        let logged = line
+            .split(" tables=")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .unwrap_or_default();
+        assert_eq!(sorted(logged), sorted(tables), "{sql}: {line}");
+    }
+
+    // The extended protocol: (statement, its Parse's org, a text value for $1, its Bind's org
+    // or "" when its Bind is not placed by a parameter).
+    let extended: &[(&str, &str, &str, &str)] = &[
+        ("SELECT count(*) FROM documents WHERE organization_id = $1", "$1", "2", "2"),
+        ("SELECT count(*) FROM documents WHERE organization_id = $1::bigint", "$1", "2", "2"),
+        ("SELECT count(*) FROM documents WHERE organization_id = CAST($1 AS bigint)", "$1", "1", "1"),
+        ("SELECT count(*) FROM documents WHERE organization_id = $1::text::bigint", "$1", "2", "2"),
+        ("SELECT count(*) FROM documents WHERE organization_id = $1::int + 0", "?", "2", ""),
+        ("SELECT count(*) FROM documents WHERE organization_id = 2 AND id > $1::bigint", "2", "0", ""),
+        (
+            "WITH x AS (SELECT id FROM documents WHERE organization_id = $1::bigint) SELECT count(*) FROM x",
+            "$1",
+            "2",
+            "2",
+        ),
+        (
+            "SELECT count(*) FROM documents d JOIN document_versions v ON v.document_id = d.id WHERE d.organization_id = $1::bigint AND v.organization_id = $1::bigint",
+            "$1",
+            "1",
+            "1",
+        ),
+        ("SELECT title FROM documents WHERE id = $1::bigint", "key", "3", ""),
+        ("UPDATE documents SET title = title WHERE organization_id = $1::bigint AND id = 2", "$1", "2", "2"),
+    ];
+    for (i, (sql, org, value, bound)) in extended.iter().enumerate() {
+        let mark = format!("e{i}");
+        let statement = client
+            .prepare(&format!("{sql} /*{mark}*/"))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let parse = marked_line(&w, &mark);
+        assert!(parse.contains("kind=\"prepare\""), "{sql}: {parse}");
+        assert!(
+            parse.contains(&format!(" org={org} ")),
+            "{sql}: want org={org}: {parse}"
+        );
+        // Bound as the type the statement gave the parameter.
+        use tokio_postgres::types::{ToSql, Type};
+        let (int4, int8): (i32, i64) = (value.parse().unwrap(), value.parse().unwrap());
+        let param: &(dyn ToSql + Sync) = if statement.params()[0] == Type::INT4 {
+            &int4
+        } else if statement.params()[0] == Type::INT8 {
+            &int8
+        } else {
+            value
+        };
+        let binds = route_lines(&w, "kind=\"bind\"").len();
+        client
+            .execute(&statement, &[param])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        // A marked Query after it: the session's lines come in order, so once that one is
+        // in, so is the Bind's, if any.
+        client
+            .simple_query(&format!("SELECT 1 /*{mark}-after*/"))
+            .await
+            .unwrap();
+        marked_line(&w, &format!("{mark}-after"));
+        let new = route_lines(&w, "kind=\"bind\"");
+        if bound.is_empty() {
+            assert_eq!(new.len(), binds, "{sql}: no Bind line: {new:#?}");
+        } else {
+            assert_eq!(new.len(), binds + 1, "{sql}: one Bind line: {new:#?}");
+            let bind = &new[binds];
+            assert!(
+                bind.contains(&format!(" org={bound} ")),
+                "{sql}: want org={bound}: {bind}"
+            );
+        }
+    }
+}
+
+/// A metadata change reaches live sessions on every core: sessions spread over two cores
+/// (the kernel's SO_REUSEPORT spread, 16 of them) route a table enabled after they
+/// connected by the new generation, each on its own core (`core=` of the session's span).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_change_reaches_live_sessions_on_every_core() {
+    let w = World::start(
+        json!({ "route_log": true }),
+        &[("LOKADB_CORES", "2"), ("LOKADB_LOG", "info,lokadb=debug")],
+    )
+    .unwrap();
+    enable_documents(&w);
+    let mut clients = Vec::new();
+    for i in 0..16 {
+        let c = w.client().await.unwrap();
+        c.simple_query(&format!(
+            "SELECT count(*) FROM document_versions WHERE organization_id = 2 /*before{i}*/"
+        ))
+        .await
+        .unwrap();
+        assert!(marked_line(&w, &format!("before{i}")).contains(" org=- "));
+        clients.push(c);
+    }
+    ok(&lokadb(
+        &w.cloud.superuser_dsn("app"),
+        &["enable", "document_versions"],
+    ));
+    assert!(
+        w.proxy
+            .wait_for_output("tables=2 organizations=0", Duration::from_secs(10)),
+        "{}",
+        w.proxy.output()
+    );
+    let mut cores = std::collections::BTreeSet::new();
+    for (i, c) in clients.iter().enumerate() {
+        c.simple_query(&format!(
+            "SELECT count(*) FROM document_versions WHERE organization_id = 2 /*after{i}*/"
+        ))
+        .await
+        .unwrap();
+        let line = marked_line(&w, &format!("after{i}"));
+        assert!(
+            line.contains(" org=2 ") && line.contains(" tables=public.document_versions "),
+            "{line}"
+        );
+        let core = line
+            .split("core=")
+            .nth(1)
+            .and_then(|s| s.split([' ', '}']).next())
+            .unwrap_or_else(|| panic!("a session span with its core: {line}"))
+            .to_owned();
+        cores.insert(core);
+    }
+    assert_eq!(
+        cores.into_iter().collect::<Vec<_>>(),
+        ["0", "1"],
+        "sessions on both cores"
+    );
+}
