@@ -9,18 +9,26 @@
 //! - inside the client's batch (the extended protocol) where the statement is: the proxy's
 //!   Bind and Execute go just before its Bind, at the front of the batch when that Bind
 //!   begins it and its statement is placed; the client's Sync ends both;
+//! - ahead of a simple Query of one SELECT, INSERT, UPDATE, DELETE, WITH, VALUES or TABLE
+//!   statement: the proxy's `SELECT set_config(…);` in front of its text, in the same Query
+//!   (one request, one transaction, no ReadyForQuery of its own for the backend to flush);
+//!   the positions in the Query's errors are shifted back to the client's text;
 //! - otherwise a request of its own (Bind, Execute, Sync): a simple Query after Bind and
 //!   Execute without a Sync would run in their implicit transaction (PostgreSQL 18 leaves it
-//!   open), and an unplaced statement may be one Postgres runs only alone.
+//!   open), a statement after another in one Query runs in a transaction block (a LOCK, a
+//!   DECLARE or a CALL differently, VACUUM not at all), and an unplaced statement may be one
+//!   Postgres runs only alone.
 //!
 //! The proxy trusts the value it set only where it cannot have been rolled back: its own
-//! request that ran alone outside a transaction, or a batch begun outside a transaction
+//! request that ran alone outside a transaction, a batch begun outside a transaction
 //! whose one Bind was its statement's, placed in one organization (so no transaction
-//! control), that ran without error. Otherwise it sets it again before the next statement.
+//! control), that ran without error, or such a Query of one statement. Otherwise it sets it
+//! again before the next statement.
 
 use super::router::count;
 use super::statement::{statement_of, ClientFrames, Exchange};
 use crate::route::analysis::{mentions, Analysis, Org, RUNS_ALONE};
+use crate::route::literals::one_dml_statement;
 use crate::route::meta::Placement;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
@@ -35,6 +43,28 @@ pub const SETTING: &str = "lokadb.statement_org";
 const OWN: &str = "lokadb_statement_org";
 
 const SET_SQL: &str = "SELECT pg_catalog.set_config('lokadb.statement_org', $1, false)";
+
+/// What the cloud gets so it learns a statement's organization.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Told {
+    /// Whole messages just ahead of the statement's.
+    Ahead(Vec<u8>),
+    /// A statement to put in front of the Query's text, in the same Query.
+    Prefix(String),
+}
+
+/// The proxy's statement in front of a Query's text: `SELECT pg_catalog.set_config(…);`
+/// with the value as a literal (an escape string when it holds a backslash, which a
+/// session with `standard_conforming_strings` off would read as an escape).
+fn prefix(org: &str) -> String {
+    let quoted = org.replace('\'', "''");
+    let literal = if quoted.contains('\\') {
+        format!("E'{}'", quoted.replace('\\', "\\\\"))
+    } else {
+        format!("'{quoted}'")
+    };
+    format!("SELECT pg_catalog.set_config('{SETTING}', {literal}, false);")
+}
 
 /// A session's state of it.
 #[derive(Debug, Default)]
@@ -109,7 +139,7 @@ impl ClientFrames<'_> {
     /// What goes to the cloud just ahead of `frame` (a Query or Bind going there) so the
     /// cloud knows its statement's organization; registered on the cloud's exchange, so
     /// its answers are dropped. `None`: nothing (no LokaDB table, or the value is known).
-    pub(super) fn tell_cloud(&mut self, tag: u8, frame: &[u8]) -> Option<Vec<u8>> {
+    pub(super) fn tell_cloud(&mut self, tag: u8, frame: &[u8]) -> Option<Told> {
         if !self.router.cloud_org.tell || !matches!(tag, FE_QUERY | FE_BIND) {
             return None;
         }
@@ -142,6 +172,28 @@ impl ClientFrames<'_> {
         let org: Rc<str> = Rc::from(&*org);
         let ex = &mut self.exchanges.cloud;
         let state = &mut self.router.cloud_org;
+        // An ASCII value: the positions Postgres gives count characters in the client's
+        // encoding.
+        let one_statement = tag == FE_QUERY
+            && !ex.unsynced
+            && org.is_ascii()
+            && statement_of(tag, &frame[5..]).is_some_and(|(_, sql, _)| one_dml_statement(sql));
+        if one_statement {
+            // In front of the Query's text: its answers (RowDescription, DataRow,
+            // CommandComplete) are dropped by position. Begun outside a transaction with
+            // nothing pending, one statement that runs without an error commits the value.
+            let text = prefix(&org);
+            let first = ex.pending == 0 && ex.status == TX_IDLE;
+            ex.add_own_statement(text.chars().count());
+            state.known = None;
+            state.added = Some(Added {
+                request: batch,
+                errors: ex.errors,
+                parsed: false,
+                keeps: first.then_some(org),
+            });
+            return Some(Told::Prefix(text));
+        }
         // The proxy's own named statement and portal: the client's unnamed ones stay as
         // they are (a simple Query would destroy the unnamed statement). Parsed once: a
         // client's statement that could deallocate it (DISCARD, DEALLOCATE) makes the proxy
@@ -185,7 +237,7 @@ impl ClientFrames<'_> {
             state.parsed |= alone;
             state.known = alone.then_some(org);
         }
-        Some(out)
+        Some(Told::Ahead(out))
     }
 
     /// The organization of a Query's or Bind's statement as the cloud should know it
@@ -532,15 +584,66 @@ mod tests {
         assert_eq!(s.send(&pv), pv);
         assert_eq!(s.answer("12CZ", TX_IDLE), "12CZ");
 
-        // A simple Query: a request of the proxy's own, with its Sync, then the Query.
+        // A simple Query of one statement: the proxy's statement in front of its text, in
+        // the same Query; its answers are dropped.
+        let sql = "SELECT * FROM documents WHERE organization_id = 5";
         let mut q = Vec::new();
-        frontend::query(&mut q, "SELECT * FROM documents WHERE organization_id = 5");
-        assert_eq!(tags(&s.send(&q)), "CBESQ");
-        assert_eq!(s.answer("32DCZ", TX_IDLE), "");
-        assert_eq!(s.answer("TDCZ", TX_IDLE), "TDCZ");
-        // Alone outside a transaction: known.
+        frontend::query(&mut q, sql);
+        let mut told = Vec::new();
+        frontend::query(&mut told, &format!("{}{sql}", prefix("5")));
+        assert_eq!(s.send(&q), told);
+        assert_eq!(
+            prefix("5"),
+            "SELECT pg_catalog.set_config('lokadb.statement_org', '5', false);"
+        );
+        assert_eq!(s.answer("TDCTDCZ", TX_IDLE), "TDCZ");
+        // One statement begun outside a transaction, no error: known.
         assert_eq!(s.send(&q), q);
         assert_eq!(s.answer("TDCZ", TX_IDLE), "TDCZ");
+        // Its statement fails: the value is not known (the transaction rolled back).
+        let mut q7 = Vec::new();
+        frontend::query(&mut q7, "SELECT * FROM documents WHERE organization_id = 7");
+        assert_eq!(tags(&s.send(&q7)), "Q");
+        assert_eq!(s.answer("TDCEZ", TX_IDLE), "EZ");
+        assert_eq!(tags(&s.send(&q7)), "Q");
+        assert_eq!(s.answer("TDCTDCZ", TX_IDLE), "TDCZ");
+        assert_eq!(s.send(&q7), q7);
+        assert_eq!(s.answer("TDCZ", TX_IDLE), "TDCZ");
+        // The proxy's statement fails (a cancel): the client sees the error.
+        let mut q8 = Vec::new();
+        frontend::query(&mut q8, "SELECT * FROM documents WHERE organization_id = 8");
+        assert_eq!(tags(&s.send(&q8)), "Q");
+        assert_eq!(s.answer("EZ", TX_IDLE), "EZ");
+        // Inside a transaction: set, not known.
+        s.send(&begin);
+        assert_eq!(s.answer("CZ", TX_IN_BLOCK), "CZ");
+        assert_eq!(tags(&s.send(&q8)), "Q");
+        assert_eq!(s.answer("TDCTDCZ", TX_IN_BLOCK), "TDCZ");
+        assert_eq!(tags(&s.send(&q8)), "Q");
+        assert_eq!(s.answer("TDCTDCZ", TX_IN_BLOCK), "TDCZ");
+        s.send(&rollback);
+        assert_eq!(s.answer("CZ", TX_IDLE), "CZ");
+        // Two statements, or one a transaction block changes (a LOCK): a request of the
+        // proxy's own, with its Sync, then the Query (the failure above made the proxy
+        // parse its statement again).
+        for (sql, sent) in [
+            (
+                "SELECT * FROM documents WHERE organization_id = 5; SELECT 1",
+                "CCPBESQ",
+            ),
+            ("LOCK documents", "CBESQ"),
+        ] {
+            let mut q = Vec::new();
+            frontend::query(&mut q, sql);
+            assert_eq!(tags(&s.send(&q)), sent, "{sql}");
+            assert_eq!(s.answer("3312DCZ", TX_IDLE), "");
+            assert_eq!(s.answer("CZ", TX_IDLE), "CZ");
+        }
+        // Alone outside a transaction: known.
+        let mut lock = Vec::new();
+        frontend::query(&mut lock, "LOCK documents");
+        assert_eq!(s.send(&lock), lock);
+        assert_eq!(s.answer("CZ", TX_IDLE), "CZ");
 
         // A Query inside the client's batch (no Sync before it): the proxy's messages go in
         // the batch too, with no Sync of theirs.

@@ -16,8 +16,9 @@
 //! re-parses it there first (Close + Parse, their answers dropped); an unnamed Parse that
 //! may go direct is held until its Bind says where.
 
+use super::cloud_org::Told;
 use super::pump::Action;
-use super::statement::{bind_param, ClientFrames, Exchange};
+use super::statement::{bind_param, statement_frame, statement_of, ClientFrames, Exchange};
 use crate::route::analysis::{Analysis, KeyOrg, Org};
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
@@ -627,11 +628,25 @@ impl ClientFrames<'_> {
             }
             _ => frame,
         };
-        let prefix = match (begin, told) {
+        let ahead = match told {
+            Some(Told::Ahead(bytes)) => Some(bytes),
+            Some(Told::Prefix(text)) => {
+                // The Query as it goes out (rewritten or not, after a held Parse it takes
+                // along) with the proxy's statement in front of its text.
+                let out = match &action {
+                    Action::Replace(bytes) => bytes.as_slice(),
+                    _ => frame.expect("a Query told"),
+                };
+                action = Action::Replace(prefixed(out, &text));
+                None
+            }
+            None => None,
+        };
+        let prefix = match (begin, ahead) {
             (None, None) => None,
-            (begin, told) => {
+            (begin, ahead) => {
                 let mut out = begin.unwrap_or_default();
-                out.extend_from_slice(told.as_deref().unwrap_or_default());
+                out.extend_from_slice(ahead.as_deref().unwrap_or_default());
                 Some(out)
             }
         };
@@ -1243,6 +1258,30 @@ pub(super) fn count(ex: &mut Exchange, tag: u8) {
         FE_COPY_DATA | FE_FLUSH => {}
         _ => ex.unsynced = true,
     }
+}
+
+/// `bytes` (whole frames, ending with a Query) with `text` in front of the Query's text.
+fn prefixed(bytes: &[u8], text: &str) -> Vec<u8> {
+    let mut at = 0;
+    while let Ok(Some(h)) = lokadb_shared::wire::Header::peek(&bytes[at..], u32::MAX) {
+        let end = at + h.frame_len();
+        if h.tag == FE_QUERY && end == bytes.len() {
+            if let Some((_, sql, rest)) = statement_of(FE_QUERY, &bytes[at + 5..end]) {
+                let mut out = bytes[..at].to_vec();
+                out.extend_from_slice(&statement_frame(
+                    FE_QUERY,
+                    None,
+                    &format!("{text}{sql}"),
+                    rest,
+                ));
+                return out;
+            }
+        }
+        at = end;
+    }
+    // Not reached: what goes out for a Query ends with it (after a held Parse at most).
+    tracing::error!("no Query to put the statement_org setting in front of");
+    bytes.to_vec()
 }
 
 #[cfg(test)]

@@ -65,6 +65,10 @@ pub struct Exchange {
     /// A request of the proxy's own whose one value is wanted (a key-map lookup): its
     /// number, and the first column of its first row once read (`None` for NULL).
     pub capture: Option<(u64, Option<Option<String>>)>,
+    /// Queries whose text begins with a statement of the proxy's own: (the request, the
+    /// characters it added), oldest first. The positions in their errors and notices are
+    /// shifted back by that many, to the client's text.
+    pub shifted: std::collections::VecDeque<(u64, u32)>,
 }
 
 /// How many failed requests of the proxy's own an exchange remembers.
@@ -126,6 +130,7 @@ impl Default for Exchange {
             ended: 0,
             dropping_added: 0,
             capture: None,
+            shifted: std::collections::VecDeque::new(),
         }
     }
 }
@@ -186,6 +191,25 @@ impl Exchange {
             self.sent_in_batch,
             u32::try_from(answers).unwrap_or(u32::MAX),
         ));
+    }
+
+    /// Notes that the Query going out now begins with a statement of the proxy's own
+    /// (`SELECT …;`, `chars` characters): its answers, a RowDescription and a
+    /// CommandComplete with a DataRow between, are dropped, and the positions in the
+    /// Query's errors are shifted back to the client's text.
+    pub fn add_own_statement(&mut self, chars: usize) {
+        let request = self.answered + u64::from(self.pending);
+        self.added.push_back((request, 0, 2));
+        self.shifted
+            .push_back((request, u32::try_from(chars).unwrap_or(u32::MAX)));
+    }
+
+    /// The characters to shift positions back by in the answers coming now.
+    fn shift_now(&self) -> Option<u32> {
+        self.shifted
+            .front()
+            .filter(|&&(r, _)| r == self.answered)
+            .map(|&(_, n)| n)
     }
 
     /// Counts the messages of `bytes` (whole frames) going out to this side.
@@ -738,6 +762,7 @@ impl Inspect for ServerFrames<'_> {
         }
         match tag {
             BE_READY_FOR_QUERY | BE_PARAMETER_STATUS => true,
+            BE_ERROR_RESPONSE | BE_NOTICE_RESPONSE => ex.shift_now().is_some(),
             BE_PARSE_COMPLETE | BE_CLOSE_COMPLETE => self.exchange.drops_next(),
             _ => false,
         }
@@ -776,13 +801,61 @@ impl Inspect for ServerFrames<'_> {
                 }
             }
         }
+        let shift = match header.tag {
+            BE_ERROR_RESPONSE | BE_NOTICE_RESPONSE => self.exchange.shift_now(),
+            _ => None,
+        };
         let action = self.account(header.tag, frame);
-        if silent {
-            Action::Replace(Vec::new())
-        } else {
-            action
+        match (silent, shift, frame) {
+            (true, ..) => Action::Replace(Vec::new()),
+            (false, Some(chars), Some(frame)) if action == Action::Forward => {
+                shift_position(frame, chars).map_or(action, Action::Replace)
+            }
+            _ => action,
         }
     }
+}
+
+/// An ErrorResponse or NoticeResponse with its position (`P`, in characters of the
+/// Query's text) moved back by `chars`, the statement the proxy put in front of the
+/// client's text; a position inside that statement is left out. `None`: no position, or
+/// a message the proxy cannot read (it passes as it is).
+fn shift_position(frame: &[u8], chars: u32) -> Option<Vec<u8>> {
+    let mut f = Fields::new(&frame[5..], "ErrorResponse");
+    let mut out = Vec::with_capacity(frame.len());
+    out.extend_from_slice(&frame[..5]);
+    let mut shifted = false;
+    loop {
+        let code = f.u8().ok()?;
+        if code == 0 {
+            break;
+        }
+        // Texts in the client's encoding: kept as bytes.
+        let value = f.cstr_bytes().ok()?;
+        if code == b'P' {
+            shifted = true;
+            match std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+            {
+                Some(p) if p > chars => {
+                    out.push(code);
+                    out.extend_from_slice((p - chars).to_string().as_bytes());
+                    out.push(0);
+                }
+                Some(_) => {}
+                None => return None,
+            }
+            continue;
+        }
+        out.push(code);
+        out.extend_from_slice(value);
+        out.push(0);
+    }
+    out.push(0);
+    let len = u32::try_from(out.len() - 1).ok()?;
+    out[1..5].copy_from_slice(&len.to_be_bytes());
+    shifted.then_some(out)
 }
 
 /// The first column of a DataRow body as text (`None`: NULL, or not UTF-8).
@@ -846,6 +919,9 @@ impl ServerFrames<'_> {
                 }
                 while ex.added.front().is_some_and(|&(r, _, _)| r < ex.answered) {
                     ex.added.pop_front();
+                }
+                while ex.shifted.front().is_some_and(|&(r, _)| r < ex.answered) {
+                    ex.shifted.pop_front();
                 }
                 ex.ended = 0;
                 ex.dropping_added = 0;
@@ -927,6 +1003,75 @@ mod tests {
         ready(&mut s, b'T');
         assert!(ex.is_settled());
         assert!(!ex.is_idle(), "in a transaction block");
+    }
+
+    /// An ErrorResponse (or NoticeResponse) of the fields `(code, value)`.
+    fn error_frame(fields: &[(u8, &str)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (code, value) in fields {
+            body.push(*code);
+            body.extend_from_slice(value.as_bytes());
+            body.push(0);
+        }
+        body.push(0);
+        let mut f = vec![BE_ERROR_RESPONSE];
+        f.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        f.extend_from_slice(&body);
+        f
+    }
+
+    /// The position in an error of a Query the proxy put its statement in front of points
+    /// into the client's text again; one inside the proxy's statement is left out.
+    #[test]
+    fn positions_in_errors_of_a_prefixed_query_point_into_the_clients_text() {
+        let base = [
+            (b'S', "ERROR"),
+            (b'C', "42703"),
+            (b'M', "column \"x\" does not exist"),
+        ];
+        let with = |p: &str| {
+            let mut f = base.to_vec();
+            f.push((b'P', p));
+            error_frame(&f)
+        };
+        assert_eq!(shift_position(&with("75"), 60), Some(with("15")));
+        assert_eq!(shift_position(&with("61"), 60), Some(with("1")));
+        assert_eq!(shift_position(&with("60"), 60), Some(error_frame(&base)));
+        assert_eq!(shift_position(&error_frame(&base), 60), None);
+        assert_eq!(shift_position(&with("x"), 60), None);
+        assert_eq!(
+            shift_position(&[BE_ERROR_RESPONSE, 0, 0, 0, 6, b'P'], 60),
+            None
+        );
+
+        // Only in the answers of that Query.
+        let mut ex = Exchange {
+            pending: 2,
+            ..Exchange::default()
+        };
+        ex.pending -= 1;
+        ex.add_own_statement(60);
+        ex.pending += 1;
+        let mut reported = Reported::default();
+        let mut s = server(&mut ex, &mut reported);
+        let h = |f: &[u8]| Header::peek(f, u32::MAX).unwrap().unwrap();
+        let e = with("75");
+        // The earlier request's error passes as it is.
+        assert!(!s.wants_body(BE_ERROR_RESPONSE));
+        assert_eq!(s.on_frame(h(&e), Some(&e)), Action::Forward);
+        assert_eq!(ready(&mut s, b'I'), Action::Forward);
+        // The prefixed Query's: its own statement's answers dropped, then the error shifted.
+        assert!(s.wants_body(BE_ERROR_RESPONSE));
+        let empty = Action::Replace(Vec::new());
+        for tag in [BE_ROW_DESCRIPTION, BE_DATA_ROW, BE_COMMAND_COMPLETE] {
+            assert_eq!(
+                s.on_frame(Header { tag, len: 4 }, Some(&[tag, 0, 0, 0, 4])),
+                empty
+            );
+        }
+        assert_eq!(s.on_frame(h(&e), Some(&e)), Action::Replace(with("15")));
+        assert_eq!(ready(&mut s, b'I'), Action::Forward);
+        assert!(!s.wants_body(BE_ERROR_RESPONSE));
     }
 
     /// Answers to messages the proxy added are dropped only once the requests sent before

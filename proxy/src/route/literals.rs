@@ -91,6 +91,63 @@ pub fn normalize(sql: &str) -> Option<(String, Vec<String>)> {
     Some((out, values))
 }
 
+/// Whether `sql` is one SELECT, INSERT, UPDATE, DELETE, WITH, VALUES or TABLE statement
+/// (a `;` after it only, comments and whitespace aside), as far as this scan can tell: any
+/// form it does not follow (an escape or dollar-quoted string, an unclosed quote or comment)
+/// says no. Postgres runs such a statement alike alone in a Query or after another
+/// statement in the same Query (in the Query's implicit transaction block), where a LOCK, a
+/// DECLARE, a CALL, VACUUM and the like run differently or not at all.
+pub fn one_dml_statement(sql: &str) -> bool {
+    const DML: &[&str] = &[
+        "select", "insert", "update", "delete", "with", "values", "table",
+    ];
+    let b = sql.as_bytes();
+    let (mut i, mut first, mut ended) = (0, true, false);
+    while i < b.len() {
+        let c = b[i];
+        let after_word = i > 0 && is_word_byte(b[i - 1]);
+        match c {
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                i = b[i..]
+                    .iter()
+                    .position(|&x| x == b'\n' || x == b'\r')
+                    .map_or(b.len(), |n| i + n);
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => match block_comment_end(b, i) {
+                Some(end) => i = end,
+                None => return false,
+            },
+            _ if c.is_ascii_whitespace() => i += 1,
+            // Anything after the statement's `;`, or a form not followed.
+            _ if ended => return false,
+            b';' => {
+                ended = true;
+                i += 1;
+            }
+            b'\'' if after_word || (i > 0 && b[i - 1] == b'&') => return false,
+            b'$' if !b.get(i + 1).is_some_and(u8::is_ascii_digit) && !after_word => return false,
+            b'"' | b'\'' if first => return false,
+            b'"' | b'\'' => match quoted_end(b, i, c) {
+                Some(end) if c == b'"' || !sql[i..end].contains('\\') => i = end,
+                _ => return false,
+            },
+            _ if first => {
+                let end = b[i..]
+                    .iter()
+                    .position(|&x| !is_word_byte(x))
+                    .map_or(b.len(), |n| i + n);
+                if !DML.iter().any(|k| sql[i..end].eq_ignore_ascii_case(k)) {
+                    return false;
+                }
+                first = false;
+                i = end.max(i + 1);
+            }
+            _ => i += 1,
+        }
+    }
+    !first
+}
+
 /// A byte of an identifier or keyword (any non-ASCII byte may be one).
 fn is_word_byte(x: u8) -> bool {
     x.is_ascii_alphanumeric() || x == b'_' || x == b'$' || x >= 0x80
@@ -212,6 +269,47 @@ mod tests {
             "SELECT /* open",
         ] {
             assert_eq!(n(sql), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn one_dml_statement_is_told_from_others() {
+        for sql in [
+            "SELECT 1",
+            "select * from documents where organization_id = 2;",
+            "  -- a comment\n/* and /* nested */ one */ UPDATE documents SET title = 'a;b' WHERE id = 1 ;  -- done",
+            "WITH x AS (SELECT 1) SELECT * FROM x",
+            "INSERT INTO \"my;table\" VALUES (1)",
+            "DELETE FROM t",
+            "VALUES (1)",
+            "TABLE t",
+        ] {
+            assert!(one_dml_statement(sql), "{sql}");
+        }
+        for sql in [
+            "",
+            ";",
+            "-- only a comment",
+            "SELECT 1; SELECT 2",
+            "SELECT 1; BEGIN",
+            "BEGIN; SELECT 1",
+            "LOCK documents",
+            "DECLARE c CURSOR FOR SELECT 1",
+            "CALL p()",
+            "VACUUM documents",
+            "COPY documents FROM STDIN",
+            "EXPLAIN SELECT 1",
+            "SET lokadb.org = '2'",
+            "SELECT E'a\\'b'",
+            "SELECT 'a\\b'",
+            "SELECT $$a$$",
+            "SELECT 'open",
+            "SELECT /* open",
+            "selector",
+            "(SELECT 1)",
+            "\"select\" FROM t",
+        ] {
+            assert!(!one_dml_statement(sql), "{sql}");
         }
     }
 

@@ -101,6 +101,42 @@ async fn the_cloud_learns_each_statements_organization(
     assert_eq!(simple(total).await.0.as_deref(), Some(""));
     assert_eq!(seen_bound(2).await.0.as_deref(), Some("2"));
 
+    // A simple Query of one statement gets the proxy's statement in front of its text: an
+    // error in the client's statement points into the client's text as straight at the
+    // cloud, and leaves the value unknown (the Query's transaction rolled back).
+    let bad = "SELECT seen_org(), nosuch FROM documents WHERE organization_id = 1";
+    let position = |e: tokio_postgres::Error| {
+        let db = e.as_db_error().expect("the server's error").clone();
+        (db.code().code().to_owned(), format!("{:?}", db.position()))
+    };
+    let straight = position(cloud.simple_query(bad).await.unwrap_err());
+    assert!(straight.1.contains("Original(20)"), "{straight:?}");
+    assert_eq!(position(c.simple_query(bad).await.unwrap_err()), straight);
+    assert_eq!(simple(&of(1)).await.0.as_deref(), Some("1"));
+    assert_eq!(simple(&of(1)).await.0.as_deref(), Some("1"));
+    // Two statements in one Query, and a LOCK (which Postgres refuses alone outside a
+    // transaction block, and runs after another statement of the same Query): a request of
+    // the proxy's own ahead of them, the LOCK refused as straight at the cloud.
+    let two = c
+        .simple_query(&format!("{}; {}", of(2), of(2)))
+        .await
+        .unwrap();
+    let seen: Vec<_> = two
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seen, ["2", "2"]);
+    let lock = c.simple_query("LOCK documents").await.unwrap_err();
+    assert_eq!(
+        lock.as_db_error().map(|e| e.code().code()),
+        Some("25P01"),
+        "{lock}"
+    );
+    assert_eq!(simple(&of(1)).await.0.as_deref(), Some("1"));
+
     // Set inside a transaction that rolls back, the value goes with it: the proxy sets it
     // again before the next statement.
     c.batch_execute("BEGIN").await.unwrap();
