@@ -194,12 +194,11 @@ impl Exchange {
     }
 
     /// Notes that the Query going out now begins with a statement of the proxy's own
-    /// (`SELECT …;`, `chars` characters): its answers, a RowDescription and a
-    /// CommandComplete with a DataRow between, are dropped, and the positions in the
-    /// Query's errors are shifted back to the client's text.
+    /// (`SET …;`, `chars` characters): its answer, a CommandComplete, is dropped, and the
+    /// positions in the Query's errors are shifted back to the client's text.
     pub fn add_own_statement(&mut self, chars: usize) {
         let request = self.answered + u64::from(self.pending);
-        self.added.push_back((request, 0, 2));
+        self.added.push_back((request, 0, 1));
         self.shifted
             .push_back((request, u32::try_from(chars).unwrap_or(u32::MAX)));
     }
@@ -1060,15 +1059,13 @@ mod tests {
         assert!(!s.wants_body(BE_ERROR_RESPONSE));
         assert_eq!(s.on_frame(h(&e), Some(&e)), Action::Forward);
         assert_eq!(ready(&mut s, b'I'), Action::Forward);
-        // The prefixed Query's: its own statement's answers dropped, then the error shifted.
+        // The prefixed Query's: its own statement's answer dropped, then the error shifted.
         assert!(s.wants_body(BE_ERROR_RESPONSE));
-        let empty = Action::Replace(Vec::new());
-        for tag in [BE_ROW_DESCRIPTION, BE_DATA_ROW, BE_COMMAND_COMPLETE] {
-            assert_eq!(
-                s.on_frame(Header { tag, len: 4 }, Some(&[tag, 0, 0, 0, 4])),
-                empty
-            );
-        }
+        let tag = BE_COMMAND_COMPLETE;
+        assert_eq!(
+            s.on_frame(Header { tag, len: 4 }, Some(&[tag, 0, 0, 0, 4])),
+            Action::Replace(Vec::new())
+        );
         assert_eq!(s.on_frame(h(&e), Some(&e)), Action::Replace(with("15")));
         assert_eq!(ready(&mut s, b'I'), Action::Forward);
         assert!(!s.wants_body(BE_ERROR_RESPONSE));

@@ -1427,6 +1427,7 @@ pub(crate) mod tests {
             orgs: HashMap::new(),
             writes: Vec::new(),
             direct_orgs: 0,
+            set_normalized: true,
         }))
     }
 

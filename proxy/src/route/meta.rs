@@ -46,6 +46,10 @@ pub struct Meta {
     /// How many organizations take the direct path (counted once per generation, so no
     /// statement scans the organizations).
     pub direct_orgs: usize,
+    /// The cloud's pg_stat_statements counts `SET x = '…'` of every value as one statement
+    /// (PostgreSQL 16+): the proxy may set `lokadb.statement_org` with a SET in front of a
+    /// Query's text without filling it with one entry per organization.
+    pub set_normalized: bool,
 }
 
 /// What a direct UPDATE of one LokaDB table may not change.
@@ -105,6 +109,9 @@ impl Meta {
         if !initialized {
             return Ok(Meta::default());
         }
+        let version: i32 = client
+            .query_one("SELECT current_setting('server_version_num')::int", &[])?
+            .get(0);
         let mut generation = 0;
         let mut tables = Vec::new();
         let mut orgs = HashMap::new();
@@ -213,6 +220,7 @@ impl Meta {
             direct_orgs: orgs.values().filter(|o| o.is_direct()).count(),
             orgs,
             writes,
+            set_normalized: version >= 160_000,
         })
     }
 }
@@ -396,6 +404,7 @@ mod tests {
             orgs: HashMap::new(),
             writes: Vec::new(),
             direct_orgs: 0,
+            set_normalized: true,
         }))
     }
 
@@ -432,6 +441,7 @@ mod tests {
             orgs,
             writes: Vec::new(),
             direct_orgs: 0,
+            set_normalized: true,
         }));
         assert_eq!(moved.cached(), 1);
         // A table enabled: the indexes in the analyses may mean other tables now.
@@ -450,6 +460,7 @@ mod tests {
             orgs: HashMap::new(),
             writes: Vec::new(),
             direct_orgs: 0,
+            set_normalized: true,
         }));
         assert_eq!(enabled.cached(), 0);
     }
