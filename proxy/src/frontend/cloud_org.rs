@@ -12,7 +12,7 @@
 //! - ahead of a simple Query of one SELECT, INSERT, UPDATE, DELETE, WITH, VALUES or TABLE
 //!   statement: the proxy's `SET lokadb.statement_org = '…';` in front of its text, in the
 //!   same Query (one request, one transaction, no ReadyForQuery of its own for the backend
-//!   to flush), when the cloud is PostgreSQL 16+ (whose pg_stat_statements counts the SETs
+//!   to flush), when the cloud is PostgreSQL 18+ (whose pg_stat_statements counts the SETs
 //!   of every value as one statement); the positions in the Query's errors are shifted
 //!   back to the client's text;
 //! - otherwise a request of its own (Bind, Execute, Sync): a simple Query after Bind and
@@ -173,19 +173,22 @@ impl ClientFrames<'_> {
             return None;
         }
         let org: Rc<str> = Rc::from(&*org);
+        let holds = self.router.holds_message();
         let ex = &mut self.exchanges.cloud;
         let state = &mut self.router.cloud_org;
-        // An ASCII value: the positions Postgres gives count characters in the client's
-        // encoding.
+        // Nothing of the client's ahead of it in the request (a held Parse the Query takes
+        // along answers first), and an ASCII value: the positions Postgres gives count
+        // characters in the client's encoding.
         let one_statement = tag == FE_QUERY
             && !ex.unsynced
+            && !holds
             && org.is_ascii()
             && self.meta.is_some_and(|m| m.meta.set_normalized)
             && statement_of(tag, &frame[5..]).is_some_and(|(_, sql, _)| one_dml_statement(sql));
         if one_statement {
             // In front of the Query's text: its answer (CommandComplete) is dropped by
-            // position. Begun outside a transaction with
-            // nothing pending, one statement that runs without an error commits the value.
+            // position. Begun outside a transaction with nothing pending, one statement that
+            // runs without an error commits the value.
             let text = prefix(&org);
             let first = ex.pending == 0 && ex.status == TX_IDLE;
             ex.add_own_statement(text.chars().count());
@@ -598,6 +601,11 @@ mod tests {
         assert_eq!(s.send(&q), told);
         assert_eq!(prefix("5"), "SET lokadb.statement_org = '5';");
         assert_eq!(prefix("it's"), "SET lokadb.statement_org = 'it''s';");
+        // A value cannot end the SET: one literal, whatever it holds.
+        assert_eq!(
+            prefix("x'; DROP TABLE t; --"),
+            "SET lokadb.statement_org = 'x''; DROP TABLE t; --';"
+        );
         assert_eq!(prefix(r"a\b'"), r"SET lokadb.statement_org = E'a\\b''';");
         assert_eq!(s.answer("CTDCZ", TX_IDLE), "TDCZ");
         // One statement begun outside a transaction, no error: known.
@@ -639,7 +647,12 @@ mod tests {
             let mut q = Vec::new();
             frontend::query(&mut q, sql);
             assert_eq!(tags(&s.send(&q)), sent, "{sql}");
-            assert_eq!(s.answer("3312DCZ", TX_IDLE), "");
+            let answers = if sent.contains('P') {
+                "3312DCZ"
+            } else {
+                "32DCZ"
+            };
+            assert_eq!(s.answer(answers, TX_IDLE), "");
             assert_eq!(s.answer("CZ", TX_IDLE), "CZ");
         }
         // Alone outside a transaction: known.

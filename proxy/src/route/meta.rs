@@ -47,8 +47,9 @@ pub struct Meta {
     /// statement scans the organizations).
     pub direct_orgs: usize,
     /// The cloud's pg_stat_statements counts `SET x = '…'` of every value as one statement
-    /// (PostgreSQL 16+): the proxy may set `lokadb.statement_org` with a SET in front of a
-    /// Query's text without filling it with one entry per organization.
+    /// (PostgreSQL 18+; 17 and older keep the value in the statement's identity): the proxy
+    /// may set `lokadb.statement_org` with a SET in front of a Query's text without filling
+    /// it with one entry per organization.
     pub set_normalized: bool,
 }
 
@@ -220,7 +221,7 @@ impl Meta {
             direct_orgs: orgs.values().filter(|o| o.is_direct()).count(),
             orgs,
             writes,
-            set_normalized: version >= 160_000,
+            set_normalized: version >= 180_000,
         })
     }
 }

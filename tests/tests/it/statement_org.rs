@@ -104,11 +104,30 @@ async fn the_cloud_learns_each_statements_organization(
     // A simple Query of one statement gets the proxy's statement in front of its text: an
     // error in the client's statement points into the client's text as straight at the
     // cloud, and leaves the value unknown (the Query's transaction rolled back).
-    let bad = "SELECT seen_org(), nosuch FROM documents WHERE organization_id = 1";
+    let bad = "SELECT seen_org(), nosuch FROM documents WHERE organization_id = 2";
     let position = |e: tokio_postgres::Error| {
         let db = e.as_db_error().expect("the server's error").clone();
         (db.code().code().to_owned(), format!("{:?}", db.position()))
     };
+    // The Query as the cloud runs it: with the SET in front on PostgreSQL 18+, whose
+    // pg_stat_statements counts the SETs of every value as one statement; else after a
+    // request of the proxy's own.
+    let version: i32 = cloud
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let seen_query = "SELECT current_query() FROM documents WHERE organization_id = 1 LIMIT 1";
+    assert_eq!(simple(&of(2)).await.0.as_deref(), Some("2"));
+    let ran = match &c.simple_query(seen_query).await.unwrap()[1] {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).unwrap().to_owned(),
+        m => panic!("{m:?}"),
+    };
+    if version >= 180_000 {
+        assert_eq!(ran, format!("SET lokadb.statement_org = '1';{seen_query}"));
+    } else {
+        assert_eq!(ran, seen_query);
+    }
     let straight = position(cloud.simple_query(bad).await.unwrap_err());
     assert!(straight.1.contains("Original(20)"), "{straight:?}");
     assert_eq!(position(c.simple_query(bad).await.unwrap_err()), straight);
