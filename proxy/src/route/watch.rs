@@ -137,14 +137,6 @@ fn load_and_publish(
     if *published == Some(meta.generation) {
         return Ok(());
     }
-    tracing::info!(
-        database,
-        generation = meta.generation,
-        tables = meta.catalog.tables().len(),
-        organizations = meta.orgs.len(),
-        load_ms = started.elapsed().as_secs_f64() * 1e3,
-        "metadata loaded"
-    );
     *published = Some(meta.generation);
     let meta = Arc::new(meta);
     for core in cores {
@@ -154,5 +146,14 @@ fn load_and_publish(
         };
         core.send(update);
     }
+    // Logged once every core has it in its mailbox (tests wait for this line).
+    tracing::info!(
+        database,
+        generation = meta.generation,
+        tables = meta.catalog.tables().len(),
+        organizations = meta.orgs.len(),
+        load_ms = started.elapsed().as_secs_f64() * 1e3,
+        "metadata loaded"
+    );
     Ok(())
 }
