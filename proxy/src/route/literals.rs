@@ -33,14 +33,7 @@ pub fn normalize(sql: &str) -> Option<(String, Vec<String>)> {
         let c = b[i];
         let after_word = i > 0 && is_word_byte(b[i - 1]);
         match c {
-            // A line comment ends at a newline or a carriage return, as Postgres's lexer
-            // has it.
-            b'-' if b.get(i + 1) == Some(&b'-') => {
-                i = b[i..]
-                    .iter()
-                    .position(|&x| x == b'\n' || x == b'\r')
-                    .map_or(b.len(), |n| i + n);
-            }
+            b'-' if b.get(i + 1) == Some(&b'-') => i = line_comment_end(b, i),
             b'/' if b.get(i + 1) == Some(&b'*') => i = block_comment_end(b, i)?,
             b'"' => i = quoted_end(b, i, b'"')?,
             // A prefixed string (E'', U&'', B'', X''), a dollar quote or a parameter:
@@ -107,12 +100,7 @@ pub fn one_dml_statement(sql: &str) -> bool {
         let c = b[i];
         let after_word = i > 0 && is_word_byte(b[i - 1]);
         match c {
-            b'-' if b.get(i + 1) == Some(&b'-') => {
-                i = b[i..]
-                    .iter()
-                    .position(|&x| x == b'\n' || x == b'\r')
-                    .map_or(b.len(), |n| i + n);
-            }
+            b'-' if b.get(i + 1) == Some(&b'-') => i = line_comment_end(b, i),
             b'/' if b.get(i + 1) == Some(&b'*') => match block_comment_end(b, i) {
                 Some(end) => i = end,
                 None => return false,
@@ -172,6 +160,15 @@ fn quoted_end(b: &[u8], start: usize, quote: u8) -> Option<usize> {
         }
         i += 1;
     }
+}
+
+/// The end of the line comment at `start`: a newline or a carriage return ends it, as
+/// Postgres's lexer has it.
+fn line_comment_end(b: &[u8], start: usize) -> usize {
+    b[start..]
+        .iter()
+        .position(|&x| x == b'\n' || x == b'\r')
+        .map_or(b.len(), |n| start + n)
 }
 
 /// Just past the end of the (nested, as in Postgres) block comment at `start`.

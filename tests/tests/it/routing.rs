@@ -391,6 +391,12 @@ async fn statements_too_deep_or_wide_to_analyse_go_to_the_cloud() {
 /// `documents` and `document_versions` enabled (see [`enable_documents`]).
 fn enable_both(w: &World) {
     enable_documents(w);
+    enable_versions(w);
+}
+
+/// `document_versions` enabled after `documents`; returns once the proxy's watcher has
+/// passed it to the cores.
+fn enable_versions(w: &World) {
     ok(&lokadb(
         &w.cloud.superuser_dsn("app"),
         &["enable", "document_versions"],
@@ -607,16 +613,7 @@ async fn a_metadata_change_reaches_live_sessions_on_every_core() {
         assert!(marked_line(&w, &format!("before{i}")).contains(" org=- "));
         clients.push(c);
     }
-    ok(&lokadb(
-        &w.cloud.superuser_dsn("app"),
-        &["enable", "document_versions"],
-    ));
-    assert!(
-        w.proxy
-            .wait_for_output("tables=2 organizations=0", Duration::from_secs(10)),
-        "{}",
-        w.proxy.output()
-    );
+    enable_versions(&w);
     let mut cores = std::collections::BTreeSet::new();
     for c in &clients {
         let line = placed_soon(
