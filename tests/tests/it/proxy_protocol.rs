@@ -157,8 +157,13 @@ async fn cancel_request_reaches_the_backend_and_the_session_survives() {
         let (c, r) = sleeper.await.unwrap();
         assert_eq!(sqlstate(&r.unwrap_err()), "57014");
         assert!(started.elapsed() < Duration::from_secs(10));
-        let one: i32 = c.query_one("SELECT 1", &[]).await.unwrap().get(0);
-        assert_eq!(one, 1);
+        // Postgres signals the backend twice for one cancel (the process, then its process
+        // group): on a loaded machine the second can land on the next statement. Once.
+        let one = match c.query_one("SELECT 1", &[]).await {
+            Err(e) if sqlstate(&e) == "57014" => c.query_one("SELECT 1", &[]).await,
+            r => r,
+        };
+        assert_eq!(one.unwrap().get::<_, i32>(0), 1);
     }
 }
 
