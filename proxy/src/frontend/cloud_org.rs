@@ -47,7 +47,7 @@ const OWN: &str = "lokadb_statement_org";
 const SET_SQL: &str = "SELECT pg_catalog.set_config('lokadb.statement_org', $1, false)";
 
 /// What the cloud gets so it learns a statement's organization.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum Told {
     /// Whole messages just ahead of the statement's.
     Ahead(Vec<u8>),
@@ -191,7 +191,8 @@ impl ClientFrames<'_> {
             // runs without an error commits the value.
             let text = prefix(&org);
             let first = ex.pending == 0 && ex.status == TX_IDLE;
-            ex.add_own_statement(text.chars().count());
+            // ASCII (the value is): as many characters as bytes.
+            ex.add_own_statement(text.len());
             state.known = None;
             state.added = Some(Added {
                 request: batch,

@@ -820,41 +820,32 @@ impl Inspect for ServerFrames<'_> {
 /// client's text; a position inside that statement is left out. `None`: no position, or
 /// a message the proxy cannot read (it passes as it is).
 fn shift_position(frame: &[u8], chars: u32) -> Option<Vec<u8>> {
-    let mut f = Fields::new(&frame[5..], "ErrorResponse");
-    let mut out = Vec::with_capacity(frame.len());
-    out.extend_from_slice(&frame[..5]);
-    let mut shifted = false;
-    loop {
+    let body = &frame[5..];
+    let mut f = Fields::new(body, "ErrorResponse");
+    // The `P` field: where it starts and ends in the body, and its value (the other
+    // fields, in the client's encoding, are copied as bytes).
+    let (start, end, p) = loop {
+        let start = body.len() - f.rest().len();
         let code = f.u8().ok()?;
         if code == 0 {
-            break;
+            return None;
         }
-        // Texts in the client's encoding: kept as bytes.
         let value = f.cstr_bytes().ok()?;
         if code == b'P' {
-            shifted = true;
-            match std::str::from_utf8(value)
-                .ok()
-                .and_then(|v| v.parse::<u32>().ok())
-            {
-                Some(p) if p > chars => {
-                    out.push(code);
-                    out.extend_from_slice((p - chars).to_string().as_bytes());
-                    out.push(0);
-                }
-                Some(_) => {}
-                None => return None,
-            }
-            continue;
+            let p: u32 = std::str::from_utf8(value).ok()?.parse().ok()?;
+            break (start, body.len() - f.rest().len(), p);
         }
-        out.push(code);
-        out.extend_from_slice(value);
-        out.push(0);
-    }
-    out.push(0);
-    let len = u32::try_from(out.len() - 1).ok()?;
-    out[1..5].copy_from_slice(&len.to_be_bytes());
-    shifted.then_some(out)
+    };
+    let mut out = Vec::with_capacity(frame.len());
+    lokadb_shared::wire::backend::write_frame(&mut out, frame[0], |out| {
+        out.extend_from_slice(&body[..start]);
+        if p > chars {
+            out.push(b'P');
+            lokadb_shared::wire::backend::put_cstr(out, &(p - chars).to_string());
+        }
+        out.extend_from_slice(&body[end..]);
+    });
+    Some(out)
 }
 
 /// The first column of a DataRow body as text (`None`: NULL, or not UTF-8).

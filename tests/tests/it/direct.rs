@@ -457,19 +457,6 @@ async fn orm_patterns_answer_alike_through_every_profile() {
     let cloud = crate::world::connect(&w.cloud.superuser_dsn("app"))
         .await
         .unwrap();
-    let text = |rows: Vec<Row>| -> Vec<String> {
-        rows.iter()
-            .map(|r| {
-                (0..r.len())
-                    .map(|i| match r.columns()[i].type_().name() {
-                        "int8" => r.get::<_, i64>(i).to_string(),
-                        _ => r.get::<_, String>(i),
-                    })
-                    .collect::<Vec<_>>()
-                    .join("|")
-            })
-            .collect()
-    };
     for (org, profile) in [(2i64, "fdw+direct"), (2, "fdw"), (1, "cloud")] {
         if org == 2 {
             w.cloud
@@ -483,21 +470,21 @@ async fn orm_patterns_answer_alike_through_every_profile() {
         let c = client(&proxy).await;
         let direct = usize::from(profile == "fdw+direct");
 
-        let feed = text(c.query(FEED, &[&org]).await.unwrap());
+        let feed = row_texts(c.query(FEED, &[&org]).await.unwrap());
         assert_eq!(feed.len(), 20, "{profile}");
         assert_eq!(
             feed,
-            text(cloud.query(FEED, &[&org]).await.unwrap()),
+            row_texts(cloud.query(FEED, &[&org]).await.unwrap()),
             "{profile}"
         );
         let id: i64 = feed[0].split('|').next().unwrap().parse().unwrap();
 
         let before = org_ran(&w, GET);
-        let got = text(c.query(GET, &[&org, &id]).await.unwrap());
+        let got = row_texts(c.query(GET, &[&org, &id]).await.unwrap());
         assert_eq!(got.len(), 1, "{profile}");
         assert_eq!(
             got,
-            text(cloud.query(GET, &[&org, &id]).await.unwrap()),
+            row_texts(cloud.query(GET, &[&org, &id]).await.unwrap()),
             "{profile}"
         );
         assert_eq!(
@@ -505,7 +492,7 @@ async fn orm_patterns_answer_alike_through_every_profile() {
             direct,
             "{profile}: the get ran there"
         );
-        let by_pk = text(c.query(GET_BY_PK, &[&id]).await.unwrap());
+        let by_pk = row_texts(c.query(GET_BY_PK, &[&id]).await.unwrap());
         assert_eq!(by_pk, got, "{profile}");
 
         let before = org_ran(&w, VERSIONS);
@@ -577,6 +564,21 @@ async fn orm_patterns_answer_alike_through_every_profile() {
             "{profile}"
         );
     }
+}
+
+/// Each row of an extended-protocol answer as its `bigint` and text columns joined by `|`.
+fn row_texts(rows: Vec<tokio_postgres::Row>) -> Vec<String> {
+    rows.iter()
+        .map(|r| {
+            (0..r.len())
+                .map(|i| match r.columns()[i].type_().name() {
+                    "int8" => r.get::<_, i64>(i).to_string(),
+                    _ => r.get::<_, String>(i),
+                })
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect()
 }
 
 fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
@@ -1043,23 +1045,11 @@ async fn an_orm_feed_joined_with_cloud_tables_is_ordered_and_limited_in_the_orga
     // protocol, the organization bound: the same rows as the cloud gives the statement as
     // written, and the organization's database sorts and limits.
     let feed = r#"SELECT "documents"."id", "documents"."title", "projects"."id" FROM "documents" LEFT OUTER JOIN "projects" ON ("documents"."project_id" = "projects"."id") WHERE "documents"."organization_id" = $1 ORDER BY "documents"."id" DESC LIMIT 3"#;
-    let text = |rows: Vec<tokio_postgres::Row>| -> Vec<String> {
-        rows.iter()
-            .map(|r| {
-                format!(
-                    "{}|{}|{}",
-                    r.get::<_, i64>(0),
-                    r.get::<_, String>(1),
-                    r.get::<_, i64>(2)
-                )
-            })
-            .collect()
-    };
     let log_from = w.org.db.log_contents().len();
-    let got = text(c.query(feed, &[&2i64]).await.unwrap());
+    let got = row_texts(c.query(feed, &[&2i64]).await.unwrap());
     let sent = remote_queries(&w, log_from);
     assert_eq!(got.len(), 3);
-    assert_eq!(got, text(cloud.query(feed, &[&2i64]).await.unwrap()));
+    assert_eq!(got, row_texts(cloud.query(feed, &[&2i64]).await.unwrap()));
     assert_eq!(route_of(&proxy, "prepare", "LEFT OUTER JOIN"), "\"cloud\"");
     assert!(
         matches!(sent.as_slice(), [q] if q.contains("ORDER BY id DESC")),
