@@ -289,7 +289,8 @@ impl ClientFrames<'_> {
                         return None
                     }
                     Some(Analysis::Org { org, .. }) => {
-                        let org = self.router.org_value(org, Some(&mut f)).ok()?;
+                        let ty = self.router.org_type(name);
+                        let org = self.router.org_value(org, Some(&mut f), ty).ok()?;
                         return Some((readable(org), true));
                     }
                     // Unplaced, or parsed before the metadata was loaded, or forgotten.
@@ -325,7 +326,9 @@ impl ClientFrames<'_> {
         }
         if let Some(name) = name {
             if !self.router.enabled {
-                self.router.remember(name, &[], None, meta.analyze(sql));
+                let analysis = meta.analyze(sql);
+                let ty = super::router::org_param_type(frame, &analysis, Some(&meta.meta.catalog));
+                self.router.remember(name, &[], None, analysis, ty);
             }
             if changes {
                 self.router.mark_changes_setting(name);

@@ -19,7 +19,8 @@
 use super::cloud_org::Told;
 use super::pump::Action;
 use super::statement::{bind_param, statement_frame, statement_of, ClientFrames, Exchange};
-use crate::route::analysis::{Analysis, KeyOrg, Org};
+use crate::route::analysis::{Analysis, Catalog, KeyOrg, Org};
+use crate::route::param::ValueType;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
 use lokadb_shared::wire::tags::*;
@@ -113,41 +114,45 @@ enum KeyDest {
     Cloud,
 }
 
-/// A Bind's parameter `$n` as text that casts back to the same key of type `key_type`: a
-/// value in text format, or a binary integer for an integer key whose Parse (`parse`)
-/// declared the parameter an integer or left its type to the server (which gives it the
-/// key's). `None` for NULL and any other binary value (the statement goes through the
-/// cloud).
+/// A Bind's parameter `$n` as text that casts back to the same key of type `key_type`, read
+/// by the type its Parse (`parse`) declared or, left to the server, the key's
+/// ([`ValueType`]). `None` for NULL and any value not read with certainty (the statement
+/// goes through the cloud).
 fn key_param(
     f: &mut Fields<'_>,
     n: u16,
     key_type: &str,
     parse: Option<&[u8]>,
 ) -> Result<Option<String>, FrameError> {
-    use super::statement::{binary_int, bind_value, Bound};
-    const INT8: u32 = 20;
-    const INT2: u32 = 21;
-    const INT4: u32 = 23;
-    let integer = [
-        "BIGINT", "INTEGER", "INT", "SMALLINT", "INT2", "INT4", "INT8",
-    ]
-    .iter()
-    .any(|t| t.eq_ignore_ascii_case(key_type))
-        && matches!(
-            parse.map(|p| declared_type(p, n)),
-            Some(Some(0 | INT8 | INT2 | INT4))
-        );
-    Ok(match bind_value(f, n)? {
-        Bound::Value {
-            binary: false,
-            bytes,
-        } => std::str::from_utf8(bytes).ok().map(str::to_owned),
-        Bound::Value {
-            binary: true,
-            bytes,
-        } if integer => binary_int(bytes),
+    let declared = parse.and_then(|p| declared_type(p, n));
+    let ty = ValueType::resolve(declared, Some(ValueType::from_sql(key_type)));
+    bind_param(f, n, ty)
+}
+
+/// How the parameter naming the organization of a statement (`analysis`, parsed by the
+/// Parse message `parse`, whole) is read: the type the Parse declared for it, else the
+/// organization column's of its tables (when they agree), which the server infers.
+pub(super) fn org_param_type(
+    parse: &[u8],
+    analysis: &Analysis,
+    catalog: Option<&Catalog>,
+) -> ValueType {
+    let Analysis::Org {
+        org: Org::Param(n),
+        tables,
+        ..
+    } = analysis
+    else {
+        return ValueType::Other;
+    };
+    let mut types = tables
+        .iter()
+        .map(|&t| catalog.and_then(|c| c.org_type(t)).map(ValueType::from_sql));
+    let column = match types.next().flatten() {
+        Some(first) if types.all(|t| t == Some(first)) => Some(first),
         _ => None,
-    })
+    };
+    ValueType::resolve(declared_type(parse, *n), column)
 }
 
 /// A switch of destination the session is asked to make.
@@ -189,6 +194,8 @@ struct Prepared {
     /// the organization's database runs (its rows are all that organization's).
     direct_parse: Option<Box<[u8]>>,
     analysis: Analysis,
+    /// How the parameter that names its organization is read (when one does).
+    org_type: ValueType,
     /// Running it may change what the cloud holds of `lokadb.statement_org`
     /// ([`super::cloud_org`]).
     changes_setting: bool,
@@ -386,17 +393,27 @@ impl Router {
         self.prepared.get(name).map(|p| &p.analysis)
     }
 
+    /// How prepared statement `name`'s organization parameter is read ([`org_param_type`]);
+    /// not at all in binary when the statement is not remembered.
+    pub(super) fn org_type(&self, name: &str) -> ValueType {
+        self.prepared
+            .get(name)
+            .map_or(ValueType::Other, |p| p.org_type)
+    }
+
     /// The value of organization `org` for a message: a literal's text, a parameter's value
-    /// bound by the Bind whose remaining fields are `bind`, the session's organization.
-    /// `None`: not known here (a parameter without its Bind, no session organization).
+    /// bound by the Bind whose remaining fields are `bind` (read as `ty`), the session's
+    /// organization. `None`: not known here (a parameter without its Bind, NULL, a value not
+    /// read with certainty, no session organization).
     pub(super) fn org_value<'a>(
         &'a self,
         org: &'a Org,
         bind: Option<&mut Fields<'_>>,
+        ty: ValueType,
     ) -> Result<Option<Cow<'a, str>>, FrameError> {
         Ok(match (org, bind) {
             (Org::Literal(v), _) => Some(Cow::Borrowed(v)),
-            (Org::Param(n), Some(f)) => Some(Cow::Owned(bind_param(f, *n)?)),
+            (Org::Param(n), Some(f)) => bind_param(f, *n, ty)?.map(Cow::Owned),
             (Org::Param(_), None) => None,
             (Org::Session, _) => self.session_org.as_deref().map(Cow::Borrowed),
             // Known only once the cloud's key map is asked ([`Want::Lookup`]).
@@ -450,6 +467,7 @@ impl Router {
         parse: &[u8],
         direct_parse: Option<&[u8]>,
         analysis: Analysis,
+        org_type: ValueType,
     ) {
         if self.prepared.len() >= MAX_PREPARED {
             self.prepared.clear();
@@ -463,6 +481,7 @@ impl Router {
                 parse: parse.into(),
                 direct_parse: direct_parse.map(Into::into),
                 analysis,
+                org_type,
                 changes_setting: false,
             },
         );
@@ -763,7 +782,9 @@ impl ClientFrames<'_> {
             FE_QUERY => {
                 let sql = f.cstr()?;
                 match self.meta {
-                    Some(m) => self.direct_dest(&m.analyze(sql), None, own, None)?,
+                    Some(m) => {
+                        self.direct_dest(&m.analyze(sql), None, own, None, ValueType::Other)?
+                    }
                     None => Dest::Cloud,
                 }
             }
@@ -806,6 +827,7 @@ impl ClientFrames<'_> {
                         Some(&mut f),
                         p.direct_parse.is_some(),
                         Some(&p.parse),
+                        p.org_type,
                     )?,
                     None => Dest::Cloud,
                 }
@@ -879,6 +901,7 @@ impl ClientFrames<'_> {
         bind: Option<&mut Fields<'_>>,
         own: bool,
         parse: Option<&[u8]>,
+        org_type: ValueType,
     ) -> Result<Dest, FrameError> {
         let Analysis::Org {
             org,
@@ -929,7 +952,7 @@ impl ClientFrames<'_> {
                     KeyDest::Cloud => return Ok(Dest::Cloud),
                 }
             }
-            _ => match self.router.org_value(org, bind)? {
+            _ => match self.router.org_value(org, bind, org_type)? {
                 Some(v) => v,
                 None => return Ok(Dest::Cloud),
             },
@@ -972,7 +995,8 @@ impl ClientFrames<'_> {
                     Some(m) => m.analyze(sql),
                     None => Analysis::Unplaced("no routing metadata"),
                 };
-                router.remember(name, frame, direct_frame, analysis);
+                let org_type = org_param_type(frame, &analysis, self.meta.map(|m| &m.meta.catalog));
+                router.remember(name, frame, direct_frame, analysis, org_type);
                 if hold {
                     router.held_parse = Some(frame.to_vec());
                     return Ok(Action::Replace(Vec::new()));
@@ -1288,8 +1312,8 @@ fn prefixed(bytes: &[u8], text: &str) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    /// A Bind's key as text the cloud casts back to the same key: text format as is, a
-    /// binary integer only for an integer key; NULL and other binary values are not.
+    /// A Bind's key as text the cloud casts back to the same key: read by the declared type,
+    /// else the key's; NULL and binary values of other types are not.
     #[test]
     fn a_bound_key_is_read_only_when_it_casts_back_the_same() {
         let bind = |format: i16, value: Option<&[u8]>| {
@@ -1349,9 +1373,18 @@ mod tests {
             key(&bind(1, Some(&1.5f64.to_be_bytes())), "BIGINT", 701),
             None
         );
-        // Four bytes of a text key in binary neither.
-        assert_eq!(key(&bind(1, Some(b"abcd")), "TEXT", 0), None);
-        assert_eq!(key(&bind(1, Some(&[0u8; 16])), "UUID", 0), None);
+        // A text key in binary is its text (not the int4 its four bytes would read as), a
+        // uuid its canonical text.
+        assert_eq!(
+            key(&bind(1, Some(b"abcd")), "TEXT", 0).as_deref(),
+            Some("abcd")
+        );
+        assert_eq!(
+            key(&bind(1, Some(&[0xabu8; 16])), "UUID", 0).as_deref(),
+            Some("abababab-abab-abab-abab-abababababab")
+        );
+        // A binary value of a type the key is not read: its bytes would mean something else.
+        assert_eq!(key(&bind(1, Some(&seven)), "INTEGER", 1700), None);
         assert_eq!(key(&bind(0, None), "BIGINT", 0), None);
         let mut f = Fields::new(b"\0\0\0\0\0\0", "Bind");
         f.cstr().unwrap();

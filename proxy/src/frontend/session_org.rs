@@ -135,9 +135,10 @@ impl ClientFrames<'_> {
         // The unnamed statement never outlives a SET: its simple query destroys it.
         let mark = self.router.marks.get(name)?;
         let org = self.router.session_org.clone();
+        let ty = self.router.org_type(name);
         let message = mark
             .allows(org.as_deref(), |n| {
-                super::statement::bind_param(&mut f, n).ok()
+                super::statement::bind_param(&mut f, n, ty).ok().flatten()
             })
             .err()?;
         let portal = portal.to_owned();

@@ -12,6 +12,7 @@ use super::session_org::OrgStep;
 use crate::record::{Kind, Recorder};
 use crate::route::analysis::{copy_out_of_loka_table, mentions, Analysis, Org};
 use crate::route::meta::CoreMeta;
+use crate::route::param::ValueType;
 use crate::route::rewrite::quote_ident;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::tags::*;
@@ -553,8 +554,9 @@ impl ClientFrames<'_> {
                 };
                 let n = *n;
                 let mut analysis = self.router.prepared_analysis(name).cloned().expect("above");
+                let value = bind_param(&mut f, n, self.router.org_type(name))?;
                 if let Analysis::Org { org, .. } = &mut analysis {
-                    *org = Org::Literal(bind_param(&mut f, n)?);
+                    *org = Org::Literal(value.unwrap_or_else(|| "?".to_owned()));
                 }
                 ("bind", name, analysis)
             }
@@ -631,26 +633,16 @@ impl ClientFrames<'_> {
 }
 
 /// The value bound to parameter `$n` (1-based) of a Bind body whose portal and statement
-/// names were read: text as is; binary as an integer when 2, 4 or 8 bytes (the usual
-/// organization column types), else as its bytes read as UTF-8 (invalid ones replaced).
-pub(super) fn bind_param(f: &mut Fields<'_>, n: u16) -> Result<String, FrameError> {
+/// names were read, read as type `ty` ([`ValueType::decode`]). `None`: no such parameter,
+/// NULL, or a value not read with certainty (its statement goes through the cloud).
+pub(super) fn bind_param(
+    f: &mut Fields<'_>,
+    n: u16,
+    ty: ValueType,
+) -> Result<Option<String>, FrameError> {
     Ok(match bind_value(f, n)? {
-        Bound::Missing => "?".to_owned(),
-        Bound::Null => "NULL".to_owned(),
-        Bound::Value { binary, bytes } => binary
-            .then(|| binary_int(bytes))
-            .flatten()
-            .unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned()),
-    })
-}
-
-/// A binary 2-, 4- or 8-byte value as the integer it is.
-pub(super) fn binary_int(bytes: &[u8]) -> Option<String> {
-    Some(match bytes.len() {
-        2 => i16::from_be_bytes([bytes[0], bytes[1]]).to_string(),
-        4 => i32::from_be_bytes(bytes.try_into().ok()?).to_string(),
-        8 => i64::from_be_bytes(bytes.try_into().ok()?).to_string(),
-        _ => return None,
+        Bound::Missing | Bound::Null => None,
+        Bound::Value { binary, bytes } => ty.decode(binary, bytes),
     })
 }
 
@@ -1334,24 +1326,51 @@ mod tests {
     }
 
     #[test]
-    fn bound_organizations_are_read_in_text_and_binary() {
-        let read = |body: Vec<u8>, n| bind_param(&mut Fields::new(&body, "bind"), n);
+    fn bound_organizations_are_read_by_their_type() {
+        let read = |body: Vec<u8>, n, ty| bind_param(&mut Fields::new(&body, "bind"), n, ty);
         let text = bind_tail(&[], &[Some(b"x"), Some(b"acme")]);
-        assert_eq!(read(text.clone(), 2).unwrap(), "acme");
-        assert_eq!(read(text.clone(), 3).unwrap(), "?", "no third parameter");
-        assert_eq!(read(text, 0).unwrap(), "?");
+        assert_eq!(
+            read(text.clone(), 2, ValueType::Text).unwrap().as_deref(),
+            Some("acme")
+        );
+        assert_eq!(
+            read(text.clone(), 3, ValueType::Text).unwrap(),
+            None,
+            "no third parameter"
+        );
+        assert_eq!(read(text, 0, ValueType::Text).unwrap(), None);
         let eight = 42i64.to_be_bytes();
         let binary = bind_tail(&[1], &[Some(&eight[..])]);
-        assert_eq!(read(binary, 1).unwrap(), "42");
+        assert_eq!(
+            read(binary.clone(), 1, ValueType::Int8).unwrap().as_deref(),
+            Some("42")
+        );
+        // Eight bytes of a parameter whose type is not known are not guessed at.
+        assert_eq!(read(binary, 1, ValueType::Other).unwrap(), None);
         let four = 7i32.to_be_bytes();
         let mixed = bind_tail(&[0, 1], &[Some(b"12"), Some(&four[..])]);
-        assert_eq!(read(mixed.clone(), 1).unwrap(), "12");
-        assert_eq!(read(mixed, 2).unwrap(), "7");
-        assert_eq!(read(bind_tail(&[], &[None]), 1).unwrap(), "NULL");
+        assert_eq!(
+            read(mixed.clone(), 1, ValueType::Int8).unwrap().as_deref(),
+            Some("12")
+        );
+        assert_eq!(
+            read(mixed, 2, ValueType::Int4).unwrap().as_deref(),
+            Some("7")
+        );
+        // A text id bound in binary (asyncpg, tokio-postgres): its text, not the int2 12592.
+        let ten = bind_tail(&[1], &[Some(b"10")]);
+        assert_eq!(
+            read(ten, 1, ValueType::Text).unwrap().as_deref(),
+            Some("10")
+        );
+        assert_eq!(
+            read(bind_tail(&[], &[None]), 1, ValueType::Text).unwrap(),
+            None
+        );
         // A length past the end is an error, not a panic.
         let mut truncated = bind_tail(&[], &[Some(b"acme")]);
         truncated.truncate(truncated.len() - 2);
-        assert!(read(truncated, 1).is_err());
+        assert!(read(truncated, 1, ValueType::Text).is_err());
     }
 
     #[test]

@@ -1584,3 +1584,32 @@ async fn the_clients_unnamed_statement_outlives_the_proxys_own_queries() {
     assert_eq!(rows(answers(&mut raw, &run).await), first);
     assert_eq!(answers(&mut raw, &query("COMMIT")).await, vec!["C", "Z"]);
 }
+
+/// A Bind's organization is read by the type its Parse declared (else the column's), never
+/// by its length: integers of every width go direct; a float8 bound in binary (8 bytes, which
+/// the length rule read as a bigint) is not read and goes through the cloud, with the same
+/// answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_organization_is_read_by_its_declared_type() {
+    use tokio_postgres::types::{ToSql, Type};
+    let (w, proxy) = direct_world(json!({}));
+    let c = client(&proxy).await;
+    let sql = "SELECT count(*) FROM documents WHERE organization_id = $1";
+    let cases: [(&(dyn ToSql + Sync), Type, usize); 4] = [
+        (&2i16, Type::INT2, 1),
+        (&2i32, Type::INT4, 1),
+        (&2i64, Type::INT8, 1),
+        (&2f64, Type::FLOAT8, 0),
+    ];
+    for (value, ty, direct) in cases {
+        let before = w.org.db.log_contents().matches(sql).count();
+        let rows = c.query_typed(sql, &[(value, ty.clone())]).await.unwrap();
+        assert_eq!(rows[0].get::<_, i64>(0), 100, "{ty}");
+        let after = w.org.db.log_contents().matches(sql).count();
+        assert_eq!(
+            after - before,
+            direct,
+            "{ty}: ran in organization 2's database"
+        );
+    }
+}
