@@ -126,9 +126,9 @@ fn parse_uuid(text: &str) -> Option<[u8; 16]> {
         if digits >= 32 {
             return None;
         }
-        out[digits / 2] |= if digits % 2 == 0 { v << 4 } else { v };
+        out[digits / 2] |= if digits.is_multiple_of(2) { v << 4 } else { v };
         digits += 1;
-        if digits % 4 == 0 && digits < 32 && bytes.peek() == Some(&b'-') {
+        if digits.is_multiple_of(4) && digits < 32 && bytes.peek() == Some(&b'-') {
             bytes.next();
         }
     }
