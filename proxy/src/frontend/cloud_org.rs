@@ -270,7 +270,7 @@ impl ClientFrames<'_> {
                         .flatten()
                         .map(|org| (org, false));
                 }
-                match meta.place(sql) {
+                match self.place(meta, sql) {
                     Placement::NoLokaTable => return None,
                     Placement::Org(Org::Literal(v)) => Some(Cow::Owned(v)),
                     Placement::Org(_) | Placement::Unplaced => None,
@@ -326,7 +326,7 @@ impl ClientFrames<'_> {
         }
         if let Some(name) = name {
             if !self.router.enabled {
-                let analysis = meta.analyze(sql);
+                let analysis = self.analyze(meta, sql);
                 let ty = super::router::org_param_type(frame, &analysis, Some(&meta.meta.catalog));
                 self.router.remember(name, &[], None, analysis, ty);
             }

@@ -18,9 +18,13 @@
 
 use super::cloud_org::Told;
 use super::pump::Action;
-use super::statement::{bind_param, statement_frame, statement_of, ClientFrames, Exchange};
+use super::statement::{
+    bind_param, statement_frame, statement_of, ClientFrames, Exchange, Reported,
+};
 use crate::route::analysis::{Analysis, Catalog, KeyOrg, Org};
-use crate::route::param::ValueType;
+use crate::route::meta::{CoreMeta, Placement};
+use crate::route::names::{self, Names};
+use crate::route::param::{param_cast, ValueType};
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
 use lokadb_shared::wire::tags::*;
@@ -129,6 +133,18 @@ fn key_param(
     bind_param(f, n, ty)
 }
 
+/// The analysis of `sql` in a session whose names are `names` ([`ClientFrames::analyze`]).
+fn analyze_in(names: &Names, meta: &CoreMeta, sql: &str) -> Analysis {
+    let analysis = meta.analyze(sql);
+    if names.plain() || analysis == Analysis::NoLokaTable {
+        return analysis;
+    }
+    if names.unsure(sql, &meta.meta.catalog) {
+        return Analysis::Unplaced(names::UNSURE);
+    }
+    analysis
+}
+
 /// How the parameter naming the organization of a statement (`analysis`, parsed by the
 /// Parse message `parse`, whole) is read: the type the Parse declared for it, else the
 /// organization column's of its tables (when they agree), which the server infers.
@@ -152,7 +168,10 @@ pub(super) fn org_param_type(
         Some(first) if types.all(|t| t == Some(first)) => Some(first),
         _ => None,
     };
-    ValueType::resolve(declared_type(parse, *n), column)
+    // A cast written after the parameter gives it its type, not the column.
+    let sql = statement_of(FE_PARSE, parse.get(5..).unwrap_or_default()).map(|(_, sql, _)| sql);
+    let cast = sql.and_then(|sql| param_cast(sql, *n));
+    ValueType::resolve(declared_type(parse, *n), cast.or(column))
 }
 
 /// A switch of destination the session is asked to make.
@@ -339,9 +358,28 @@ pub struct Router {
     pub marks: HashMap<String, crate::route::scope::Mark>,
     /// What the cloud knows of the statements' organization ([`super::cloud_org`]).
     pub cloud_org: super::cloud_org::CloudOrg,
+    /// What an unqualified name means in this session ([`crate::route::names`]).
+    pub names: Names,
+    /// [`Reported::path_changes`] as last followed.
+    path_seen: u32,
 }
 
 impl Router {
+    /// Follows the `search_path` the cloud reported, when it changed since last time.
+    pub fn follow_path(&mut self, reported: &Reported) {
+        if reported.path_changes != self.path_seen {
+            self.path_seen = reported.path_changes;
+            if let Some(path) = &reported.search_path {
+                self.names.note_path(path);
+            }
+        }
+    }
+
+    /// Whether the cloud reports `search_path` (PostgreSQL 18+: it did at login).
+    pub fn path_reported(&self) -> bool {
+        self.path_seen != 0
+    }
+
     /// A session's router; `enabled` when the database has the direct path configured.
     pub fn new(enabled: bool, privileges: Privileges) -> Router {
         Router {
@@ -502,6 +540,25 @@ impl Router {
 }
 
 impl ClientFrames<'_> {
+    /// The analysis of `sql` in this session: the core's, unless a temporary table or the
+    /// session's search_path may make a name in it mean another table
+    /// ([`crate::route::names`]): then not placed, and sent to the cloud as written.
+    pub(super) fn analyze(&self, meta: &CoreMeta, sql: &str) -> Analysis {
+        analyze_in(&self.router.names, meta, sql)
+    }
+
+    /// Where `sql` is placed in this session ([`CoreMeta::place`], as [`Self::analyze`]).
+    pub(super) fn place(&self, meta: &CoreMeta, sql: &str) -> Placement {
+        let placement = meta.place(sql);
+        if self.router.names.plain() || placement == Placement::NoLokaTable {
+            return placement;
+        }
+        if self.router.names.unsure(sql, &meta.meta.catalog) {
+            return Placement::Unplaced;
+        }
+        placement
+    }
+
     /// Whether routing needs the whole frame of `tag`.
     pub(super) fn routing_wants_body(&self, tag: u8) -> bool {
         if !self.router.enabled {
@@ -783,7 +840,7 @@ impl ClientFrames<'_> {
                 let sql = f.cstr()?;
                 match self.meta {
                     Some(m) => {
-                        self.direct_dest(&m.analyze(sql), None, own, None, ValueType::Other)?
+                        self.direct_dest(&self.analyze(m, sql), None, own, None, ValueType::Other)?
                     }
                     None => Dest::Cloud,
                 }
@@ -794,7 +851,7 @@ impl ClientFrames<'_> {
                 let may_run_direct = self.meta.is_some_and(|m| {
                     m.has_direct_orgs()
                         && matches!(
-                            m.analyze(sql),
+                            self.analyze(m, sql),
                             Analysis::Org { read: true, .. } | Analysis::Org { set: Some(_), .. }
                         )
                 });
@@ -992,7 +1049,7 @@ impl ClientFrames<'_> {
                 let name = f.cstr()?;
                 let sql = f.cstr()?;
                 let analysis = match self.meta {
-                    Some(m) => m.analyze(sql),
+                    Some(m) => analyze_in(&router.names, m, sql),
                     None => Analysis::Unplaced("no routing metadata"),
                 };
                 let org_type = org_param_type(frame, &analysis, self.meta.map(|m| &m.meta.catalog));

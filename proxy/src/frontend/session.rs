@@ -278,6 +278,12 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     for (name, value) in &backend.params {
         reported.note(&parameter_status_body(name, value));
     }
+    if reported.search_path.is_none() {
+        // An older cloud does not report search_path: one set at startup is not followed.
+        if let Some((_, options)) = key.params.iter().find(|(k, _)| k == "options") {
+            router.names.note_options(options);
+        }
+    }
     // The connection to an organization's database, once a statement went direct.
     let mut direct = Direct::default();
     // Which backend the server → client pipe reads.
@@ -330,6 +336,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 (Side::Direct, Some(d)) => &mut d.conn.stream,
                 _ => &mut backend.stream,
             };
+            router.follow_path(&reported);
             let mut inspect = ClientFrames {
                 exchanges: &mut exchanges,
                 route_log,

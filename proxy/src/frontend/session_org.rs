@@ -42,7 +42,7 @@ impl ClientFrames<'_> {
         if org.is_none() && !named {
             return None;
         }
-        let analysis = meta.analyze(sql);
+        let analysis = self.analyze(meta, sql);
         let step = match org.as_deref().map(|o| limit(sql, &analysis, meta, o)) {
             None | Some(Limited::AsWritten) => None,
             Some(Limited::Scoped(text)) => {

@@ -312,6 +312,10 @@ impl Inspect for ClientFrames<'_> {
         let mut keyed = false;
         let (refusal, refused) = match frame {
             Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => {
+                if let Some((_, sql, _)) = statement_of(header.tag, &f[5..]) {
+                    let reported = self.router.path_reported();
+                    self.router.names.note_statement(sql, reported);
+                }
                 match self.org_step(header.tag, &f[5..]) {
                     Some(OrgStep::Scoped(frame)) => {
                         scoped = true;
@@ -439,6 +443,10 @@ impl ClientFrames<'_> {
         let meta = self.meta?;
         let (statement, sql, _) = statement_of(tag, body)?;
         let table = copy_out_of_loka_table(sql, &meta.meta.catalog)?;
+        // `notes` may be a temporary table of the session's: the cloud decides.
+        if self.router.names.unsure(sql, &meta.meta.catalog) {
+            return None;
+        }
         let name = format!(
             "{}.{}",
             quote_ident(&table.schema),
@@ -474,7 +482,7 @@ impl ClientFrames<'_> {
         if !keyed && !mentions(sql, b"join") {
             return None;
         }
-        let (rewritten, by_key) = match meta.analyze(sql) {
+        let (rewritten, by_key) = match self.analyze(meta, sql) {
             Analysis::Org {
                 rewrite: Some(rewritten),
                 ..
@@ -525,7 +533,7 @@ impl ClientFrames<'_> {
         let mut f = Fields::new(body, "statement");
         let meta = self.meta;
         let analyse = |sql: &str| match meta {
-            Some(m) => m.analyze(sql),
+            Some(m) => self.analyze(m, sql),
             None => Analysis::Unplaced("no routing metadata (no auth_user, or not loaded yet)"),
         };
         let (kind, text, analysis) = match tag {
@@ -712,6 +720,11 @@ pub struct Reported {
     pub params: Vec<(String, String)>,
     /// Bumped on every change.
     pub version: u32,
+    /// The `search_path` the cloud reported (PostgreSQL 18+ does), which unqualified names
+    /// resolve by ([`crate::route::names`]); never copied to direct connections.
+    pub search_path: Option<String>,
+    /// Bumped on every report of `search_path`.
+    pub path_changes: u32,
 }
 
 /// The reported settings a direct connection copies.
@@ -732,6 +745,11 @@ impl Reported {
         let (Ok(name), Ok(value)) = (f.cstr(), f.cstr()) else {
             return;
         };
+        if name == "search_path" {
+            self.search_path = Some(value.to_owned());
+            self.path_changes = self.path_changes.wrapping_add(1);
+            return;
+        }
         if !COPIED_SETTINGS.contains(&name) {
             return;
         }

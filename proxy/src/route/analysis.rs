@@ -67,8 +67,13 @@ pub struct KeyMap {
 /// The LokaDB tables, looked up by the names a statement may use.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
-    /// `name` and `schema.name`, lowercased as Postgres folds unquoted names → index.
+    /// `name` and `schema.name`, lowercased as Postgres folds unquoted names → index. A
+    /// name of tables in several schemas is the one in `public`, else it is in `ambiguous`.
     by_name: HashMap<String, usize>,
+    /// Names of LokaDB tables in several schemas, none of them `public`: which one a
+    /// statement means depends on the session's search_path, so a statement naming one
+    /// without its schema is not placed.
+    ambiguous: Vec<String>,
     tables: Vec<LokaTable>,
     join_keys: Vec<JoinKey>,
     key_maps: Vec<KeyMap>,
@@ -81,14 +86,29 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// A catalog of `tables` (unqualified names resolve as if `search_path` held their
-    /// schema: the cloud's LokaDB table names must not be ambiguous across schemas).
+    /// A catalog of `tables`. An unqualified name resolves as if `search_path` held its
+    /// table's schema, or `public` first when several schemas have a table of that name
+    /// (the default search_path; a session's own is `super::names`'s to check).
     pub fn new(tables: Vec<LokaTable>) -> Catalog {
         let mut by_name = HashMap::new();
+        let mut ambiguous: Vec<String> = Vec::new();
         let mut needles = Vec::new();
         for (i, t) in tables.iter().enumerate() {
-            by_name.insert(t.name.clone(), i);
             by_name.insert(format!("{}.{}", t.schema, t.name), i);
+            let same: Vec<usize> = (0..tables.len())
+                .filter(|&j| tables[j].name == t.name)
+                .collect();
+            let public = same.iter().find(|&&j| tables[j].schema == "public");
+            match (same.as_slice(), public) {
+                ([_], _) => {
+                    by_name.insert(t.name.clone(), i);
+                }
+                (_, Some(&j)) => {
+                    by_name.insert(t.name.clone(), j);
+                }
+                _ if !ambiguous.contains(&t.name) => ambiguous.push(t.name.clone()),
+                _ => {}
+            }
             needles.push(
                 memchr::memmem::Finder::new(t.name.to_ascii_lowercase().as_bytes()).into_owned(),
             );
@@ -99,6 +119,7 @@ impl Catalog {
         }
         Catalog {
             by_name,
+            ambiguous,
             tables,
             join_keys: Vec::new(),
             key_maps: Vec::new(),
@@ -209,6 +230,29 @@ impl Catalog {
             }
             _ => None,
         }
+    }
+
+    /// The LokaDB table an unqualified name (folded) resolves to in the analyses.
+    pub(super) fn unqualified(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Whether `statements` name a LokaDB table of [`Catalog::ambiguous`] without its schema.
+    fn names_ambiguously(&self, statements: &[Statement]) -> bool {
+        let ambiguous = |name: &ObjectName| match name.0.as_slice() {
+            [ObjectNamePart::Identifier(i)]
+                if self
+                    .ambiguous
+                    .contains(&fold(&i.value, i.quote_style.is_some())) =>
+            {
+                ControlFlow::Break(())
+            }
+            _ => ControlFlow::Continue(()),
+        };
+        !self.ambiguous.is_empty()
+            && statements
+                .iter()
+                .any(|s| sqlparser::ast::visit_relations(s, ambiguous).is_break())
     }
 
     /// Whether a name (folded) is a LokaDB table's, in any schema.
@@ -463,6 +507,11 @@ pub fn analyze(sql: &str, catalog: &Catalog) -> Analysis {
         Err(_) if runs_alone(sql) => return Analysis::Unplaced(RUNS_ALONE),
         Err(why) => return Analysis::Unplaced(why),
     };
+    if catalog.names_ambiguously(&statements) {
+        return Analysis::Unplaced(
+            "a LokaDB table's name is in several schemas, none of them public: which one is meant depends on the search_path",
+        );
+    }
     let mut w = Walk {
         catalog,
         refs: Vec::new(),
@@ -1673,5 +1722,42 @@ pub(crate) mod tests {
         assert!(!c.may_touch("SELECT * FROM projects"));
         assert!(c.may_touch("select * from DOCUMENTS"));
         assert!(!Catalog::new(vec![]).may_touch("SELECT * FROM documents"));
+    }
+
+    #[test]
+    fn a_name_in_several_schemas_is_public_s_or_not_placed() {
+        let t = |schema: &str, name: &str| LokaTable {
+            schema: schema.to_owned(),
+            name: name.to_owned(),
+            org_column: "organization_id".to_owned(),
+        };
+        // Loaded in either order, the unqualified name is public's (the default path).
+        for tables in [
+            vec![t("s", "notes"), t("public", "notes")],
+            vec![t("public", "notes"), t("s", "notes")],
+        ] {
+            let c = Catalog::new(tables);
+            let public = c.tables().iter().position(|t| t.schema == "public");
+            assert_eq!(c.unqualified("notes"), public);
+            match analyze("SELECT * FROM notes WHERE organization_id = 1", &c) {
+                Analysis::Org { tables, .. } => assert_eq!(Some(tables[0]), public),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Neither in public: which one depends on the session's search_path.
+        let c = Catalog::new(vec![t("a", "notes"), t("b", "notes"), t("a", "tasks")]);
+        assert_eq!(c.unqualified("notes"), None);
+        assert!(matches!(
+            analyze("SELECT * FROM notes WHERE organization_id = 1", &c),
+            Analysis::Unplaced(why) if why.contains("several schemas")
+        ));
+        assert!(matches!(
+            analyze("SELECT * FROM b.notes WHERE organization_id = 1", &c),
+            Analysis::Org { ref tables, .. } if tables == &[1]
+        ));
+        assert!(matches!(
+            analyze("SELECT * FROM tasks WHERE organization_id = 1", &c),
+            Analysis::Org { ref tables, .. } if tables == &[2]
+        ));
     }
 }

@@ -2,7 +2,8 @@
 //! organization a statement concerns and whether its database can answer it alone;
 //! [`rewrite`], the join and key-map rewrites for statements that stay on the cloud;
 //! [`scope`], statements limited to the session's organization (`SET lokadb.org`) and
-//! [`setting`], which follows that setting; [`param`], a bound organization or key read by
+//! [`setting`], which follows that setting; [`names`], what an unqualified name means in a
+//! session (temporary tables, search_path); [`param`], a bound organization or key read by
 //! its type; [`meta`], the
 //! per-core metadata and analysis cache, with [`literals`] for statements that differ only in
 //! their values; [`watch`], which keeps every core's metadata
@@ -12,6 +13,7 @@
 pub mod analysis;
 pub mod literals;
 pub mod meta;
+pub mod names;
 pub mod param;
 pub mod rewrite;
 pub mod scope;

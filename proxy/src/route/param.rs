@@ -99,6 +99,86 @@ impl ValueType {
     }
 }
 
+/// The type the server gives `$n` (1-based) of `sql` when the Parse left it to the server
+/// and a cast is written right after it (`$1::text`, `$1 :: varchar(64)::bigint`: the
+/// first cast), or in `CAST($1 AS type)`: `None` when it is written without one (it takes
+/// the type of what it is compared with), [`ValueType::Other`] when that is not certain
+/// (`($1)::text`, a cast of an expression, `$n` written bare and cast, or cast to two types).
+pub fn param_cast(sql: &str, n: u16) -> Option<ValueType> {
+    let needle = format!("${n}");
+    let bytes = sql.as_bytes();
+    let (mut uses, mut casts, mut cast) = (0, 0, None::<ValueType>);
+    let mut from = 0;
+    while let Some(at) = sql[from..].find(&needle).map(|i| i + from) {
+        from = at + needle.len();
+        let before = sql[..at].trim_end();
+        let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$';
+        if bytes.get(from).is_some_and(|&b| ident(b)) || before.bytes().last().is_some_and(ident) {
+            continue;
+        }
+        uses += 1;
+        let after = sql[from..].trim_start();
+        let cast_as = before.len() >= 5
+            && before.is_char_boundary(before.len() - 5)
+            && before[before.len() - 5..].eq_ignore_ascii_case("cast(");
+        if let Some(rest) = after.strip_prefix("::") {
+            cast = agree(cast, type_word(rest), &mut casts);
+        } else if after
+            .trim_start_matches(|c: char| c == ')' || c.is_ascii_whitespace())
+            .starts_with("::")
+        {
+            // `($1)::text`: a cast of the parenthesis, which may hold more than `$1`.
+            cast = agree(cast, ValueType::Other, &mut casts);
+        } else if cast_as {
+            // `CAST($1 AS bigint)`.
+            let ty = match after.get(..3) {
+                Some(a)
+                    if a[..2].eq_ignore_ascii_case("as")
+                        && a.ends_with(|c: char| c.is_ascii_whitespace()) =>
+                {
+                    type_word(&after[3..])
+                }
+                _ => ValueType::Other,
+            };
+            cast = agree(cast, ty, &mut casts);
+        }
+    }
+    match cast {
+        None => None,
+        // Every use cast to one type: the server gives it that type.
+        Some(t) if casts == uses => Some(t),
+        Some(_) => Some(ValueType::Other),
+    }
+}
+
+/// One more cast of a parameter: its type when every cast so far agrees, else `Other`.
+fn agree(so_far: Option<ValueType>, ty: ValueType, casts: &mut usize) -> Option<ValueType> {
+    *casts += 1;
+    Some(match so_far {
+        Some(t) if t != ty => ValueType::Other,
+        _ => ty,
+    })
+}
+
+/// The type named at the start of `text` (`bigint`, `character varying(64)`, …).
+fn type_word(text: &str) -> ValueType {
+    let text = text.trim_start();
+    let word: String = text
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    let tail = text[word.len()..].trim_start();
+    if word.eq_ignore_ascii_case("character")
+        && tail
+            .get(..7)
+            .is_some_and(|t| t.eq_ignore_ascii_case("varying"))
+    {
+        ValueType::Text
+    } else {
+        ValueType::from_sql(&word)
+    }
+}
+
 /// An integer as Postgres's integer input reads it in its plain form: spaces around, an
 /// optional sign, decimal digits. Underscores and `0x` prefixes (PostgreSQL 16+) are left to
 /// the cloud (`None`).
@@ -224,6 +304,48 @@ mod tests {
             assert_eq!(ValueType::Uuid.decode(false, bad.as_bytes()), None, "{bad}");
         }
         assert_eq!(ValueType::Uuid.decode(true, &bytes[..15]), None);
+    }
+
+    #[test]
+    fn a_cast_written_after_the_parameter_gives_its_type() {
+        let sql = |s: &str| param_cast(s, 1);
+        assert_eq!(sql("SELECT 1 FROM t WHERE org = $1"), None);
+        assert_eq!(sql("WHERE org = $1::text::bigint"), Some(ValueType::Text));
+        assert_eq!(sql("WHERE org = $1 :: INT4"), Some(ValueType::Int4));
+        assert_eq!(
+            sql("WHERE org = ($1)::character varying(64)"),
+            Some(ValueType::Other)
+        );
+        assert_eq!(sql("WHERE (org = $1)"), None);
+        assert_eq!(
+            sql("WHERE org = $1::character  varying(64)"),
+            Some(ValueType::Text)
+        );
+        assert_eq!(sql("WHERE org = $1::numeric"), Some(ValueType::Other));
+        assert_eq!(sql("WHERE org = CAST($1 AS bigint)"), Some(ValueType::Int8));
+        assert_eq!(sql("WHERE org = cast( $1 as text)"), Some(ValueType::Text));
+        assert_eq!(
+            sql("WHERE org = CAST($1 || 'x' AS text)"),
+            Some(ValueType::Other)
+        );
+        assert_eq!(
+            sql("WHERE a.org = $1::bigint AND b.org = $1::int8"),
+            Some(ValueType::Int8)
+        );
+        assert_eq!(
+            sql("WHERE a.org = $1::bigint AND b.org = $1::text"),
+            Some(ValueType::Other)
+        );
+        assert_eq!(
+            sql("WHERE org = $1::text AND x = $1"),
+            Some(ValueType::Other)
+        );
+        // `$10` and `x$1` are not `$1`.
+        assert_eq!(
+            sql("WHERE org = $1 AND y = $10::text AND x$1::text = 'a'"),
+            None
+        );
+        assert_eq!(param_cast("WHERE a = $2::uuid", 2), Some(ValueType::Uuid));
     }
 
     #[test]

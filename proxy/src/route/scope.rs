@@ -63,6 +63,12 @@ pub fn limit(sql: &str, analysis: &Analysis, meta: &CoreMeta, org: &str) -> Limi
             "42501",
             format!("this statement is for organization {x}, and the session's organization (lokadb.org) is {org}"),
         ),
+        // The limit would be added to whatever the name means here: maybe not the LokaDB
+        // table ([`super::names`]).
+        Analysis::Unplaced(why) if *why == super::names::UNSURE => Limited::Refused(
+            "0A000",
+            format!("the session's organization (lokadb.org) is {org}, and the proxy cannot limit this statement to it: {why}; name the table with its schema"),
+        ),
         // Checked through the core's cache: routing analyses the limited text next.
         _ => match rewritten(sql, &meta.meta.catalog).and_then(|out| checked(out, |t| meta.analyze(t))) {
             Ok(text) => Limited::Scoped(text),
