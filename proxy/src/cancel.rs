@@ -2,30 +2,56 @@
 //! uses, so a client can only ever cancel its own queries — never those of the next
 //! client of a pooled backend.
 //!
-//! The key's process ID carries the core that owns the session in its top 8 bits. A
-//! CancelRequest lands on any core (SO_REUSEPORT); if it is not the owner, it is
-//! forwarded over the cross-core mesh. Cancels are rare, so this is the one cross-core
-//! message of the proxy besides shutdown.
+//! The key's process ID is the real one of the session's cloud backend (session pooling:
+//! one backend for the whole session), so what the driver learns from BackendKeyData is
+//! what `pg_backend_pid()`, NotificationResponse and `pg_stat_activity` say. The secret is
+//! the proxy's own, random per session: a client never learns a backend's real secret, and
+//! its key stops meaning anything when its session ends, while the backend goes on serving
+//! the next client of the pool.
+//!
+//! The process ID no longer names the core that owns the session. A CancelRequest lands on
+//! any core (SO_REUSEPORT); the core looks in its own registry and, if the key is not
+//! there, hands it to every other core over the cross-core mailboxes, where each looks in
+//! its own. Cancels are rare, so this is the one cross-core message of the proxy besides
+//! shutdown and metadata generations. Several proxies in front of one cloud do not
+//! forward to each other: a cancel must reach the proxy that holds the session.
+//!
+//! Process IDs repeat across clusters (two configured cloud databases) and, over time,
+//! within one, so the registry is keyed by the whole key and tolerates sessions that share a
+//! process ID; a session's own handle is its [`SessionId`].
 
+use crate::core::Core;
 use crate::rt::net::TcpStream;
 use futures_lite::AsyncWriteExt;
 use lokadb_shared::wire::startup;
 use std::collections::HashMap;
+use std::fmt;
 use std::net::SocketAddr;
 
 /// The key a client receives in BackendKeyData.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CancelKey {
-    /// Process ID field: `core << 24 | sequence`.
+    /// Process ID field: the session's cloud backend's.
     pub pid: u32,
-    /// Secret field.
+    /// Secret field: the proxy's own, random per session.
     pub secret: u32,
 }
 
-impl CancelKey {
-    /// The core that owns the session with this key.
-    pub fn core(pid: u32) -> usize {
-        (pid >> 24) as usize
+/// A session in its core's registry: `core << 24 | sequence`, unique among the sessions
+/// alive in the process (the traffic recording names sessions by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionId(u32);
+
+impl SessionId {
+    /// The number, as written in traffic recordings.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
     }
 }
 
@@ -40,7 +66,7 @@ pub struct CancelTarget {
     pub secret: Vec<u8>,
 }
 
-/// A cancel forwarded from the core that received it to the owner.
+/// A cancel forwarded from the core that received it to the other cores.
 #[derive(Debug)]
 pub struct CancelMsg {
     /// Process ID field of the key.
@@ -49,47 +75,137 @@ pub struct CancelMsg {
     pub secret: Vec<u8>,
 }
 
-/// The way to another core, to hand it a cancel for a session it owns.
+/// The way to another core, to hand it a cancel that may be for a session it owns.
 pub type Peer = crate::rt::mailbox::Mailbox<CancelMsg>;
+
+/// One registered session.
+struct Entry {
+    key: CancelKey,
+    target: CancelTarget,
+}
 
 /// The sessions of one core by cancel key.
 #[derive(Default)]
 pub struct CancelRegistry {
     next: u32,
-    sessions: HashMap<u32, (u32, CancelTarget)>,
+    sessions: HashMap<SessionId, Entry>,
+    /// Sessions by their key's process ID; nearly always one each.
+    by_pid: HashMap<u32, Vec<SessionId>>,
 }
 
 impl CancelRegistry {
-    /// Registers a session on core `core` and returns its key.
-    pub fn register(&mut self, core: usize, target: CancelTarget) -> CancelKey {
-        loop {
+    /// Registers a session of core `core` whose cloud backend is `target`; returns its
+    /// handle and the key the client is given (the backend's process ID, a fresh secret
+    /// from a cryptographic RNG).
+    pub fn register(&mut self, core: usize, target: CancelTarget) -> (SessionId, CancelKey) {
+        self.register_with(core, target, rand::random)
+    }
+
+    /// [`register`](Self::register) with the secrets drawn from `secrets`.
+    fn register_with(
+        &mut self,
+        core: usize,
+        target: CancelTarget,
+        mut secrets: impl FnMut() -> u32,
+    ) -> (SessionId, CancelKey) {
+        let id = loop {
             self.next = (self.next + 1) & 0x00ff_ffff;
-            let pid = ((core as u32) << 24) | self.next;
-            if pid != 0 && !self.sessions.contains_key(&pid) {
-                let secret = rand::random();
-                self.sessions.insert(pid, (secret, target));
-                return CancelKey { pid, secret };
+            let id = SessionId(((core as u32) << 24) | self.next);
+            if !self.sessions.contains_key(&id) {
+                break id;
             }
-        }
+        };
+        let pid = target.pid;
+        let same_pid = self.by_pid.entry(pid).or_default();
+        // Two sessions with one process ID (two clouds) never share a secret on a core.
+        let secret = loop {
+            let secret = secrets();
+            if !same_pid
+                .iter()
+                .any(|s| self.sessions[s].key.secret == secret)
+            {
+                break secret;
+            }
+        };
+        same_pid.push(id);
+        let key = CancelKey { pid, secret };
+        self.sessions.insert(id, Entry { key, target });
+        (id, key)
     }
 
     /// Points a session's key at another backend (the session switched between the cloud
     /// and an organization's database).
-    pub fn retarget(&mut self, pid: u32, target: CancelTarget) {
-        if let Some((_, t)) = self.sessions.get_mut(&pid) {
-            *t = target;
+    pub fn retarget(&mut self, id: SessionId, target: CancelTarget) {
+        if let Some(e) = self.sessions.get_mut(&id) {
+            e.target = target;
         }
     }
 
-    /// Forgets a session.
-    pub fn unregister(&mut self, pid: u32) {
-        self.sessions.remove(&pid);
+    /// Forgets a session: its key cancels nothing from now on.
+    pub fn unregister(&mut self, id: SessionId) {
+        let Some(e) = self.sessions.remove(&id) else {
+            return;
+        };
+        if let Some(list) = self.by_pid.get_mut(&e.key.pid) {
+            list.retain(|s| *s != id);
+            if list.is_empty() {
+                self.by_pid.remove(&e.key.pid);
+            }
+        }
     }
 
-    /// The target of a key, if the secret matches (compared in constant time).
+    /// The target of a key, if a session here has it (secrets compared in constant time).
     pub fn lookup(&self, pid: u32, secret: &[u8]) -> Option<CancelTarget> {
-        let (expected, target) = self.sessions.get(&pid)?;
-        crate::scram::constant_time_eq(&expected.to_be_bytes(), secret).then(|| target.clone())
+        self.by_pid.get(&pid)?.iter().find_map(|id| {
+            let e = &self.sessions[id];
+            crate::scram::constant_time_eq(&e.key.secret.to_be_bytes(), secret)
+                .then(|| e.target.clone())
+        })
+    }
+}
+
+/// A CancelRequest received by `core`: sent on if one of its sessions has the key, else
+/// handed to every other core (the process ID does not say which one owns it).
+pub async fn handle(core: &Core, pid: u32, secret: Vec<u8>) {
+    let target = core.cancels.borrow().lookup(pid, &secret);
+    if let Some(t) = target {
+        return send(t).await;
+    }
+    let mut forwarded = 0;
+    for (id, peer) in core.peers.iter().enumerate() {
+        if id != core.id {
+            peer.send(CancelMsg {
+                pid,
+                secret: secret.clone(),
+            });
+            forwarded += 1;
+        }
+    }
+    if forwarded > 0 {
+        tracing::debug!(
+            pid,
+            cores = forwarded,
+            "cancel request forwarded to the other cores"
+        );
+    } else {
+        tracing::debug!(pid, "cancel request with an unknown key ignored");
+    }
+}
+
+/// A CancelRequest another core received and did not own: sent on if one of this core's
+/// sessions has the key, else ignored (each core looks only in its own registry, so a
+/// forwarded request is never forwarded again).
+pub fn handle_forwarded(core: &Core, msg: CancelMsg) {
+    let target = core.cancels.borrow().lookup(msg.pid, &msg.secret);
+    match target {
+        Some(t) => {
+            tracing::debug!(
+                pid = msg.pid,
+                "forwarded cancel request matched a session here"
+            );
+            crate::rt::spawn(send(t)).detach();
+        }
+        None => tracing::trace!(pid = msg.pid, "forwarded cancel request not for this core"),
     }
 }
 
@@ -111,36 +227,117 @@ pub async fn send(target: CancelTarget) {
 mod tests {
     use super::*;
 
-    fn target() -> CancelTarget {
+    fn target(pid: u32, secret: u8) -> CancelTarget {
         CancelTarget {
             addr: "127.0.0.1:5432".parse().unwrap(),
-            pid: 42,
-            secret: vec![1, 2, 3, 4],
+            pid,
+            secret: vec![secret; 4],
         }
     }
 
-    #[test]
-    fn keys_carry_their_core_and_need_the_secret() {
-        let mut reg = CancelRegistry::default();
-        let key = reg.register(3, target());
-        assert_eq!(CancelKey::core(key.pid), 3);
-        assert_eq!(
-            reg.lookup(key.pid, &key.secret.to_be_bytes()).unwrap().pid,
-            42
-        );
-        assert!(reg
-            .lookup(key.pid, &key.secret.wrapping_add(1).to_be_bytes())
-            .is_none());
-        assert!(reg.lookup(key.pid, &[0; 8]).is_none(), "wrong length");
-        reg.unregister(key.pid);
-        assert!(reg.lookup(key.pid, &key.secret.to_be_bytes()).is_none());
+    /// Secrets drawn in this order.
+    fn secrets(list: &[u32]) -> impl FnMut() -> u32 + '_ {
+        let mut next = list.iter();
+        move || *next.next().expect("no more scripted secrets")
     }
 
     #[test]
-    fn keys_are_unique_per_core() {
+    fn the_key_carries_the_backends_pid_and_a_secret_of_its_own() {
         let mut reg = CancelRegistry::default();
-        let a = reg.register(0, target());
-        let b = reg.register(0, target());
-        assert_ne!(a.pid, b.pid);
+        let (id, key) = reg.register_with(3, target(42, 7), secrets(&[0xa1b2_c3d4]));
+        assert_eq!(
+            key,
+            CancelKey {
+                pid: 42,
+                secret: 0xa1b2_c3d4
+            }
+        );
+        assert_eq!(id.get() >> 24, 3, "the session id names its core");
+        assert_eq!(
+            reg.lookup(42, &[0xa1, 0xb2, 0xc3, 0xd4]).unwrap().secret,
+            vec![7; 4]
+        );
+        assert!(
+            reg.lookup(42, &[7; 4]).is_none(),
+            "the backend's own secret"
+        );
+        assert!(reg.lookup(42, &[0xa1, 0xb2, 0xc3, 0xd5]).is_none());
+        assert!(
+            reg.lookup(42, &[0xa1, 0xb2, 0xc3, 0xd4, 0]).is_none(),
+            "wrong length"
+        );
+        assert!(
+            reg.lookup(43, &[0xa1, 0xb2, 0xc3, 0xd4]).is_none(),
+            "wrong pid"
+        );
+        reg.unregister(id);
+        assert!(reg.lookup(42, &[0xa1, 0xb2, 0xc3, 0xd4]).is_none());
+        assert!(reg.by_pid.is_empty() && reg.sessions.is_empty());
+    }
+
+    #[test]
+    fn two_sessions_with_one_pid_are_told_apart_by_their_secret() {
+        // Two cloud databases: their backends' process IDs may be equal. The second
+        // session's first secret is the first's: drawn again.
+        let mut reg = CancelRegistry::default();
+        let (a, ka) = reg.register_with(0, target(1234, 1), secrets(&[5]));
+        let (b, kb) = reg.register_with(0, target(1234, 2), secrets(&[5, 6]));
+        assert_ne!(a, b);
+        assert_eq!(
+            (ka, kb),
+            (
+                CancelKey {
+                    pid: 1234,
+                    secret: 5
+                },
+                CancelKey {
+                    pid: 1234,
+                    secret: 6
+                }
+            )
+        );
+        assert_eq!(
+            reg.lookup(1234, &5u32.to_be_bytes()).unwrap().secret,
+            vec![1; 4]
+        );
+        assert_eq!(
+            reg.lookup(1234, &6u32.to_be_bytes()).unwrap().secret,
+            vec![2; 4]
+        );
+        assert!(reg.lookup(1234, &7u32.to_be_bytes()).is_none());
+        // Each key follows its own session.
+        reg.retarget(a, target(99, 3));
+        assert_eq!(reg.lookup(1234, &5u32.to_be_bytes()).unwrap().pid, 99);
+        assert_eq!(reg.lookup(1234, &6u32.to_be_bytes()).unwrap().pid, 1234);
+        reg.unregister(a);
+        assert!(reg.lookup(1234, &5u32.to_be_bytes()).is_none());
+        assert_eq!(
+            reg.lookup(1234, &6u32.to_be_bytes()).unwrap().secret,
+            vec![2; 4]
+        );
+        assert_eq!(reg.by_pid[&1234], vec![b]);
+    }
+
+    #[test]
+    fn a_pooled_backends_next_session_has_a_key_the_last_one_cannot_use() {
+        let mut reg = CancelRegistry::default();
+        let (first, old) = reg.register_with(0, target(77, 9), secrets(&[10]));
+        reg.unregister(first);
+        let (_, new) = reg.register_with(0, target(77, 9), secrets(&[11]));
+        assert_eq!((old.pid, new.pid), (77, 77));
+        assert!(reg.lookup(77, &10u32.to_be_bytes()).is_none());
+        assert_eq!(reg.lookup(77, &11u32.to_be_bytes()).unwrap().pid, 77);
+    }
+
+    #[test]
+    fn session_ids_are_unique_per_core_and_skip_live_ones() {
+        let mut reg = CancelRegistry::default();
+        let (a, _) = reg.register(1, target(1, 1));
+        let (b, _) = reg.register(1, target(1, 1));
+        assert_eq!((a.get(), b.get()), (1 << 24 | 1, 1 << 24 | 2));
+        // After a wrap, a live session's id is not given again.
+        reg.next = 0;
+        let (c, _) = reg.register(1, target(1, 1));
+        assert_eq!(c.get(), 1 << 24 | 3);
     }
 }

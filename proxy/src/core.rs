@@ -145,7 +145,7 @@ impl Shared {
 
 /// The state one executor owns.
 pub struct Core {
-    /// Executor index (also the top byte of cancel keys).
+    /// Executor index (also the top byte of its sessions' ids).
     pub id: usize,
     /// Shared settings.
     pub shared: Arc<Shared>,
@@ -161,7 +161,7 @@ pub struct Core {
     pub leases: Cell<u64>,
     /// Cancel keys of this core's sessions.
     pub cancels: RefCell<CancelRegistry>,
-    /// Every core's inbox, by core id, for forwarding cancels.
+    /// Every core's inbox, by core id, for forwarding cancels this core has no session for.
     pub peers: Arc<Vec<Peer>>,
     /// Fired once when the proxy starts shutting down.
     pub shutdown: Notify,

@@ -7,7 +7,7 @@
 //! | field | type |
 //! |---|---|
 //! | kind | u8: `S` session start, `F` client → cloud bytes, `B` cloud → client bytes, `E` end |
-//! | session | u32, big-endian: the session's cancel key process id (unique per process run) |
+//! | session | u32, big-endian: the session's id, `core << 24 \| sequence` (unique among the sessions alive; not the backend's process id, which a pooled backend keeps across sessions) |
 //! | time | u64, big-endian: microseconds since the Unix epoch |
 //! | length | u32, big-endian |
 //! | data | `length` bytes: for `S`, `database\0user\0`; for `F`/`B`, the bytes as read (whole protocol messages only when concatenated per session and direction); empty for `E` |

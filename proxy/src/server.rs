@@ -249,15 +249,10 @@ async fn run_core(
     drain(&core).await;
 }
 
-/// Cancel requests other cores received for this core's sessions.
+/// Cancel requests other cores received and found no session for: maybe this core's.
 async fn forwarded_cancels(core: Rc<Core>, inbox: Inbox<CancelMsg>) {
     inbox
-        .for_each(|msg| {
-            let target = core.cancels.borrow().lookup(msg.pid, &msg.secret);
-            if let Some(t) = target {
-                crate::rt::spawn(crate::cancel::send(t)).detach();
-            }
-        })
+        .for_each(|msg| crate::cancel::handle_forwarded(&core, msg))
         .await;
 }
 

@@ -4,6 +4,7 @@ Usage: psycopg_check.py "host=… port=… user=… password=… dbname=…"
 """
 import sys
 import threading
+import time
 
 import psycopg
 
@@ -102,6 +103,54 @@ def errors_keep_the_session():
         except psycopg.errors.DivisionByZero as e:
             assert e.sqlstate == "22012"
         assert conn.execute("SELECT 'alive'").fetchone() == ("alive",)
+
+
+@check
+def the_reported_pid_is_the_sessions():
+    # psycopg's backend_pid is BackendKeyData's: the driver tells its own notifications
+    # from others' by it.
+    got = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.add_notify_handler(lambda n: got.append((n.pid, n.channel, n.payload)))
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        assert conn.info.backend_pid == pid, (conn.info.backend_pid, pid)
+        conn.execute("LISTEN mine")
+        conn.execute("NOTIFY mine, 'self'")
+        conn.execute("SELECT 1")
+    assert got == [(pid, "mine", "self")], got
+
+
+@check
+def cancel_stops_the_statement():
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pid = conn.info.backend_pid
+
+        def cancel_when_sleeping():
+            with psycopg.connect(dsn, autocommit=True) as watcher:
+                for _ in range(2000):
+                    row = watcher.execute(
+                        "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
+                    ).fetchone()
+                    if row and row[0] == "PgSleep":
+                        conn.cancel()
+                        return
+                    time.sleep(0.01)
+
+        t = threading.Thread(target=cancel_when_sleeping)
+        t.start()
+        try:
+            conn.execute("SELECT pg_sleep(60)")
+            raise AssertionError("not cancelled")
+        except psycopg.errors.QueryCanceled as e:
+            assert e.sqlstate == "57014"
+        t.join()
+        # Postgres signals a cancelled backend twice: the second can land on the next
+        # statement, once.
+        try:
+            row = conn.execute("SELECT 'alive'").fetchone()
+        except psycopg.errors.QueryCanceled:
+            row = conn.execute("SELECT 'alive'").fetchone()
+        assert row == ("alive",), row
 
 
 print(f"psycopg checks passed: {passed}")

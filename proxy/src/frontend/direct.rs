@@ -9,7 +9,7 @@ use super::router::{Exchanges, Gate, Lookup, Router, Side, Want};
 use super::statement::{Exchange, Reported};
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::PoolKey;
-use crate::cancel::CancelTarget;
+use crate::cancel::{CancelTarget, SessionId};
 use crate::core::{Core, Database};
 use crate::scram::{Credentials, Secret};
 use crate::time::with_timeout;
@@ -27,8 +27,8 @@ pub struct Ctx<'a> {
     pub db: &'a Rc<Database>,
     /// The session's cloud pool key: its role and startup parameters.
     pub key: &'a PoolKey,
-    /// The session's cancel key.
-    pub cancel_pid: u32,
+    /// The session's handle in the cancel registry.
+    pub session: SessionId,
 }
 
 /// The session's direct connection, or the one being opened.
@@ -80,7 +80,7 @@ pub fn switch(
     direct: &mut Direct,
     cloud: &mut BackendConn,
 ) -> bool {
-    let (core, cancel_pid) = (ctx.core, ctx.cancel_pid);
+    let (core, session) = (ctx.core, ctx.session);
     let Some(mut want) = router.want.clone() else {
         return true;
     };
@@ -134,7 +134,7 @@ pub fn switch(
             router.want = None;
             core.cancels
                 .borrow_mut()
-                .retarget(cancel_pid, cancel_target(cloud));
+                .retarget(session, cancel_target(cloud));
             return true;
         }
         Want::Direct(org) => (org, false),
@@ -189,7 +189,7 @@ pub fn switch(
     if let Some(d) = direct.conn.as_ref() {
         core.cancels
             .borrow_mut()
-            .retarget(cancel_pid, cancel_target(&d.conn));
+            .retarget(session, cancel_target(&d.conn));
     }
     true
 }
@@ -373,7 +373,7 @@ impl Direct {
             ctx.core
                 .cancels
                 .borrow_mut()
-                .retarget(ctx.cancel_pid, cancel_target(cloud));
+                .retarget(ctx.session, cancel_target(cloud));
         }
         put_back(ctx.core, ctx.db, d, true);
     }

@@ -9,7 +9,7 @@ use super::startup::{negotiate, Negotiated};
 use super::statement::{ClientFrames, Exchange, Reported, ServerFrames};
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::{self, PoolKey};
-use crate::cancel::CancelTarget;
+use crate::cancel::{CancelTarget, SessionId};
 use crate::core::{Core, Database};
 use crate::error::{ErrorKind, SessionError};
 use crate::net::stream::ClientStream;
@@ -149,7 +149,9 @@ async fn attach(
     } else {
         Privileges::default()
     };
-    let cancel = core.cancels.borrow_mut().register(
+    // The client's key: its cloud backend's process ID (what `pg_backend_pid()` and
+    // notifications say), a secret of the proxy's own.
+    let (session, cancel) = core.cancels.borrow_mut().register(
         core.id,
         CancelTarget {
             addr: backend.addr,
@@ -167,7 +169,7 @@ async fn attach(
     backend::ready_for_query(&mut out, backend.status);
     let attached = Attached {
         backend,
-        cancel_pid: cancel.pid,
+        session,
         db: db.clone(),
         privileges,
         start_org,
@@ -177,7 +179,7 @@ async fn attach(
         stream.flush().await
     };
     if let Err(e) = written.await {
-        core.cancels.borrow_mut().unregister(cancel.pid);
+        core.cancels.borrow_mut().unregister(session);
         return Err(SessionError::Client(e));
     }
     tracing::debug!(
@@ -225,10 +227,10 @@ async fn connect_backend(
     }
 }
 
-/// A backend attached to a session, with the session's cancel key.
+/// A backend attached to a session, with the session's handle in the cancel registry.
 struct Attached {
     backend: BackendConn,
-    cancel_pid: u32,
+    session: SessionId,
     db: Rc<Database>,
     privileges: Privileges,
     /// The organization the startup `options` limit the session to.
@@ -254,7 +256,7 @@ enum End {
 async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attached: Attached) {
     let Attached {
         mut backend,
-        cancel_pid,
+        session,
         db,
         privileges,
         start_org,
@@ -291,9 +293,9 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     // The database's routing metadata, looked up again only when a generation arrived.
     let mut meta: Option<Rc<crate::route::meta::CoreMeta>> = None;
     let mut meta_seen = None;
-    let record = core.record.as_ref().map(|r| (r, cancel_pid));
-    if let Some((rec, session)) = record {
-        rec.start(session, &key.database, &key.user);
+    let record = core.record.as_ref().map(|r| (r, session.get()));
+    if let Some((rec, id)) = record {
+        rec.start(id, &key.database, &key.user);
     }
     let mut up = Pipe::new(max);
     let mut down = Pipe::new(u32::MAX);
@@ -387,7 +389,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                     core,
                     db: &db,
                     key: &key,
-                    cancel_pid,
+                    session,
                 };
                 if ready
                     && switch(
@@ -460,7 +462,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                     core,
                     db: &db,
                     key: &key,
-                    cancel_pid,
+                    session,
                 };
                 direct.release(&ctx, &mut router, &backend);
                 progress = true;
@@ -476,9 +478,9 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     .await;
 
     core.shutdown.release(slot);
-    core.cancels.borrow_mut().unregister(cancel_pid);
-    if let Some((rec, session)) = record {
-        rec.record(crate::record::Kind::End, session, &[]);
+    core.cancels.borrow_mut().unregister(session);
+    if let Some((rec, id)) = record {
+        rec.record(crate::record::Kind::End, id, &[]);
         rec.flush();
     }
 

@@ -73,7 +73,7 @@ async fn negotiate_in(
                 stream.write_all(b"N").await.map_err(SessionError::Client)?;
             }
             StartupPacket::Cancel { pid, secret } => {
-                handle_cancel(core, pid, secret).await;
+                crate::cancel::handle(core, pid, secret).await;
                 return Ok(None);
             }
             StartupPacket::Startup(m) => {
@@ -115,17 +115,4 @@ async fn read_packet(stream: &mut ClientStream) -> Result<Vec<u8>, SessionError>
         .await
         .map_err(SessionError::Client)?;
     Ok(packet)
-}
-
-async fn handle_cancel(core: &Core, pid: u32, secret: Vec<u8>) {
-    let owner = crate::cancel::CancelKey::core(pid);
-    if owner == core.id {
-        let target = core.cancels.borrow().lookup(pid, &secret);
-        match target {
-            Some(t) => crate::cancel::send(t).await,
-            None => tracing::debug!(pid, "cancel request with an unknown key ignored"),
-        }
-    } else if let Some(peer) = core.peers.get(owner) {
-        peer.send(crate::cancel::CancelMsg { pid, secret });
-    }
 }

@@ -14,6 +14,9 @@ mod world;
 // Protocol features through the proxy: simple and extended queries, pipelining, COPY, cursors,
 // LISTEN/NOTIFY, cancel, large values, errors.
 mod proxy_protocol;
+// The session's identity is its cloud backend's: BackendKeyData's pid, notifications, cancel
+// keys that work from any core and on either side, and cancel nothing with a wrong secret.
+mod proxy_cancel;
 // SCRAM with the cloud's own passwords, users_file, TLS.
 mod proxy_auth;
 // upstream_pool: reuse and the reset between clients.

@@ -111,5 +111,5 @@ fn psycopg3_pipeline_copy_notify_cursors() {
     let out = run(Command::new(python)
         .arg(root.join("tests/python/psycopg_check.py"))
         .arg(w.dsn()));
-    assert!(out.contains("psycopg checks passed: 7"), "{out}");
+    assert!(out.contains("psycopg checks passed: 9"), "{out}");
 }
