@@ -1,10 +1,72 @@
-//! The direct login is the proxy's, not the client's (issue 22): only a role that may
-//! write organizations' rows opens the gate of direct writes.
+//! The direct login is the proxy's, not the client's (issue 22): it carries a fixed list of
+//! the client's startup parameters, and only a role that may write organizations' rows
+//! opens the gate of direct writes.
+//!
+//! A trigger in organization 2's database records, in the row a direct UPDATE writes, the
+//! settings of the connection that ran it.
 
-use crate::direct::{client, direct_world, org_ran};
+use crate::direct::{client, direct_world, org_ran, Raw};
+use crate::moves::World;
+use crate::tunnel_world::ORG_DB;
 use crate::world::{connect, sqlstate};
 use lokadb_tests::proxy::Proxy;
 use serde_json::json;
+
+/// In organization 2's database: an UPDATE that sets a version's body to 'probe' stores
+/// there instead `isolation|read only|search_path|application_name|extra_float_digits` of
+/// the connection that ran it (an ordinary trigger: `session_replication_role = replica`
+/// skips it).
+const PROBE: &str = "
+    CREATE FUNCTION probe() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.body = 'probe' THEN
+            NEW.body := concat_ws('|',
+                current_setting('transaction_isolation'),
+                current_setting('transaction_read_only'),
+                current_setting('search_path'),
+                current_setting('application_name'),
+                current_setting('extra_float_digits'));
+        END IF;
+        RETURN NEW;
+    END
+    $$;
+    CREATE TRIGGER probe BEFORE UPDATE ON document_versions
+        FOR EACH ROW EXECUTE FUNCTION probe();";
+
+/// Organization 2 on fdw+direct with the probe, and one of its versions' id.
+fn probed_world() -> (World, Proxy, i64) {
+    let (w, proxy) = direct_world(json!({}));
+    w.org.db.psql(ORG_DB, PROBE).unwrap();
+    let id = w
+        .cloud
+        .psql(
+            "app",
+            "SELECT min(id) FROM document_versions WHERE organization_id = 2",
+        )
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (w, proxy, id)
+}
+
+fn probe_write(id: i64) -> String {
+    format!("UPDATE document_versions SET body = 'probe' WHERE organization_id = 2 AND id = {id}")
+}
+
+/// What the probe recorded in version `id`, read in the organization's database.
+fn probed(w: &World, id: i64) -> Vec<String> {
+    w.org
+        .db
+        .psql(
+            ORG_DB,
+            &format!("SELECT body FROM document_versions WHERE id = {id}"),
+        )
+        .unwrap()
+        .split('|')
+        .map(str::to_owned)
+        .collect()
+}
 
 /// A session of `user` (password `USER-secret`) through the proxy, with startup `options`.
 async fn login(proxy: &Proxy, user: &str, options: &str) -> tokio_postgres::Client {
@@ -16,6 +78,37 @@ async fn login(proxy: &Proxy, user: &str, options: &str) -> tokio_postgres::Clie
         dsn.push_str(&format!(" options='{options}'"));
     }
     connect(&dsn).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_direct_login_carries_only_the_listed_startup_parameters() {
+    let (w, proxy, id) = probed_world();
+    // A raw startup packet with settings the direct role should never get: its search_path,
+    // and session_replication_role (which skips the organization's triggers, and which the
+    // direct role, no superuser, may not even set: its login would fail).
+    let mut raw = Raw::connect_with(
+        proxy.port(),
+        &[
+            ("application_name", "probe-app"),
+            ("extra_float_digits", "2"),
+            ("search_path", "nowhere, public"),
+            ("session_replication_role", "replica"),
+        ],
+    )
+    .await;
+    let write = probe_write(id);
+    raw.run("", &write, true).await;
+    assert_eq!(org_ran(&w, &write), 1, "{}", proxy.output());
+    assert_eq!(
+        probed(&w, id),
+        [
+            "read committed",
+            "off",
+            "\"$user\", public",
+            "probe-app",
+            "2"
+        ]
+    );
 }
 
 /// Only a role that may update a LokaDB table opens the gate of direct writes (which holds
