@@ -7,6 +7,7 @@
 
 use super::router::{Exchanges, Gate, Lookup, Router, Side, Want};
 use super::statement::{Exchange, Reported};
+use crate::backend::at_login::TxDefaults;
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::PoolKey;
 use crate::cancel::CancelTarget;
@@ -283,7 +284,7 @@ impl Direct {
             put_back(ctx.core, ctx.db, old, exchanges.direct.is_idle());
         }
         if self.connecting.as_ref().is_none_or(|(o, _)| o != org) {
-            let params = direct_params(ctx.key, reported);
+            let params = direct_params(ctx.key, reported, router.tx_defaults.as_ref());
             let fut = open(ctx, org, params);
             self.connecting = Some((org.clone(), fut));
         }
@@ -433,14 +434,24 @@ const COPIED_STARTUP: &[&str] = &[
 ];
 
 /// The startup parameters of a direct connection: those of the client's in
-/// [`COPIED_STARTUP`], with the settings the cloud reports now (a client's `SET TimeZone`
-/// included), so values are written alike. Names are matched in any case, as Postgres
-/// matches them; each is sent once.
-fn direct_params(key: &PoolKey, reported: &Reported) -> Vec<(String, String)> {
+/// [`COPIED_STARTUP`], the settings the cloud reports now (a client's `SET TimeZone`
+/// included), so values are written alike, and the session's transaction defaults at login
+/// (`tx`; a reported `default_transaction_read_only` is the newer). Names are matched in
+/// any case, as Postgres matches them; each is sent once.
+fn direct_params(
+    key: &PoolKey,
+    reported: &Reported,
+    tx: Option<&TxDefaults>,
+) -> Vec<(String, String)> {
     let has = |params: &[(String, String)], name: &str| {
         params.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
     };
     let mut params = reported.params.clone();
+    for (name, value) in tx.map(TxDefaults::params).into_iter().flatten() {
+        if !has(&params, name) {
+            params.push((name.to_owned(), value.to_owned()));
+        }
+    }
     for (name, value) in &key.params {
         let copied = COPIED_STARTUP.iter().any(|c| c.eq_ignore_ascii_case(name));
         if copied && !has(&params, name) {
@@ -572,8 +583,9 @@ mod tests {
             .collect()
     }
 
-    /// A direct login carries the listed settings of the client's, with the cloud's
-    /// reported ones (newer); nothing else of the client's startup packet.
+    /// A direct login carries the listed settings of the client's, the cloud's reported
+    /// ones (newer) and the session's transaction defaults; nothing else of the client's
+    /// startup packet.
     #[test]
     fn the_direct_login_is_the_proxys_not_the_clients() {
         let key = PoolKey {
@@ -593,20 +605,35 @@ mod tests {
             ]),
         };
         let reported = Reported {
-            params: pairs(&[("DateStyle", "ISO, MDY"), ("TimeZone", "Europe/Paris")]),
+            params: pairs(&[
+                ("DateStyle", "ISO, MDY"),
+                ("TimeZone", "Europe/Paris"),
+                ("default_transaction_read_only", "on"),
+            ]),
             version: 3,
         };
+        let tx = TxDefaults {
+            isolation: "serializable".to_owned(),
+            read_only: "off".to_owned(),
+            deferrable: "on".to_owned(),
+        };
         assert_eq!(
-            direct_params(&key, &reported),
+            direct_params(&key, &reported, Some(&tx)),
             pairs(&[
                 ("DateStyle", "ISO, MDY"),
                 ("TimeZone", "Europe/Paris"),
                 ("application_name", "shop"),
+                ("default_transaction_deferrable", "on"),
+                ("default_transaction_isolation", "serializable"),
+                ("default_transaction_read_only", "on"),
                 ("extra_float_digits", "3"),
             ])
         );
+        // Without the defaults at login (not asked), the client's startup packet still
+        // gives none.
+        let none = direct_params(&key, &Reported::default(), None);
         assert_eq!(
-            direct_params(&key, &Reported::default()),
+            none,
             pairs(&[
                 ("application_name", "shop"),
                 ("datestyle", "SQL, DMY"),

@@ -581,7 +581,7 @@ fn row_texts(rows: Vec<tokio_postgres::Row>) -> Vec<String> {
         .collect()
 }
 
-fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
+pub(crate) fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
     msgs.iter()
         .filter_map(|m| match m {
             tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),

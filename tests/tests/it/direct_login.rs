@@ -1,11 +1,13 @@
 //! The direct login is the proxy's, not the client's (issue 22): it carries a fixed list of
-//! the client's startup parameters, and only a role that may write organizations' rows
-//! opens the gate of direct writes.
+//! the client's startup parameters and the session's transaction defaults, whatever set
+//! them; a session that may have changed those runs its transactions and writes on the
+//! cloud; and only a role that may write organizations' rows opens the gate of direct
+//! writes.
 //!
 //! A trigger in organization 2's database records, in the row a direct UPDATE writes, the
 //! settings of the connection that ran it.
 
-use crate::direct::{client, direct_world, org_ran, Raw};
+use crate::direct::{client, direct_world, org_ran, rows, Raw};
 use crate::moves::World;
 use crate::tunnel_world::ORG_DB;
 use crate::world::{connect, sqlstate};
@@ -109,6 +111,103 @@ async fn the_direct_login_carries_only_the_listed_startup_parameters() {
             "2"
         ]
     );
+}
+
+/// A role whose transactions default to REPEATABLE READ (its role's default, or its startup
+/// options' SERIALIZABLE) sees one snapshot per transaction through the proxy, as at the
+/// cloud, and its direct statements run at its level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_defaults_from_any_source_are_the_sessions() {
+    let (w, proxy, id) = probed_world();
+    w.cloud
+        .psql(
+            "app",
+            "CREATE ROLE rr LOGIN PASSWORD 'rr-secret';
+             GRANT SELECT ON documents TO rr;
+             GRANT SELECT, UPDATE ON document_versions TO rr;
+             ALTER ROLE rr SET default_transaction_isolation = 'repeatable read';",
+        )
+        .unwrap();
+    let doc: i64 = w
+        .cloud
+        .psql(
+            "app",
+            "SELECT min(id) FROM documents WHERE organization_id = 2",
+        )
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let read = format!("SELECT title FROM documents WHERE organization_id = 2 AND id = {doc}");
+    let retitle = |title: &str| {
+        w.cloud
+            .psql(
+                "app",
+                &format!(
+                    "UPDATE documents SET title = '{title}' WHERE organization_id = 2 AND id = {doc}"
+                ),
+            )
+            .unwrap();
+    };
+
+    // The role's default: a direct statement runs at it in the organization's database.
+    let rr = login(&proxy, "rr", "").await;
+    let write = probe_write(id);
+    rr.batch_execute(&write).await.unwrap();
+    assert_eq!(org_ran(&w, &write), 1, "{}", proxy.output());
+    assert_eq!(probed(&w, id)[0], "repeatable read");
+    // Its transaction reads one snapshot, as at the cloud: a title changed meanwhile is
+    // seen only after it.
+    retitle("before");
+    rr.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(rows(&rr.simple_query(&read).await.unwrap()), ["before"]);
+    retitle("meanwhile");
+    assert_eq!(rows(&rr.simple_query(&read).await.unwrap()), ["before"]);
+    assert_eq!(
+        rows(&rr.simple_query("SHOW transaction_isolation").await.unwrap()),
+        ["repeatable read"]
+    );
+    rr.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(rows(&rr.simple_query(&read).await.unwrap()), ["meanwhile"]);
+
+    // The startup options' default (either spelling) wins over the role's.
+    for options in [
+        "-c default_transaction_isolation=serializable",
+        "--default_transaction_isolation=serializable",
+    ] {
+        let s = login(&proxy, "rr", options).await;
+        let before = org_ran(&w, &write);
+        s.batch_execute(&write).await.unwrap();
+        assert_eq!(org_ran(&w, &write), before + 1, "{options}");
+        assert_eq!(probed(&w, id)[0], "serializable", "{options}");
+    }
+
+    // A read-committed session whose defaults change in a way the proxy does not follow
+    // (set_config, through the extended protocol): its transactions run on the cloud, and
+    // its writes go through it.
+    let c = client(&proxy).await;
+    c.query(
+        "SELECT set_config('default_transaction_isolation', 'repeatable read', false)",
+        &[],
+    )
+    .await
+    .unwrap();
+    retitle("before");
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["before"]);
+    retitle("meanwhile");
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["before"]);
+    c.batch_execute("COMMIT").await.unwrap();
+    let other = format!(
+        "UPDATE document_versions SET body = 'through the cloud' WHERE organization_id = 2 AND id = {id}"
+    );
+    c.batch_execute(&other).await.unwrap();
+    assert_eq!(org_ran(&w, &other), 0, "{}", proxy.output());
+    assert_eq!(probed(&w, id), ["through the cloud"]);
+    // Its plain reads still go direct.
+    let marked = format!("{read} AND true");
+    assert_eq!(rows(&c.simple_query(&marked).await.unwrap()), ["meanwhile"]);
+    assert_eq!(org_ran(&w, &marked), 1);
 }
 
 /// Only a role that may update a LokaDB table opens the gate of direct writes (which holds

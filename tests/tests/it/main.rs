@@ -49,8 +49,8 @@ mod routing;
 // The direct path (fdw+direct): plain reads in the organization's database, the rest through
 // the cloud; an unreachable organization fails only its own statements.
 mod direct;
-// The direct login: only listed startup parameters, the gate of direct writes only for roles
-// that may write.
+// The direct login: only listed startup parameters, the session's transaction defaults, the
+// gate of direct writes for roles that may write.
 mod direct_login;
 // SET lokadb.org: a session limited to one organization, on the cloud and the direct path.
 mod session_org;
