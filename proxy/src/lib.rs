@@ -22,7 +22,8 @@
 //!   [`frontend::pump`] (the forwarding hot path), [`frontend::statement`] (the point
 //!   every statement passes).
 //! - [`backend`]: the cloud side — [`backend::conn`] (login as the client's role),
-//!   [`backend::pool`] (warm backends), [`backend::auth_query`] (verifiers).
+//!   [`backend::at_login`] (what a backend holds at login), [`backend::pool`] (warm
+//!   backends), [`backend::auth_query`] (verifiers).
 //! - [`relay`]: the relay agents dial into, on a thread of its own, and its Postgres
 //!   listener for postgres_fdw and the direct path.
 //! - [`scram`]: SCRAM-SHA-256 for both sides, including passthrough.

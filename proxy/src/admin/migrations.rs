@@ -47,6 +47,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "the key-map rewrite: a key's organization for statements that name none",
         include_str!("sql/0008_keys.sql"),
     ),
+    (
+        9,
+        "the gate of direct writes only for roles that may write organizations' rows",
+        include_str!("sql/0009_direct_gate.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

@@ -92,9 +92,9 @@ pub struct BackendConn {
     /// session that gets back the one it had, under the same lease, knows nobody else
     /// used it since (0: never taken).
     pub lease: u64,
-    /// A cloud backend's `lokadb.org` at login (its startup options', its role's or its
-    /// database's default; `Some(None)`: none), once asked: what `RESET` returns it to.
-    pub default_org: Option<Option<String>>,
+    /// What a cloud backend holds at login (its `lokadb.org`, its transaction defaults),
+    /// once asked ([`super::at_login`]).
+    pub at_login: Option<super::at_login::AtLogin>,
 }
 
 impl BackendConn {
@@ -123,7 +123,7 @@ impl BackendConn {
             status: TX_IDLE,
             permit: None,
             lease: 0,
-            default_org: None,
+            at_login: None,
         };
         let mut out = Vec::with_capacity(256);
         let mut startup_params: Vec<(&str, &str)> = vec![("user", user), ("database", dbname)];

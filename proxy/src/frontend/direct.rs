@@ -7,6 +7,7 @@
 
 use super::router::{Exchanges, Gate, Lookup, Router, Side, Want};
 use super::statement::{Exchange, Reported};
+use crate::backend::at_login::TxDefaults;
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::PoolKey;
 use crate::cancel::{CancelTarget, SessionId};
@@ -283,7 +284,7 @@ impl Direct {
             put_back(ctx.core, ctx.db, old, exchanges.direct.is_idle());
         }
         if self.connecting.as_ref().is_none_or(|(o, _)| o != org) {
-            let params = direct_params(ctx.key, reported);
+            let params = direct_params(ctx.key, reported, router.tx_defaults.as_ref());
             let fut = open(ctx, org, params);
             self.connecting = Some((org.clone(), fut));
         }
@@ -419,17 +420,44 @@ fn cancel_target(b: &BackendConn) -> CancelTarget {
     }
 }
 
-/// The startup parameters of a direct connection: the client's, with the settings the
-/// cloud reports now (a client's `SET TimeZone` included), so values are written alike.
-fn direct_params(key: &PoolKey, reported: &Reported) -> Vec<(String, String)> {
-    let mut params: Vec<(String, String)> = key
-        .params
-        .iter()
-        // `options` (-c settings) would apply as the direct role, with its rights.
-        .filter(|(k, _)| k != "options" && !reported.params.iter().any(|(n, _)| n == k))
-        .cloned()
-        .collect();
-    params.extend(reported.params.iter().cloned());
+/// The client's startup parameters a direct login copies: how values are written and read,
+/// and the name it shows in `pg_stat_activity`. Nothing else of the client's startup packet
+/// reaches the organization's database (`role`, `search_path`, `session_replication_role`,
+/// `options`… would apply as the direct role, with its rights).
+const COPIED_STARTUP: &[&str] = &[
+    "client_encoding",
+    "DateStyle",
+    "TimeZone",
+    "IntervalStyle",
+    "extra_float_digits",
+    "application_name",
+];
+
+/// The startup parameters of a direct connection: those of the client's in
+/// [`COPIED_STARTUP`], the settings the cloud reports now (a client's `SET TimeZone`
+/// included), so values are written alike, and the session's transaction defaults at login
+/// (`tx`; a reported `default_transaction_read_only` is the newer). Names are matched in
+/// any case, as Postgres matches them; each is sent once.
+fn direct_params(
+    key: &PoolKey,
+    reported: &Reported,
+    tx: Option<&TxDefaults>,
+) -> Vec<(String, String)> {
+    let has = |params: &[(String, String)], name: &str| {
+        params.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+    };
+    let mut params = reported.params.clone();
+    for (name, value) in tx.map(TxDefaults::params).into_iter().flatten() {
+        if !has(&params, name) {
+            params.push((name.to_owned(), value.to_owned()));
+        }
+    }
+    for (name, value) in &key.params {
+        let copied = COPIED_STARTUP.iter().any(|c| c.eq_ignore_ascii_case(name));
+        if copied && !has(&params, name) {
+            params.push((name.clone(), value.clone()));
+        }
+    }
     params.sort();
     params
 }
@@ -542,5 +570,76 @@ fn put_back(core: &Rc<Core>, db: &Rc<Database>, d: DirectConn, idle: bool) {
         }
     } else {
         crate::rt::spawn(d.conn.terminate()).detach();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// A direct login carries the listed settings of the client's, the cloud's reported
+    /// ones (newer) and the session's transaction defaults; nothing else of the client's
+    /// startup packet.
+    #[test]
+    fn the_direct_login_is_the_proxys_not_the_clients() {
+        let key = PoolKey {
+            database: Rc::from("app"),
+            user: "app".to_owned(),
+            org: None,
+            target: None,
+            params: pairs(&[
+                ("application_name", "shop"),
+                ("datestyle", "SQL, DMY"),
+                ("default_transaction_isolation", "read uncommitted"),
+                ("extra_float_digits", "3"),
+                ("options", "-c search_path=evil"),
+                ("role", "postgres"),
+                ("search_path", "evil, public"),
+                ("session_replication_role", "replica"),
+            ]),
+        };
+        let reported = Reported {
+            params: pairs(&[
+                ("DateStyle", "ISO, MDY"),
+                ("TimeZone", "Europe/Paris"),
+                ("default_transaction_read_only", "on"),
+            ]),
+            version: 3,
+            ..Reported::default()
+        };
+        let tx = TxDefaults {
+            isolation: "serializable".to_owned(),
+            read_only: "off".to_owned(),
+            deferrable: "on".to_owned(),
+        };
+        assert_eq!(
+            direct_params(&key, &reported, Some(&tx)),
+            pairs(&[
+                ("DateStyle", "ISO, MDY"),
+                ("TimeZone", "Europe/Paris"),
+                ("application_name", "shop"),
+                ("default_transaction_deferrable", "on"),
+                ("default_transaction_isolation", "serializable"),
+                ("default_transaction_read_only", "on"),
+                ("extra_float_digits", "3"),
+            ])
+        );
+        // Without the defaults at login (not asked), the client's startup packet still
+        // gives none.
+        let none = direct_params(&key, &Reported::default(), None);
+        assert_eq!(
+            none,
+            pairs(&[
+                ("application_name", "shop"),
+                ("datestyle", "SQL, DMY"),
+                ("extra_float_digits", "3"),
+            ])
+        );
     }
 }

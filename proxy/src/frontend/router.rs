@@ -21,10 +21,12 @@ use super::pump::Action;
 use super::statement::{
     bind_param, statement_frame, statement_of, ClientFrames, Exchange, Reported,
 };
+use crate::backend::at_login::TxDefaults;
 use crate::route::analysis::{Analysis, Catalog, KeyOrg, Org};
 use crate::route::meta::{CoreMeta, Placement};
 use crate::route::names::{self, Names};
 use crate::route::param::{param_cast, ValueType};
+use crate::route::setting::may_change_transaction_defaults;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::frontend;
 use lokadb_shared::wire::tags::*;
@@ -326,9 +328,12 @@ pub struct Router {
     /// side that statement goes to (so a transaction of direct reads costs no round trip
     /// for its BEGIN, and none to the cloud).
     held_begin: Option<Vec<u8>>,
-    /// The session may not defer BEGIN: the client changed transaction defaults, which a
-    /// direct transaction would not follow.
-    no_defer: bool,
+    /// The session's transaction defaults as its cloud backend held them at login, which
+    /// its direct login carries (`None`: not asked).
+    pub tx_defaults: Option<TxDefaults>,
+    /// The session ran something that may have changed them since
+    /// ([`may_change_transaction_defaults`]): not known any more.
+    tx_defaults_changed: bool,
     /// Set by the session before each step: the server → client stream is between
     /// messages with nothing unwritten, so the proxy may answer a message itself.
     pub down_ready: bool,
@@ -417,6 +422,33 @@ impl Router {
     /// yet) — a session to let finish at shutdown like one in a transaction.
     pub fn holds_begin(&self) -> bool {
         self.held_begin.is_some()
+    }
+
+    /// The session's transaction defaults, while the proxy knows them (their values at
+    /// login, not changed since).
+    pub fn known_tx_defaults(&self) -> Option<&TxDefaults> {
+        self.tx_defaults
+            .as_ref()
+            .filter(|_| !self.tx_defaults_changed)
+    }
+
+    /// The session may have changed its transaction defaults (a statement that names them,
+    /// a function call the proxy does not follow): from now on its transactions run on the
+    /// cloud, and its writes go through it.
+    pub fn tx_defaults_may_change(&mut self) {
+        if !self.tx_defaults_changed && self.tx_defaults.is_some() {
+            tracing::debug!("the session may have changed its transaction defaults; its transactions and writes go through the cloud");
+        }
+        self.tx_defaults_changed = true;
+    }
+
+    /// A BEGIN may be deferred and sent with the next statement, to either side: the
+    /// session's transactions run at READ COMMITTED (a direct transaction that then needs
+    /// the cloud moves there, which only READ COMMITTED hides: under REPEATABLE READ or
+    /// SERIALIZABLE the cloud's snapshot would be a later one), as the proxy knows.
+    fn defers_begin(&self) -> bool {
+        self.known_tx_defaults()
+            .is_some_and(TxDefaults::read_committed)
     }
 
     /// After [`Want::Migrate`]: the cloud's transaction begins with the next message.
@@ -758,9 +790,13 @@ impl ClientFrames<'_> {
         } else {
             None
         };
-        if let Some(sql) = sql {
-            if changes_transaction_defaults(sql) {
-                self.router.no_defer = true;
+        if !self.router.tx_defaults_changed {
+            let text = match tag {
+                FE_PARSE => statement_of(tag, &frame[5..]).map(|(_, sql, _)| sql),
+                _ => sql,
+            };
+            if text.is_some_and(may_change_transaction_defaults) {
+                self.router.tx_defaults_may_change();
             }
         }
         let (ex, router) = (&*self.exchanges, &mut *self.router);
@@ -780,7 +816,7 @@ impl ClientFrames<'_> {
         }
         let begin = sql.is_some_and(is_plain_begin);
         if begin
-            && !router.no_defer
+            && router.defers_begin()
             && router.down_ready
             && router.gate == Gate::Closed
             && ex.cloud.idle_but_own()
@@ -974,10 +1010,15 @@ impl ClientFrames<'_> {
             return Ok(Dest::Cloud);
         };
         let privileges = &self.router.privileges;
+        // A write is a transaction of its own (or joins a direct one): it runs in the
+        // organization's database with the transaction defaults of the direct login, which
+        // are the session's only while the proxy knows them.
         let write = match (read, set) {
             (true, _) if privileges.may_read(tables) => false,
             (false, Some(columns))
-                if privileges.may_update(tables) && meta.meta.may_update(tables[0], columns) =>
+                if privileges.may_update(tables)
+                    && meta.meta.may_update(tables[0], columns)
+                    && self.router.known_tx_defaults().is_some() =>
             {
                 true
             }
@@ -1299,19 +1340,6 @@ fn transaction_end(sql: &str) -> Option<&'static str> {
     }
 }
 
-/// A `SET` of transaction defaults (`default_transaction_isolation`, `SET SESSION
-/// CHARACTERISTICS AS TRANSACTION …`): a deferred BEGIN would open the organization's
-/// transaction with its own defaults, so the session stops deferring.
-fn changes_transaction_defaults(sql: &str) -> bool {
-    let head = sql.trim_start();
-    let is_set = head.get(..3).is_some_and(|h| h.eq_ignore_ascii_case("set"));
-    is_set
-        && head
-            .as_bytes()
-            .windows(11)
-            .any(|w| w.eq_ignore_ascii_case(b"transaction"))
-}
-
 /// Counts a message forwarded to a side on that side's exchange.
 pub(super) fn count(ex: &mut Exchange, tag: u8) {
     match tag {
@@ -1486,15 +1514,5 @@ mod tests {
         ] {
             assert_eq!(transaction_end(sql), None, "{sql}");
         }
-        assert!(changes_transaction_defaults(
-            "SET default_transaction_isolation = 'serializable'"
-        ));
-        assert!(changes_transaction_defaults(
-            "set session characteristics as transaction isolation level repeatable read"
-        ));
-        assert!(!changes_transaction_defaults("SET TimeZone = 'UTC'"));
-        assert!(!changes_transaction_defaults(
-            "SELECT 'transaction' FROM documents"
-        ));
     }
 }

@@ -7,6 +7,7 @@ use super::pump::{Pipe, PipeError};
 use super::router::{Exchanges, Gate, Privileges, Router, Side};
 use super::startup::{negotiate, Negotiated};
 use super::statement::{ClientFrames, Exchange, Reported, ServerFrames};
+use crate::backend::at_login::{at_login, TxDefaults};
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::{self, PoolKey};
 use crate::cancel::{CancelTarget, SessionId};
@@ -137,14 +138,24 @@ async fn attach(
         None => connect_backend(db, &key, &credentials).await?,
     };
 
-    // The organization the session starts limited to: what its backend holds at login (the
-    // startup options', the role's or the database's default), asked once per backend.
-    let start_org = if limits == Some(true) || in_options {
-        default_org(&mut backend).await?.map(Rc::<str>::from)
+    // What its backend holds at login (the startup options', the role's or the database's
+    // defaults), asked once per backend: the organization the session starts limited to,
+    // and the transaction defaults a direct login carries.
+    let direct = db.config.direct.is_some();
+    let held = if limits == Some(true) || in_options || direct {
+        Some(at_login(&mut backend).await.map_err(|e| {
+            SessionError::UpstreamConnect(format!("reading the settings at login: {e}"))
+        })?)
     } else {
         None
     };
-    let privileges = if db.config.direct.is_some() {
+    let start_org = held
+        .as_ref()
+        .filter(|_| limits == Some(true) || in_options)
+        .and_then(|a| a.org.as_deref())
+        .map(Rc::<str>::from);
+    let tx_defaults = held.filter(|_| direct).map(|a| a.tx);
+    let privileges = if direct {
         super::check::direct_privileges(core, db, user, &mut backend).await
     } else {
         Privileges::default()
@@ -173,6 +184,7 @@ async fn attach(
         db: db.clone(),
         privileges,
         start_org,
+        tx_defaults,
     };
     let written = async {
         stream.write_all(&out).await?;
@@ -189,22 +201,6 @@ async fn attach(
         "session attached"
     );
     Ok((key, attached))
-}
-
-/// The `lokadb.org` a cloud backend holds when nothing was set in it since login (a pooled
-/// one was reset with `DISCARD ALL`), asked of it once and kept with it.
-async fn default_org(backend: &mut BackendConn) -> Result<Option<String>, SessionError> {
-    if let Some(known) = &backend.default_org {
-        return Ok(known.clone());
-    }
-    let value = backend
-        .query_one("", "SELECT current_setting($1, true)", true, "lokadb.org")
-        .await
-        .map_err(|e| SessionError::UpstreamConnect(format!("reading lokadb.org at login: {e}")))?
-        .flatten()
-        .filter(|v| !v.is_empty());
-    backend.default_org = Some(value.clone());
-    Ok(value)
 }
 
 async fn connect_backend(
@@ -235,6 +231,8 @@ struct Attached {
     privileges: Privileges,
     /// The organization the startup `options` limit the session to.
     start_org: Option<Rc<str>>,
+    /// The transaction defaults at login, when the database has the direct path.
+    tx_defaults: Option<TxDefaults>,
 }
 
 /// How forwarding ended.
@@ -260,6 +258,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         db,
         privileges,
         start_org,
+        tx_defaults,
     } = attached;
     let max = core.shared.config.max_message_bytes;
     let route_log = core.shared.config.route_log;
@@ -276,6 +275,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     if let Some(org) = start_org {
         router.start_in(org);
     }
+    router.tx_defaults = tx_defaults;
     let mut reported = Reported::default();
     for (name, value) in &backend.params {
         reported.note(&parameter_status_body(name, value));

@@ -302,8 +302,10 @@ impl Inspect for ClientFrames<'_> {
             return Action::Stop;
         }
         if header.tag == FE_FUNCTION_CALL {
-            // A function the proxy does not follow may change what the cloud holds.
+            // A function the proxy does not follow may change what the cloud holds, and the
+            // session's transaction defaults.
             self.router.cloud_org.forget();
+            self.router.tx_defaults_may_change();
         }
         // A refused or rewritten statement is routed in place of the client's (a COPY of a
         // whole LokaDB table goes to the cloud, which raises the refusal, whatever was added

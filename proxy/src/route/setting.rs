@@ -1,13 +1,14 @@
 //! The statements that change the session's organization (`SET lokadb.org`, `RESET`,
 //! `DISCARD ALL`), which the proxy follows to limit the session's statements to it
-//! ([`super::scope`]). Pure: SQL text in, a [`Setting`] out.
+//! ([`super::scope`]), and those that may change its transaction defaults
+//! ([`may_change_transaction_defaults`]). Pure: SQL text in, a [`Setting`] out.
 //!
 //! The proxy follows only the forms whose effect it knows when it sends them: `SET` or
 //! `RESET` of `lokadb.org` as a query of its own. `SET LOCAL`, `set_config()` and a `SET`
 //! among other statements end, or may not happen, with a transaction the proxy does not
 //! see the end of; they are refused rather than followed wrongly.
 
-use super::analysis::mentions;
+use super::analysis::{find, mentions};
 use sqlparser::ast::{
     ContextModifier, DiscardObject, Expr, ObjectName, Reset, Set, Statement, Value,
 };
@@ -150,6 +151,52 @@ fn value(e: &Expr) -> Option<SetValue> {
     }
 }
 
+/// Whether `sql` may change the session's transaction defaults
+/// (`default_transaction_isolation`, `…_read_only`, `…_deferrable`), which the proxy knows
+/// only as they were at login: it names one (`SET`, `RESET`, `set_config`, but also a read
+/// of one), sets `SESSION CHARACTERISTICS`, calls `set_config` with a name that is not a
+/// plain string literal free of `transaction`, or writes a name with Unicode escapes
+/// (`U&"…"`). A scan of the text, no parse, so a comment or a string counts too: a false
+/// alarm costs the session its deferred BEGIN, nothing else. `RESET ALL` and `DISCARD ALL`
+/// return the defaults to their values at login: nothing to follow. Not seen: a function
+/// that sets them (a user's, a `DO` block's `EXECUTE`).
+pub fn may_change_transaction_defaults(sql: &str) -> bool {
+    mentions(sql, b"default_transaction_")
+        || mentions(sql, b"characteristics")
+        || mentions(sql, b"u&\"")
+        || set_config_unfollowed(sql)
+}
+
+/// Some `set_config(` in `sql` names its setting other than by a plain literal (`'…'` alone,
+/// no quote or backslash inside) free of `transaction`.
+fn set_config_unfollowed(sql: &str) -> bool {
+    const CALL: &[u8] = b"set_config";
+    let mut rest = sql;
+    while let Some(at) = find(rest, CALL) {
+        rest = &rest[at + CALL.len()..];
+        let Some(args) = rest.trim_start().strip_prefix('(') else {
+            // Another word that begins so (`set_config_x`), or a call the scan cannot read.
+            return true;
+        };
+        let Some(literal) = args.trim_start().strip_prefix('\'') else {
+            return true;
+        };
+        let Some(end) = literal.find('\'') else {
+            return true;
+        };
+        let (name, after) = (&literal[..end], &literal[end + 1..]);
+        // The name is the literal alone (not `'a' || …`, not `'it''s'`).
+        if !after.trim_start().starts_with(',')
+            || name.contains('\\')
+            || mentions(name, b"transaction")
+        {
+            return true;
+        }
+        rest = after;
+    }
+    false
+}
+
 /// The organization a connection's startup `options` set (`-c lokadb.org=v`,
 /// `-clokadb.org=v`, `--lokadb.org=v`; libpq's `PGOPTIONS`), read as the server reads them:
 /// arguments split at unescaped whitespace, `\` escaping the next character, the last
@@ -287,6 +334,41 @@ mod tests {
             "SELECT 1",
         ] {
             assert_eq!(setting(sql, true), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn what_may_change_the_transaction_defaults() {
+        for sql in [
+            "SET default_transaction_isolation = 'serializable'",
+            "set SESSION Default_Transaction_Read_Only to on",
+            "RESET default_transaction_deferrable",
+            "SET \"default_transaction_isolation\" TO 'repeatable read'",
+            "/* first */ SELECT 1; SET default_transaction_isolation = 'serializable'",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SELECT set_config('default_transaction_isolation', 'serializable', false)",
+            "SELECT pg_catalog.set_config ( 'default_transaction_read_only', 'on', false)",
+            "SELECT set_config('app.x', '1', false), set_config($1, $2, false)",
+            "SELECT set_config('default_' || 'transaction_isolation', 'serializable', false)",
+            "SELECT set_config(E'default\\_transaction_isolation', 'serializable', false)",
+            "SELECT set_config('it''s', '1', false)",
+            "SELECT set_config(name, 'on', false) FROM t",
+            "SET U&\"default\\005ftransaction_isolation\" = 'serializable'",
+        ] {
+            assert!(may_change_transaction_defaults(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "BEGIN",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SET search_path = public",
+            "SELECT set_config('app.tenant', $1, true)",
+            "select set_config('lokadb.statement_org', '', true); select 1",
+            "RESET ALL",
+            "DISCARD ALL",
+            "SELECT current_setting('transaction_isolation')",
+        ] {
+            assert!(!may_change_transaction_defaults(sql), "{sql}");
         }
     }
 }

@@ -581,7 +581,7 @@ fn row_texts(rows: Vec<tokio_postgres::Row>) -> Vec<String> {
         .collect()
 }
 
-fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
+pub(crate) fn rows(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Vec<String> {
     msgs.iter()
         .filter_map(|m| match m {
             tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
@@ -1097,6 +1097,11 @@ pub(crate) struct Raw {
 
 impl Raw {
     pub(crate) async fn connect(port: u16) -> Raw {
+        Raw::connect_with(port, &[]).await
+    }
+
+    /// Connects with `params` in the startup packet besides user and database.
+    pub(crate) async fn connect_with(port: u16, params: &[(&str, &str)]) -> Raw {
         use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
         use postgres_protocol::message::frontend;
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -1108,7 +1113,9 @@ impl Raw {
         };
         let mut out = bytes::BytesMut::new();
         let user = lokadb_tests::pg::SUPERUSER;
-        frontend::startup_message([("user", user), ("database", "app")], &mut out).unwrap();
+        let mut startup = vec![("user", user), ("database", "app")];
+        startup.extend_from_slice(params);
+        frontend::startup_message(startup, &mut out).unwrap();
         raw.send(&out).await;
         let mut scram = ScramSha256::new(
             lokadb_tests::pg::SUPERUSER_PASSWORD.as_bytes(),
@@ -1167,7 +1174,7 @@ impl Raw {
 
     /// Parses `sql` as statement `name` (when `parse`), binds and executes it; the first
     /// column of each row as text.
-    async fn run(&mut self, name: &str, sql: &str, parse: bool) -> Vec<String> {
+    pub(crate) async fn run(&mut self, name: &str, sql: &str, parse: bool) -> Vec<String> {
         use postgres_protocol::message::frontend;
         let mut out = bytes::BytesMut::new();
         if parse {

@@ -54,6 +54,9 @@ mod routing;
 mod direct;
 // Names resolve as the cloud resolves them: temporary tables, search_path.
 mod names;
+// The direct login: only listed startup parameters, the session's transaction defaults, the
+// gate of direct writes for roles that may write.
+mod direct_login;
 // SET lokadb.org: a session limited to one organization, on the cloud and the direct path.
 mod session_org;
 // The organization of each statement, told to the cloud.
