@@ -93,7 +93,8 @@ async fn the_direct_login_carries_only_the_listed_startup_parameters() {
         &[
             ("application_name", "probe-app"),
             ("extra_float_digits", "2"),
-            ("search_path", "nowhere, public"),
+            // public first: the proxy trusts the unqualified name (route/names.rs).
+            ("search_path", "public, nowhere"),
             ("session_replication_role", "replica"),
         ],
     )
