@@ -1,4 +1,5 @@
-//! What a cloud backend holds at login — its `lokadb.org` and its transaction defaults, from
+//! What a cloud backend holds at login — its `lokadb.org`, its transaction defaults and its
+//! `search_path`, from
 //! its startup `options`, its role's or its database's defaults — asked of it once, in one
 //! round trip, and kept with it: a pooled backend is reset (`DISCARD ALL`) to the same
 //! values.
@@ -13,13 +14,15 @@ pub const TX_DEFAULTS: [&str; 3] = [
     "default_transaction_deferrable",
 ];
 
-/// One text: the three transaction defaults, then `lokadb.org` (`$1`) when set; one a line
-/// (`concat_ws` leaves the NULL of an unknown setting out, and the organization, last, may
-/// hold anything).
+/// One text: the three transaction defaults, the `search_path` (a newline in a quoted
+/// schema name made a space: it then names no schema the proxy knows), then `lokadb.org`
+/// (`$1`) when set; one a line (`concat_ws` leaves the NULL of an unknown setting out, and
+/// the organization, last, may hold anything).
 const SQL: &str = "SELECT concat_ws(E'\\n', \
      current_setting('default_transaction_isolation'), \
      current_setting('default_transaction_read_only'), \
      current_setting('default_transaction_deferrable'), \
+     replace(current_setting('search_path'), E'\\n', ' '), \
      current_setting($1, true))";
 
 /// What a cloud backend holds when nothing was set in it since login.
@@ -29,6 +32,9 @@ pub struct AtLogin {
     pub org: Option<String>,
     /// Its transaction defaults.
     pub tx: TxDefaults,
+    /// Its `search_path`, which a cloud older than PostgreSQL 18 does not report
+    /// ([`crate::route::names`]).
+    pub search_path: String,
 }
 
 /// A session's transaction defaults, as Postgres writes them (`read committed`, `on`).
@@ -70,15 +76,20 @@ impl TxDefaults {
 impl AtLogin {
     /// Reads the answer of [`SQL`]; `None` if it is not one.
     fn parse(answer: &str) -> Option<AtLogin> {
-        let mut lines = answer.splitn(4, '\n');
+        let mut lines = answer.splitn(5, '\n');
         let mut next = || lines.next().map(str::to_owned);
         let tx = TxDefaults {
             isolation: next()?,
             read_only: next()?,
             deferrable: next()?,
         };
+        let search_path = next()?;
         let org = next().filter(|o| !o.is_empty());
-        Some(AtLogin { org, tx })
+        Some(AtLogin {
+            org,
+            tx,
+            search_path,
+        })
     }
 }
 
@@ -108,8 +119,10 @@ mod tests {
 
     #[test]
     fn the_answer_at_login_is_read_line_by_line() {
-        let got = AtLogin::parse("repeatable read\non\noff\nacme\nwith a newline").unwrap();
+        let got =
+            AtLogin::parse("repeatable read\non\noff\ns, public\nacme\nwith a newline").unwrap();
         assert_eq!(got.org.as_deref(), Some("acme\nwith a newline"));
+        assert_eq!(got.search_path, "s, public");
         assert_eq!(got.tx.isolation, "repeatable read");
         assert!(!got.tx.read_committed());
         assert_eq!(
@@ -121,11 +134,15 @@ mod tests {
             ]
         );
         // No organization set (NULL, left out), or set empty.
-        for answer in ["read committed\noff\noff", "read committed\noff\noff\n"] {
+        for answer in [
+            "read committed\noff\noff\n\"$user\", public",
+            "read committed\noff\noff\n\"$user\", public\n",
+        ] {
             let got = AtLogin::parse(answer).unwrap();
-            assert_eq!(got, AtLogin::default(), "{answer:?}");
+            assert_eq!(got.org, None, "{answer:?}");
+            assert_eq!(got.tx, TxDefaults::default(), "{answer:?}");
             assert!(got.tx.read_committed());
         }
-        assert_eq!(AtLogin::parse("read committed\noff"), None);
+        assert_eq!(AtLogin::parse("read committed\noff\noff"), None);
     }
 }

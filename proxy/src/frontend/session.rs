@@ -154,6 +154,7 @@ async fn attach(
         .filter(|_| limits == Some(true) || in_options)
         .and_then(|a| a.org.as_deref())
         .map(Rc::<str>::from);
+    let login_path = held.as_ref().map(|a| a.search_path.clone());
     let tx_defaults = held.filter(|_| direct).map(|a| a.tx);
     let privileges = if direct {
         super::check::direct_privileges(core, db, user, &mut backend).await
@@ -185,6 +186,7 @@ async fn attach(
         privileges,
         start_org,
         tx_defaults,
+        login_path,
     };
     let written = async {
         stream.write_all(&out).await?;
@@ -233,6 +235,8 @@ struct Attached {
     start_org: Option<Rc<str>>,
     /// The transaction defaults at login, when the database has the direct path.
     tx_defaults: Option<TxDefaults>,
+    /// The `search_path` at login, when it was read.
+    login_path: Option<String>,
 }
 
 /// How forwarding ended.
@@ -259,6 +263,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         privileges,
         start_org,
         tx_defaults,
+        login_path,
     } = attached;
     let max = core.shared.config.max_message_bytes;
     let route_log = core.shared.config.route_log;
@@ -281,9 +286,16 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         reported.note(&parameter_status_body(name, value));
     }
     if reported.search_path.is_none() {
-        // An older cloud does not report search_path: one set at startup is not followed.
-        if let Some((_, options)) = key.params.iter().find(|(k, _)| k == "options") {
-            router.names.note_options(options);
+        // An older cloud does not report search_path: the one read at login if it was read
+        // (the proxy routes by names only where it was), else any set at startup is not
+        // followed.
+        match &login_path {
+            Some(path) => router.names.note_path(path),
+            None => {
+                if let Some((_, options)) = key.params.iter().find(|(k, _)| k == "options") {
+                    router.names.note_options(options);
+                }
+            }
         }
     }
     // The connection to an organization's database, once a statement went direct.
