@@ -5,7 +5,8 @@
 //! and the switches of a session's target between it and the cloud, with the gate of
 //! direct writes.
 
-use super::router::{Exchanges, Gate, Lookup, Router, Side, Want};
+use super::replay::{Digest, Replay};
+use super::router::{count, Exchanges, Gate, Lookup, Router, Side, Want};
 use super::statement::{Exchange, Reported};
 use crate::backend::at_login::TxDefaults;
 use crate::backend::conn::{BackendConn, ConnError};
@@ -15,7 +16,7 @@ use crate::core::{Core, Database};
 use crate::scram::{Credentials, Secret};
 use crate::time::with_timeout;
 use futures_lite::{AsyncRead, AsyncWrite};
-use lokadb_shared::wire::tags::TX_IDLE;
+use lokadb_shared::wire::tags::{FE_QUERY, FE_SYNC, TX_IDLE};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -88,6 +89,9 @@ pub fn switch(
     if let Want::Lookup(sql) = &want {
         return lookup(cx, router, exchanges, cloud, sql);
     }
+    if want == Want::Replay {
+        return replay(cx, ctx, router, exchanges, direct, cloud);
+    }
     // A transaction open on the direct connection keeps the session there: the message
     // is shown again, and the transaction rules decide (`Router`'s Migrate).
     let direct_transaction = router.target == Side::Direct && exchanges.direct.status != TX_IDLE;
@@ -99,7 +103,7 @@ pub fn switch(
         _ => {}
     }
     let (org, write) = match want {
-        Want::Lookup(_) => unreachable!("asked above"),
+        Want::Lookup(_) | Want::Replay => unreachable!("handled above"),
         Want::Settle => {
             router.want = None;
             return true;
@@ -130,6 +134,8 @@ pub fn switch(
                     }
                 }
                 router.begin_on_next();
+                router.tx_log = None;
+                exchanges.direct.digest = None;
             }
             router.target = Side::Cloud;
             router.want = None;
@@ -193,6 +199,124 @@ pub fn switch(
             .retarget(session, cancel_target(&d.conn));
     }
     true
+}
+
+/// Moves a transaction that wrote directly to the cloud ([`super::replay`]): rolls the
+/// direct one back, runs what the client sent in it again in the cloud transaction the
+/// gate opened, and compares the answers. True once done: the held message then goes to
+/// the cloud, or, when the answers differed, fails with 40001 in a failed transaction
+/// the proxy begins in place of the client's.
+fn replay(
+    cx: &mut Context<'_>,
+    ctx: &Ctx<'_>,
+    router: &mut Router,
+    exchanges: &mut Exchanges,
+    direct: &mut Direct,
+    cloud: &mut BackendConn,
+) -> bool {
+    loop {
+        match std::mem::take(&mut router.replay) {
+            Replay::None => {
+                let (Some(d), Some(log), Some(digest)) = (
+                    direct.conn.as_mut(),
+                    router.tx_log.as_ref(),
+                    exchanges.direct.digest.as_ref(),
+                ) else {
+                    // Checked when asked; nothing to move without them.
+                    router.want = None;
+                    return true;
+                };
+                if !log.usable() {
+                    router.want = None;
+                    return true;
+                }
+                let expected = digest.value();
+                match send_own(cx, &mut d.conn, &mut exchanges.direct, "ROLLBACK") {
+                    Poll::Pending => return false,
+                    // A lost connection shows when it is read.
+                    Poll::Ready(_) => {}
+                }
+                exchanges.direct.digest = None;
+                let (bytes, requests) = router.tx_log.take().unwrap_or_default().take();
+                // The gate's transaction on the cloud is the client's from now on.
+                router.gate = Gate::Closed;
+                router.direct_wrote = false;
+                let ex = &mut exchanges.cloud;
+                let until = ex.answered + u64::from(ex.pending) + u64::from(requests);
+                for tag in super::statement::tags(&bytes) {
+                    if matches!(tag, FE_QUERY | FE_SYNC) {
+                        ex.silence_next();
+                    }
+                    count(ex, tag);
+                    ex.note_sent_tag(tag);
+                }
+                ex.digest = Some(Digest::new(true));
+                router.unnamed_gone_on_cloud();
+                router.cloud_org.forget();
+                ctx.core
+                    .cancels
+                    .borrow_mut()
+                    .retarget(ctx.session, cancel_target(cloud));
+                tracing::debug!(org = ?router.direct_org, requests, "a transaction that wrote directly moves to the cloud");
+                router.replay = Replay::Sending {
+                    bytes,
+                    written: 0,
+                    until,
+                    expected,
+                };
+            }
+            Replay::Sending {
+                bytes,
+                mut written,
+                until,
+                expected,
+            } => {
+                while written < bytes.len() {
+                    match Pin::new(&mut cloud.stream).poll_write(cx, &bytes[written..]) {
+                        Poll::Ready(Ok(n)) if n > 0 => written += n,
+                        Poll::Pending => {
+                            router.replay = Replay::Sending {
+                                bytes,
+                                written,
+                                until,
+                                expected,
+                            };
+                            return false;
+                        }
+                        // A lost connection shows when it is read.
+                        Poll::Ready(_) => break,
+                    }
+                }
+                router.replay = Replay::Waiting { until, expected };
+            }
+            Replay::Waiting { until, expected } => {
+                if exchanges.cloud.answered < until {
+                    router.replay = Replay::Waiting { until, expected };
+                    return false;
+                }
+                let got = exchanges.cloud.digest.take().map(|d| d.value());
+                if got == Some(expected) {
+                    tracing::info!(target: "lokadb::route", route = "moved", org = ?router.direct_org, "a transaction that wrote directly moved to the cloud");
+                    router.target = Side::Cloud;
+                    router.want = None;
+                    return true;
+                }
+                tracing::info!(target: "lokadb::route", route = "moved", differed = true, org = ?router.direct_org, "a transaction that wrote directly answered differently on the cloud: 40001");
+                router.replay = Replay::Failing;
+            }
+            Replay::Failing => {
+                if send_own(cx, cloud, &mut exchanges.cloud, "ROLLBACK; BEGIN").is_pending() {
+                    router.replay = Replay::Failing;
+                    return false;
+                }
+                router.unnamed_gone_on_cloud();
+                router.replay_differed = true;
+                router.target = Side::Cloud;
+                router.want = None;
+                return true;
+            }
+        }
+    }
 }
 
 /// Asks the cloud's key map whose key the held statement's is (a request of the proxy's

@@ -192,6 +192,9 @@ pub enum Want {
     /// No switch: ask the cloud this key-map lookup first (a statement placed by a key
     /// may go direct once its organization is known).
     Lookup(String),
+    /// A transaction that wrote directly moves to the cloud: the direct one is rolled
+    /// back and what it ran so far runs again on the cloud ([`super::replay`]).
+    Replay,
 }
 
 /// A key-map lookup for the held statement (the direct path for statements placed by a
@@ -367,6 +370,14 @@ pub struct Router {
     pub names: Names,
     /// [`Reported::path_changes`] as last followed.
     path_seen: u32,
+    /// What the client sent in the open direct transaction, to run again on the cloud if
+    /// it needs the cloud after writing ([`super::replay`]).
+    pub tx_log: Option<super::replay::Log>,
+    /// Where a move of the transaction to the cloud is.
+    pub replay: super::replay::Replay,
+    /// The moved transaction answered differently on the cloud: the next statement fails
+    /// with 40001 there.
+    pub replay_differed: bool,
 }
 
 impl Router {
@@ -600,6 +611,10 @@ impl ClientFrames<'_> {
         if self.router.held_parse.is_some() || self.router.held_begin.is_some() {
             return true;
         }
+        // A direct transaction's log keeps what could run again on the cloud.
+        if self.router.tx_log.is_some() && matches!(tag, FE_EXECUTE | FE_CLOSE | FE_BIND) {
+            return true;
+        }
         // While no organization takes the direct path and the session is on the cloud,
         // messages stream through unassembled (a statement parsed meanwhile is unknown to
         // the router later, and goes to the cloud, which has it).
@@ -619,6 +634,34 @@ impl ClientFrames<'_> {
         frame: Option<&[u8]>,
         direct_text: Option<&[u8]>,
     ) -> Action {
+        // The transaction moved to the cloud answered differently there: the client's next
+        // statement fails with 40001, in the failed transaction the proxy put in its place.
+        if self.router.replay_differed {
+            if let Some(f) = frame.filter(|_| super::replay::fails_here(tag)) {
+                self.router.replay_differed = false;
+                let portal = match tag {
+                    FE_BIND => Fields::new(&f[5..], "Bind").cstr().unwrap_or_default(),
+                    _ => "",
+                };
+                return self.refuse_here(
+                    tag,
+                    portal,
+                    super::replay::DIFFERED_CODE,
+                    super::replay::DIFFERED_MESSAGE,
+                    super::replay::DIFFERED_HINT,
+                );
+            }
+        }
+        // The direct transaction ended: nothing of it can move any more.
+        if self.router.tx_log.is_some()
+            && self.router.held_begin.is_none()
+            && self.exchanges.direct.is_settled()
+            && self.exchanges.direct.status == TX_IDLE
+        {
+            self.router.tx_log = None;
+            self.exchanges.direct.digest = None;
+        }
+        let cloud_frame = frame;
         // After an error on the direct side, what it has parsed is not known for sure (a
         // Parse skipped in a failed batch): statements are parsed again there before use.
         if self.exchanges.direct.errors != self.router.direct_errors_seen {
@@ -709,6 +752,11 @@ impl ClientFrames<'_> {
             count(ex, FE_QUERY);
             if side == Side::Cloud {
                 self.router.unnamed_gone_on_cloud();
+            } else {
+                // A direct transaction: what it sends and gets is kept, should it have to
+                // move to the cloud after writing.
+                self.router.tx_log = Some(super::replay::Log::default());
+                ex.digest = Some(super::replay::Digest::new(false));
             }
         }
         // The cloud learns the statement's organization ahead of it.
@@ -766,6 +814,22 @@ impl ClientFrames<'_> {
             action = Action::Replace(out);
         }
         if dest != Dest::Hold {
+            if side == Side::Direct {
+                if let Some(log) = &mut self.router.tx_log {
+                    let parse = match (tag, cloud_frame) {
+                        (FE_BIND, Some(f)) => {
+                            let mut b = Fields::new(&f[5..], "Bind");
+                            let _portal = b.cstr();
+                            b.cstr()
+                                .ok()
+                                .and_then(|name| self.router.prepared.get(name))
+                                .map(|p| &*p.parse)
+                        }
+                        _ => None,
+                    };
+                    log.note(tag, cloud_frame, parse);
+                }
+            }
             let ex = self.exchanges.get_mut(side);
             count(ex, tag);
             match &action {
@@ -856,9 +920,22 @@ impl ClientFrames<'_> {
             // Nothing else of the client's is sent: a statement the analysis placed in the
             // cloud must never run in the organization's database.
             TX_FAILED => TxStep::Done(self.aborted_on_direct(tag)),
-            // It wrote in the organization's database: it cannot move, and the statement
-            // cannot join it there. The transaction fails, clearly, as Postgres would fail it.
-            _ if router.direct_wrote => TxStep::Done(self.refuse_in_transaction(tag, &org)),
+            // It wrote in the organization's database: it moves to the cloud whole, what it
+            // ran so far run again there ([`super::replay`]); one that cannot (COPY, past
+            // the log's size) fails, clearly, as Postgres would fail it.
+            _ if router.direct_wrote => {
+                let movable = router
+                    .tx_log
+                    .as_ref()
+                    .is_some_and(super::replay::Log::usable)
+                    && matches!(router.gate, Gate::Open(_));
+                if movable {
+                    router.want = Some(Want::Replay);
+                    TxStep::Done(Action::Hold)
+                } else {
+                    TxStep::Done(self.refuse_in_transaction(tag, &org))
+                }
+            }
             _ => {
                 router.want = Some(Want::Migrate);
                 TxStep::Done(Action::Hold)

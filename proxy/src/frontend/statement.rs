@@ -7,6 +7,7 @@
 //! every frame of both directions.
 
 use super::pump::{Action, Inspect};
+use super::replay::Digest;
 use super::router::{Exchanges, Lookup, Router, Side};
 use super::session_org::OrgStep;
 use crate::record::{Kind, Recorder};
@@ -70,6 +71,9 @@ pub struct Exchange {
     /// characters it added), oldest first. The positions in their errors and notices are
     /// shifted back by that many, to the client's text.
     pub shifted: std::collections::VecDeque<(u64, u32)>,
+    /// A digest of the answers of a transaction that may move to the cloud
+    /// ([`super::replay`]).
+    pub digest: Option<Digest>,
 }
 
 /// How many failed requests of the proxy's own an exchange remembers.
@@ -93,7 +97,7 @@ pub fn ends_answer(tag: u8) -> bool {
 }
 
 /// The tags of the whole frames in `bytes`.
-fn tags(bytes: &[u8]) -> impl Iterator<Item = u8> + '_ {
+pub(super) fn tags(bytes: &[u8]) -> impl Iterator<Item = u8> + '_ {
     let mut at = 0;
     std::iter::from_fn(move || {
         let header = bytes
@@ -132,6 +136,7 @@ impl Default for Exchange {
             dropping_added: 0,
             capture: None,
             shifted: std::collections::VecDeque::new(),
+            digest: None,
         }
     }
 }
@@ -771,6 +776,9 @@ impl Inspect for ServerFrames<'_> {
         if ex.silent_now() || ex.dropping_added > 0 || ex.added_next() {
             return true;
         }
+        if ex.digest.is_some() && Digest::covers(tag) {
+            return true;
+        }
         match tag {
             BE_READY_FOR_QUERY | BE_PARAMETER_STATUS => true,
             BE_ERROR_RESPONSE | BE_NOTICE_RESPONSE => ex.shift_now().is_some(),
@@ -817,13 +825,20 @@ impl Inspect for ServerFrames<'_> {
             _ => None,
         };
         let action = self.account(header.tag, frame);
-        match (silent, shift, frame) {
+        let action = match (silent, shift, frame) {
             (true, ..) => Action::Replace(Vec::new()),
             (false, Some(chars), Some(frame)) if action == Action::Forward => {
                 shift_position(frame, chars).map_or(action, Action::Replace)
             }
             _ => action,
+        };
+        if let Some(d) = &mut self.exchange.digest {
+            let dropped = matches!(&action, Action::Replace(b) if b.is_empty());
+            if d.of_dropped == dropped && Digest::covers(header.tag) {
+                d.add(header.tag, frame);
+            }
         }
+        action
     }
 }
 

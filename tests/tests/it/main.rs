@@ -52,6 +52,9 @@ mod routing;
 // The direct path (fdw+direct): plain reads in the organization's database, the rest through
 // the cloud; an unreachable organization fails only its own statements.
 mod direct;
+// Transactions that wrote directly and then need the cloud move there whole, or fail with
+// 40001.
+mod mixed;
 // Names resolve as the cloud resolves them: temporary tables, search_path.
 mod names;
 // The direct login: only listed startup parameters, the session's transaction defaults, the
