@@ -41,6 +41,7 @@ pub mod backend;
 pub mod cancel;
 pub mod core;
 pub mod error;
+pub mod failpoint;
 pub mod frontend;
 pub mod net;
 pub mod record;

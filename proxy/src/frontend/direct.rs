@@ -237,6 +237,7 @@ fn replay(
                     Poll::Ready(_) => {}
                 }
                 exchanges.direct.digest = None;
+                crate::failpoint::proxy("replay-rolled-back");
                 let (bytes, requests) = router.tx_log.take().unwrap_or_default().take();
                 // The gate's transaction on the cloud is the client's from now on.
                 router.gate = Gate::Closed;
@@ -287,6 +288,7 @@ fn replay(
                         Poll::Ready(_) => break,
                     }
                 }
+                crate::failpoint::proxy("replay-sent");
                 router.replay = Replay::Waiting { until, expected };
             }
             Replay::Waiting { until, expected } => {
@@ -296,6 +298,7 @@ fn replay(
                 }
                 let got = exchanges.cloud.digest.take().map(|d| d.value());
                 if got == Some(expected) {
+                    crate::failpoint::proxy("replay-matched");
                     tracing::info!(target: "lokadb::route", route = "moved", org = ?router.direct_org, "a transaction that wrote directly moved to the cloud");
                     router.target = Side::Cloud;
                     router.want = None;

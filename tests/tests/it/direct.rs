@@ -18,6 +18,13 @@ pub(crate) fn direct_world(db: Value) -> (World, Proxy) {
 
 fn direct_world_env(db: Value, env: &[(&str, &str)]) -> (World, Proxy) {
     let w = world_at(0, false, None);
+    direct_world_setup(&w);
+    let proxy = direct_proxy(&w, db, env);
+    (w, proxy)
+}
+
+/// The world's organization 2 moved with fdw+direct, its database logging every statement.
+fn direct_world_setup(w: &World) {
     w.org
         .db
         .psql(
@@ -30,6 +37,11 @@ fn direct_world_env(db: Value, env: &[(&str, &str)]) -> (World, Proxy) {
         &["move-org", "2", "--profile", "fdw+direct"],
     ));
     crate::world::create_auth_role(&w.cloud).unwrap();
+}
+
+/// A proxy with the direct path configured for `w` (`db` merged into its database block,
+/// `env` its environment).
+pub(crate) fn direct_proxy(w: &World, db: Value, env: &[(&str, &str)]) -> Proxy {
     let mut database = json!({
         "cloud": format!("host=127.0.0.1 port={} dbname=app", w.cloud.port()),
         "auth_user": "lokadb_auth",
@@ -53,7 +65,7 @@ fn direct_world_env(db: Value, env: &[(&str, &str)]) -> (World, Proxy) {
         "{}",
         proxy.output()
     );
-    (w, proxy)
+    proxy
 }
 
 /// A session of role `nosy` (password `nosy-secret`) through the proxy.

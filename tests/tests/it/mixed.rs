@@ -8,6 +8,7 @@ use crate::direct::{client, direct_world, one_i64, org_ran, rows};
 use crate::moves::World;
 use lokadb_tests::proxy::Proxy;
 use serde_json::json;
+use std::time::{Duration, Instant};
 
 /// The cloud's answer to `sql` (one value).
 fn cloud(w: &World, sql: &str) -> String {
@@ -289,4 +290,88 @@ async fn a_moved_transaction_that_answers_differently_fails_with_40001() {
             .unwrap(),
     );
     assert!(n > 0);
+}
+
+/// The proxy dies at each step of a move (the direct transaction rolled back; the replay
+/// sent; its answers matched): the client's connection fails, nothing of the transaction
+/// is committed anywhere, no transaction is left open, and a new proxy runs it whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_dies_while_moving_a_transaction_leaves_nothing_behind() {
+    let (w, proxy) = direct_world(json!({}));
+    let (id, doc) = a_version(&client(&proxy).await).await;
+    let body = |v: &str| {
+        format!("UPDATE document_versions SET body = '{v}' WHERE organization_id = 2 AND id = {id}")
+    };
+    let insert = |v: &str| {
+        format!(
+            "INSERT INTO document_versions (organization_id, document_id, body) VALUES (2, {doc}, '{v}')"
+        )
+    };
+    let before = cloud(
+        &w,
+        &format!("SELECT body FROM document_versions WHERE id = {id}"),
+    );
+    for point in ["replay-rolled-back", "replay-sent", "replay-matched"] {
+        let mut dying =
+            crate::direct::direct_proxy(&w, json!({}), &[("LOKADB_PROXY_FAILPOINT", point)]);
+        let c = client(&dying).await;
+        c.batch_execute("BEGIN").await.unwrap();
+        c.batch_execute(&body(point)).await.unwrap();
+        let e = c.batch_execute(&insert(point)).await.unwrap_err();
+        assert!(e.is_closed() || e.as_db_error().is_none(), "{point}: {e:?}");
+        assert!(
+            dying.wait_exit(Duration::from_secs(10)).is_some(),
+            "{point}: {}",
+            dying.output()
+        );
+        assert!(
+            dying.output().contains(&format!("failpoint {point}")),
+            "{}",
+            dying.output()
+        );
+        // The organization's database and the cloud roll back what the proxy held open.
+        let open = "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'";
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let org = w.org.db.psql(crate::tunnel_world::ORG_DB, open).unwrap();
+            let cl = cloud(&w, open);
+            if org == "0" && cl == "0" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{point}: open transactions: org {org}, cloud {cl}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            cloud(
+                &w,
+                &format!("SELECT body FROM document_versions WHERE id = {id}")
+            ),
+            before,
+            "{point}"
+        );
+        assert_eq!(
+            cloud(
+                &w,
+                &format!("SELECT count(*) FROM document_versions WHERE body = '{point}'")
+            ),
+            "0",
+            "{point}"
+        );
+    }
+    // The same transaction through a live proxy commits once.
+    let c = client(&proxy).await;
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&body("survived")).await.unwrap();
+    c.batch_execute(&insert("survived")).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        cloud(
+            &w,
+            "SELECT count(*) FROM document_versions WHERE body = 'survived'"
+        ),
+        "2"
+    );
 }

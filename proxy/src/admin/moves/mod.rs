@@ -145,10 +145,7 @@ pub struct Move {
 /// at that step, for the tests of crash safety (connections drop, the server rolls
 /// back what was open, exactly as after `kill -9`).
 pub fn failpoint(name: &str) {
-    if std::env::var("LOKADB_MOVE_FAILPOINT").is_ok_and(|v| v == name) {
-        eprintln!("lokadb: failpoint {name}: exiting");
-        std::process::exit(99);
-    }
+    crate::failpoint::exit_at("LOKADB_MOVE_FAILPOINT", name);
 }
 
 /// Settings every connection of a move uses, so rows print the same text on both sides
