@@ -83,6 +83,9 @@ READ_SQL = f"SELECT id, title FROM documents WHERE organization_id = {ORG} AND i
 READ_SQL_1 = f"SELECT id, title FROM documents WHERE organization_id = {OTHER} AND id = %s"
 UPDATE_SQL = f"UPDATE documents SET title = %s WHERE organization_id = {ORG} AND id = %s"
 COUNT_SQL = f"SELECT count(*) FROM document_versions WHERE organization_id = {ORG} AND document_id = %s"
+# An audit or version row after an update: the INSERT needs the cloud, so on fdw+direct the
+# transaction that wrote directly moves there (docs/routing.md, "Transactions").
+INSERT_SQL = f"INSERT INTO document_versions (organization_id, document_id, body) VALUES ({ORG}, %s, %s)"
 # By primary key alone (an ORM's get): the proxy adds the key's organization from the key map.
 KEY_SQL = "SELECT id, title FROM documents WHERE id = %s"
 
@@ -131,6 +134,14 @@ class Ops:
         if n != 1:
             raise RuntimeError(f"tx_update: {n} rows")
 
+    def tx_update_insert(self, c):
+        d = self.doc()
+        with c.transaction():
+            n = c.execute(UPDATE_SQL, (self.title(), d)).rowcount
+            c.execute(INSERT_SQL, (d, "routing bench audit"))
+        if n != 1:
+            raise RuntimeError(f"tx_update_insert: {n} rows")
+
     def update(self, c):
         n = c.execute(UPDATE_SQL, (self.title(), self.doc())).rowcount
         if n != 1:
@@ -165,6 +176,8 @@ OPS = [  # (key, label, what it sends)
     ("read", "autocommit read", READ_SQL),
     ("tx_read", "read in a transaction", f"BEGIN; {READ_SQL}; COMMIT"),
     ("tx_update", "update in a transaction", f"BEGIN; {UPDATE_SQL}; COMMIT"),
+    ("tx_update_insert", "update then insert in a transaction (an audit row)",
+     f"BEGIN; {UPDATE_SQL}; {INSERT_SQL}; COMMIT"),
     ("update", "autocommit update", UPDATE_SQL),
     ("orm_read", "ORM-style read (document + count of its versions)", f"{READ_SQL}; {COUNT_SQL}"),
     ("key_read", "read by primary key alone (the key map finds organization 2)", KEY_SQL),
@@ -172,7 +185,8 @@ OPS = [  # (key, label, what it sends)
     ("control_read", "control: autocommit read of organization 1 (cloud)", READ_SQL_1),
 ]
 OP_LABEL = {k: lab for k, lab, _ in OPS}
-OP_SHORT = {"read": "read", "tx_read": "read in tx", "tx_update": "update in tx", "update": "update",
+OP_SHORT = {"read": "read", "tx_read": "read in tx", "tx_update": "update in tx",
+            "tx_update_insert": "update+insert in tx", "update": "update",
             "orm_read": "ORM read", "key_read": "by key", "key_read_1": "org 1 by key",
             "control_read": "org 1 read (control)"}
 

@@ -135,6 +135,7 @@ pub fn switch(
                 }
                 router.begin_on_next();
                 router.tx_log = None;
+                router.tx_opener = None;
                 exchanges.direct.digest = None;
             }
             router.target = Side::Cloud;
@@ -237,6 +238,7 @@ fn replay(
                     Poll::Ready(_) => {}
                 }
                 exchanges.direct.digest = None;
+                router.opener_moved = router.tx_opener.take();
                 crate::failpoint::proxy("replay-rolled-back");
                 let (bytes, requests) = router.tx_log.take().unwrap_or_default().take();
                 // The gate's transaction on the cloud is the client's from now on.
@@ -299,11 +301,14 @@ fn replay(
                 let got = exchanges.cloud.digest.take().map(|d| d.value());
                 if got == Some(expected) {
                     crate::failpoint::proxy("replay-matched");
-                    tracing::info!(target: "lokadb::route", route = "moved", org = ?router.direct_org, "a transaction that wrote directly moved to the cloud");
+                    if router.route_log {
+                        tracing::info!(target: "lokadb::route", route = "moved", org = ?router.direct_org, "a transaction that wrote directly moved to the cloud");
+                    }
                     router.target = Side::Cloud;
                     router.want = None;
                     return true;
                 }
+                // Always logged: the client gets an error the proxy made.
                 tracing::info!(target: "lokadb::route", route = "moved", differed = true, org = ?router.direct_org, "a transaction that wrote directly answered differently on the cloud: 40001");
                 router.replay = Replay::Failing;
             }

@@ -378,6 +378,13 @@ pub struct Router {
     /// The moved transaction answered differently on the cloud: the next statement fails
     /// with 40001 there.
     pub replay_differed: bool,
+    /// `route_log`: moves of transactions are logged too.
+    pub route_log: bool,
+    /// The statement that opened the open direct transaction (its SQL).
+    pub tx_opener: Option<Box<str>>,
+    /// An opener whose transaction just moved to the cloud, for the core to learn
+    /// ([`CoreMeta::opener_moved`]) at the next message.
+    pub opener_moved: Option<Box<str>>,
 }
 
 impl Router {
@@ -602,6 +609,21 @@ impl ClientFrames<'_> {
         placement
     }
 
+    /// The SQL of the statement a message runs: a Query's, a Bind's prepared statement's.
+    fn opener_text<'f>(&'f self, tag: u8, frame: Option<&'f [u8]>) -> Option<&'f str> {
+        let body = frame?.get(5..)?;
+        match tag {
+            FE_QUERY => Fields::new(body, "Query").cstr().ok(),
+            FE_BIND => {
+                let mut f = Fields::new(body, "Bind");
+                let _portal = f.cstr().ok()?;
+                let p = self.router.prepared.get(f.cstr().ok()?)?;
+                statement_of(FE_PARSE, p.parse.get(5..)?).map(|(_, sql, _)| sql)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether routing needs the whole frame of `tag`.
     pub(super) fn routing_wants_body(&self, tag: u8) -> bool {
         if !self.router.enabled {
@@ -652,6 +674,9 @@ impl ClientFrames<'_> {
                 );
             }
         }
+        if let (Some(text), Some(m)) = (self.router.opener_moved.take(), self.meta) {
+            m.opener_moved(&text);
+        }
         // The direct transaction ended: nothing of it can move any more.
         if self.router.tx_log.is_some()
             && self.router.held_begin.is_none()
@@ -659,6 +684,7 @@ impl ClientFrames<'_> {
             && self.exchanges.direct.status == TX_IDLE
         {
             self.router.tx_log = None;
+            self.router.tx_opener = None;
             self.exchanges.direct.digest = None;
         }
         let cloud_frame = frame;
@@ -676,6 +702,15 @@ impl ClientFrames<'_> {
             }
             _ => Dest::Current,
         };
+        // A transaction whose opener moved to the cloud not long ago starts there.
+        if self.router.held_begin.is_some()
+            && matches!(dest, Dest::Direct(_) | Dest::DirectWrite(_))
+        {
+            let learned = self.meta.zip(self.opener_text(tag, frame));
+            if learned.is_some_and(|(m, text)| m.opens_on_cloud(text)) {
+                dest = Dest::Cloud;
+            }
+        }
         if let (Some(frame), true) = (frame, self.router.enabled) {
             match self.transaction_step(tag, frame, &dest) {
                 TxStep::Go => {}
@@ -755,8 +790,9 @@ impl ClientFrames<'_> {
             } else {
                 // A direct transaction: what it sends and gets is kept, should it have to
                 // move to the cloud after writing.
-                self.router.tx_log = Some(super::replay::Log::default());
                 ex.digest = Some(super::replay::Digest::new(false));
+                self.router.tx_log = Some(super::replay::Log::default());
+                self.router.tx_opener = self.opener_text(tag, cloud_frame).map(Box::from);
             }
         }
         // The cloud learns the statement's organization ahead of it.

@@ -281,6 +281,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         router.start_in(org);
     }
     router.tx_defaults = tx_defaults;
+    router.route_log = route_log;
     let mut reported = Reported::default();
     for (name, value) in &backend.params {
         reported.note(&parameter_status_body(name, value));

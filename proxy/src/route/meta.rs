@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// An organization with a row in `lokadb.org`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,14 +287,46 @@ impl Placement {
 pub struct CoreMeta {
     pub meta: Arc<Meta>,
     analyses: RefCell<HashMap<Box<str>, Analysis>>,
+    /// Statements that opened a direct transaction which then had to move to the cloud,
+    /// and until when the next such transaction starts on the cloud instead
+    /// ([`CoreMeta::opens_on_cloud`]).
+    moved_openers: RefCell<HashMap<Box<str>, Instant>>,
 }
+
+/// How long a transaction opener that moved keeps its transactions on the cloud before one
+/// tries the direct path again (the application may have changed what follows it).
+pub const MOVED_OPENER_FOR: Duration = Duration::from_secs(30);
+
+/// The most openers a core remembers (past it, it starts over).
+const MAX_MOVED_OPENERS: usize = 1024;
 
 impl CoreMeta {
     pub fn new(meta: Arc<Meta>) -> CoreMeta {
         CoreMeta {
             meta,
             analyses: RefCell::new(HashMap::new()),
+            moved_openers: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Notes that a direct transaction opened by `sql` had to move to the cloud.
+    pub fn opener_moved(&self, sql: &str) {
+        let mut m = self.moved_openers.borrow_mut();
+        if m.len() >= MAX_MOVED_OPENERS {
+            m.clear();
+        }
+        m.insert(sql.into(), Instant::now() + MOVED_OPENER_FOR);
+    }
+
+    /// Whether a transaction opened by `sql` starts on the cloud: the last one it opened
+    /// directly had to move there, not long ago. A move costs the direct round trips and a
+    /// rollback; an application runs the same transactions again and again.
+    pub fn opens_on_cloud(&self, sql: &str) -> bool {
+        let m = self.moved_openers.borrow();
+        if m.is_empty() {
+            return false;
+        }
+        m.get(sql).is_some_and(|until| Instant::now() < *until)
     }
 
     /// The next generation: `meta`, keeping this one's analyses when the LokaDB tables are
@@ -310,6 +343,7 @@ impl CoreMeta {
         CoreMeta {
             meta,
             analyses: RefCell::new(analyses),
+            moved_openers: RefCell::new(std::mem::take(&mut *self.moved_openers.borrow_mut())),
         }
     }
 

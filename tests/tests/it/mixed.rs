@@ -210,6 +210,46 @@ async fn a_transaction_that_wrote_directly_moves_to_the_cloud_when_it_needs_it()
     let r = c.simple_query(&read).await.unwrap();
     assert_eq!(rows(&r), ["moved 4"]);
     assert_eq!(moved(&proxy, true), 0);
+
+    // The same transaction again: its opener moved a moment ago, so it starts on the cloud
+    // (no direct round trips, no rollback), on this core and on a session of its own.
+    let opener = body("learned");
+    for (i, session) in [&c, &client(&proxy).await].into_iter().enumerate() {
+        let tag = format!("learned {i}");
+        let moves = moved(&proxy, false);
+        session.batch_execute("BEGIN").await.unwrap();
+        session.batch_execute(&opener).await.unwrap();
+        session
+            .batch_execute(&format!(
+                "INSERT INTO document_versions (organization_id, document_id, body) VALUES (2, {doc}, '{tag}')"
+            ))
+            .await
+            .unwrap();
+        session.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(count_audit(&tag), "1");
+        if i == 0 {
+            assert_eq!(moved(&proxy, false), moves + 1, "the first moves");
+        } else {
+            // Another session may be on the other core, which has not learned it.
+            assert!(moved(&proxy, false) <= moves + 1);
+        }
+    }
+    let moves = moved(&proxy, false);
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&opener).await.unwrap();
+    c.batch_execute(&format!(
+        "INSERT INTO document_versions (organization_id, document_id, body) VALUES (2, {doc}, 'learned')"
+    ))
+    .await
+    .unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        moved(&proxy, false),
+        moves,
+        "it started on the cloud\n{}",
+        proxy.output()
+    );
+    assert!(org_ran(&w, &opener) <= 2, "{}", w.org.db.log_contents());
 }
 
 /// What the transaction read directly changed before it moved: the cloud answers

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""LokaDB contention benchmark: update-then-insert transactions of concurrent clients on one
+moved organization, through fdw and fdw+direct: throughput, the share of transactions that moved
+from the organization's database to the cloud, and the rate of serialization failures (40001).
+
+    /work/main/.venv/bin/python research/bench/contention.py [--quick] [--out DIR]
+
+The world is routing.py's (organization 2 moved, its database behind the relay and its agent,
+every statement it runs logged). For each profile and each key distribution — hot (5 documents)
+and uniform (all of organization 2's) — C psycopg clients through the proxy each run, for T
+seconds, `BEGIN; UPDATE documents SET title = … WHERE organization_id = 2 AND id = …; INSERT INTO
+document_versions …; COMMIT` (routing.py's tx_update_insert). On fdw+direct the UPDATE runs in the
+organization's database and the INSERT needs the cloud: the transaction moves there
+(docs/routing.md, "Transactions"); each move rolls back the direct transaction, so the ROLLBACKs
+the organization's database logged count the moves. A client that gets 40001 counts it and goes
+on with the next transaction (what an application's retry does). Writes raw.json and summary.md
+into research/bench/results/<UTC ts>-contention[-quick]/. Builds nothing ($LOKADB_BENCH_TARGET).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as common  # noqa: E402
+from run import Ctx, catch_signals, fatal, ignore_signals, log, preflight, result_dir, safe_cleanup, temp_dir  # noqa: E402
+from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, prepare_tunnel, start_tunnel, stop_agents  # noqa: E402
+import routing  # noqa: E402
+from routing import INSERT_SQL, ORG, UPDATE_SQL, OrgLog, analyse, build_world, client, set_profile, start_proxy  # noqa: E402
+
+import psycopg  # noqa: E402
+
+
+class Mode:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.name = "quick" if quick else "full"
+        self.clients = 8 if quick else 16
+        self.seconds = 5.0 if quick else 20.0
+        self.rtt_ms = 0.0
+        self.hot = 5  # documents in the hot set
+        # routing.py's Mode fields its world and windows read
+        self.rtts_ms = [0]
+        self.n = 0
+        self.warmup = 0
+
+
+def cell(ctx, profile: str, dist: str) -> dict:
+    mode = ctx.mode
+    ids = ctx.ids2[: mode.hot] if dist == "hot" else ctx.ids2
+    counts = {"committed": 0, "40001": 0, "other_errors": 0}
+    examples: list[str] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + mode.seconds
+    titles = iter(range(10**9))
+
+    def worker(seed: int):
+        rng = random.Random(seed)
+        conn = client(ctx)
+        try:
+            while time.monotonic() < stop_at:
+                d = rng.choice(ids)
+                with lock:
+                    title = f"contention {profile} {dist} {next(titles)}"
+                try:
+                    with conn.transaction():
+                        conn.execute(UPDATE_SQL, (title, d))
+                        conn.execute(INSERT_SQL, (d, "contention audit"))
+                    key = "committed"
+                except psycopg.Error as e:
+                    key = "40001" if e.sqlstate == "40001" else "other_errors"
+                    if key == "other_errors" and len(examples) < 5:
+                        examples.append(f"{e.sqlstate}: {str(e).strip()[:200]}")
+                    if conn.broken:
+                        conn = client(ctx)
+                with lock:
+                    counts[key] += 1
+        finally:
+            conn.close()
+
+    ctx.log.cut()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(mode.clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    time.sleep(0.3)
+    org_log = analyse(ctx.log.cut(), 0.0, keep=0)
+    tried = counts["committed"] + counts["40001"] + counts["other_errors"]
+    moved = org_log["by_keyword"].get("ROLLBACK", 0) if profile == "fdw+direct" else 0
+    rec = {"profile": profile, "dist": dist, "clients": mode.clients, "seconds": round(wall, 2), **counts,
+           "transactions": tried, "tps": round(counts["committed"] / wall, 1),
+           "rate_40001": round(counts["40001"] / tried, 4) if tried else None,
+           "moved": moved, "moved_share": round(moved / tried, 3) if tried else None,
+           "org_statements": dict(org_log["by_keyword"]), "error_examples": examples}
+    log(f"  {profile:<10} {dist:<7} {rec['tps']:7.1f} tx/s, 40001 {counts['40001']}/{tried} "
+        f"({100 * (rec['rate_40001'] or 0):.2f} %), other errors {counts['other_errors']}, "
+        f"moved {moved} ({100 * (rec['moved_share'] or 0):.0f} %)")
+    return rec
+
+
+def summary(raw: dict) -> str:
+    m = raw["meta"]
+    L = [f"# Contention: update-then-insert under concurrent clients ({m['mode']})", "",
+         f"Command: `{m['command']}` (LOKADB_BENCH_TARGET={m['env']['LOKADB_BENCH_TARGET']}); "
+         f"{m['mode_settings']['clients']} clients, {m['mode_settings']['seconds']} s per cell, RTT 0; "
+         f"started {m['started_utc']}, load average at end {m.get('loadavg_at_end', '?')}.", "",
+         "| profile | keys | committed tx/s | 40001 | rate | other errors | moved to the cloud |",
+         "|---|---|---|---|---|---|---|"]
+    for c in raw["cells"]:
+        L.append(f"| {c['profile']} | {c['dist']} | {c['tps']} | {c['40001']} of {c['transactions']} | "
+                 f"{100 * (c['rate_40001'] or 0):.2f} % | {c['other_errors']} | "
+                 f"{c['moved']} ({100 * (c['moved_share'] or 0):.0f} %) |")
+    L += ["", "moved: ROLLBACKs of direct transactions the organization's database logged (one per move).",
+          "The ratio to read is fdw+direct ÷ fdw in one run; the machine is shared and noisy.", ""]
+    return "\n".join(L)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="8 clients, 5 s per cell (≈ 1 min with the world)")
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-contention[-quick])")
+    args = ap.parse_args()
+    preflight("contention.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    mode = Mode(args.quick)
+    started, run_id, outdir = result_dir(args.out, "-contention", mode.quick)
+    catch_signals()
+    ctx = Ctx(mode)
+    ctx.log = None
+    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+            "command": ("/work/main/.venv/bin/python research/bench/contention.py " + shlex.join(sys.argv[1:])).strip(),
+            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
+            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "sql": {"update": UPDATE_SQL, "insert": INSERT_SQL}, "setup_commands": ctx.commands, "errors": ctx.errors}
+    raw = {"meta": meta, "world": None, "cells": []}
+    t_start = time.time()
+    rc = 0
+    ctx.relay = ctx.link = ctx.agent = ctx.proxy = None
+    try:
+        ctx.tmp = temp_dir("lokadb-contention-bench-")
+        prepare_tunnel(ctx, ORG)
+        log(f"mode={mode.name} clients={mode.clients} seconds={mode.seconds} out={outdir}")
+        raw["world"] = build_world(ctx)
+        ctx.log = OrgLog(ctx.org)
+        start_tunnel(ctx, ORG, "relay-contention", mode.rtt_ms)
+        ctx.proxy = start_proxy(ctx, "contention")
+        for profile in routing.PROFILES:
+            set_profile(ctx, profile)
+            for dist in ("hot", "uniform"):
+                raw["cells"].append(cell(ctx, profile, dist))
+                (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        rc = fatal(ctx.errors, e)
+    finally:
+        ignore_signals()
+        if ctx.proxy is not None:
+            ctx.proxy.stop()
+        if ctx.agent is not None:
+            stop_agents([ctx.agent])
+        if ctx.link is not None:
+            ctx.link.stop()
+        if ctx.relay is not None:
+            ctx.relay.stop()
+        if ctx.log is not None:
+            ctx.log.close()
+        safe_cleanup()
+        meta["wall_seconds"] = round(time.time() - t_start, 1)
+        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
+        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+        (outdir / "summary.md").write_text(summary(raw))
+        log(f"wrote {outdir}/summary.md")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
