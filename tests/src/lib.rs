@@ -13,6 +13,7 @@
 //!   `lokadb proxy listening on HOST:PORT` and keeps the process's output.
 //! - [`agent`]: [`agent::Agent`], the `lokadb-agent` binary; [`certs`]: a test CA and relay
 //!   certificate.
+//! - [`raw`]: [`raw::Raw`], a client that speaks the protocol by hand (what drivers hide).
 //! - this file: [`repo_root`], [`free_port`], [`TempDir`] and the spawner that starts long-lived
 //!   children so they die with the test process (`PR_SET_PDEATHSIG`).
 //!
@@ -23,6 +24,7 @@ pub mod certs;
 pub mod link;
 pub mod pg;
 pub mod proxy;
+pub mod raw;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};

@@ -6,6 +6,7 @@ pub mod check;
 pub mod cloud_org;
 pub mod direct;
 pub mod pump;
+mod refusal;
 pub mod replay;
 pub mod router;
 pub mod session;

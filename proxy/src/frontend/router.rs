@@ -1384,8 +1384,18 @@ impl ClientFrames<'_> {
                     if !held {
                         self.exchanges.get_mut(side).drop_answers(1);
                     }
+                    self.router.on_direct.remove("");
+                } else {
+                    // The refusal is the unnamed statement now: the client's Binds of it
+                    // run it, and one on the other side parses it there first (not the
+                    // unnamed statement before it, whose answer the client would get).
+                    let router = &mut *self.router;
+                    router.remember("", &out, None, Analysis::NoLokaTable, ValueType::Other);
+                    if side == Side::Direct {
+                        router.on_direct.insert(String::new());
+                    }
+                    router.unnamed_on_cloud = side == Side::Cloud;
                 }
-                self.router.on_direct.remove("");
             }
             // Close and Describe stay on the batch's side (`PreferCloud`): not refused.
             _ => return Action::Forward,

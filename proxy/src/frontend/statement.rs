@@ -7,6 +7,8 @@
 //! every frame of both directions.
 
 use super::pump::{Action, Inspect};
+use super::refusal::plain_refusal;
+pub(super) use super::refusal::{raise_sql, refusal_frame};
 use super::replay::Digest;
 use super::router::{Exchanges, Lookup, Router, Side};
 use super::session_org::OrgStep;
@@ -437,9 +439,6 @@ pub(super) fn statement_frame(tag: u8, name: Option<&str>, sql: &str, rest: &[u8
     frame
 }
 
-/// Dollar-quote tag of the refusal's DO block.
-const REFUSAL_TAG: &str = "$lokadb_refusal$";
-
 impl ClientFrames<'_> {
     /// A Query or Parse the proxy does not forward, as the same message with a statement
     /// that makes the cloud raise the refusal: the error comes in the stream's order, behind
@@ -499,38 +498,6 @@ impl ClientFrames<'_> {
         };
         Some((statement_frame(tag, statement, &rewritten, rest), by_key))
     }
-}
-
-/// A statement that raises an error with this SQLSTATE, message and hint when executed.
-/// Text from the client in them (an organization's name) cannot end the block early: its
-/// dollar-quote tag is taken out of both.
-pub(super) fn raise_sql(code: &str, message: &str, hint: &str) -> String {
-    let literal = |s: &str| {
-        let mut s = s.to_owned();
-        while s.contains(REFUSAL_TAG) {
-            s = s.replace(REFUSAL_TAG, "lokadb_refusal");
-        }
-        s.replace('\'', "''")
-    };
-    format!(
-        "DO {REFUSAL_TAG}BEGIN RAISE EXCEPTION USING ERRCODE = '{code}', MESSAGE = '{}', HINT = '{}'; END{REFUSAL_TAG}",
-        literal(message),
-        literal(hint),
-    )
-}
-
-/// The same Query or Parse (`tag`, statement `name`) with a statement that raises `code`,
-/// `message` and `hint` when executed.
-pub(super) fn refusal_frame(
-    tag: u8,
-    name: Option<&str>,
-    code: &str,
-    message: &str,
-    hint: &str,
-) -> Vec<u8> {
-    // No parameter types: the DO block takes none.
-    let rest: &[u8] = if name.is_some() { &[0, 0] } else { &[] };
-    statement_frame(tag, name, &raise_sql(code, message, hint), rest)
 }
 
 impl ClientFrames<'_> {
@@ -780,8 +747,10 @@ impl Inspect for ServerFrames<'_> {
             return true;
         }
         match tag {
-            BE_READY_FOR_QUERY | BE_PARAMETER_STATUS => true,
-            BE_ERROR_RESPONSE | BE_NOTICE_RESPONSE => ex.shift_now().is_some(),
+            // Every error: it may be a refusal's ([`plain_refusal`]). Errors are rare, and
+            // short.
+            BE_READY_FOR_QUERY | BE_PARAMETER_STATUS | BE_ERROR_RESPONSE => true,
+            BE_NOTICE_RESPONSE => ex.shift_now().is_some(),
             BE_PARSE_COMPLETE | BE_CLOSE_COMPLETE => self.exchange.drops_next(),
             _ => false,
         }
@@ -827,6 +796,17 @@ impl Inspect for ServerFrames<'_> {
         let action = self.account(header.tag, frame);
         let action = match (silent, shift, frame) {
             (true, ..) => Action::Replace(Vec::new()),
+            (false, _, Some(frame))
+                if header.tag == BE_ERROR_RESPONSE && action == Action::Forward =>
+            {
+                // A refusal's error as the proxy meant it; a refusal has no position.
+                match plain_refusal(frame) {
+                    Some(plain) => Action::Replace(plain),
+                    None => shift
+                        .and_then(|chars| shift_position(frame, chars))
+                        .map_or(action, Action::Replace),
+                }
+            }
             (false, Some(chars), Some(frame)) if action == Action::Forward => {
                 shift_position(frame, chars).map_or(action, Action::Replace)
             }
@@ -1074,11 +1054,11 @@ mod tests {
         let h = |f: &[u8]| Header::peek(f, u32::MAX).unwrap().unwrap();
         let e = with("75");
         // The earlier request's error passes as it is.
-        assert!(!s.wants_body(BE_ERROR_RESPONSE));
+        assert!(!s.wants_body(BE_NOTICE_RESPONSE));
         assert_eq!(s.on_frame(h(&e), Some(&e)), Action::Forward);
         assert_eq!(ready(&mut s, b'I'), Action::Forward);
         // The prefixed Query's: its own statement's answer dropped, then the error shifted.
-        assert!(s.wants_body(BE_ERROR_RESPONSE));
+        assert!(s.wants_body(BE_NOTICE_RESPONSE));
         let tag = BE_COMMAND_COMPLETE;
         assert_eq!(
             s.on_frame(Header { tag, len: 4 }, Some(&[tag, 0, 0, 0, 4])),
@@ -1086,7 +1066,7 @@ mod tests {
         );
         assert_eq!(s.on_frame(h(&e), Some(&e)), Action::Replace(with("15")));
         assert_eq!(ready(&mut s, b'I'), Action::Forward);
-        assert!(!s.wants_body(BE_ERROR_RESPONSE));
+        assert!(!s.wants_body(BE_NOTICE_RESPONSE));
     }
 
     /// Answers to messages the proxy added are dropped only once the requests sent before

@@ -783,6 +783,11 @@ impl Visitor for Check<'_> {
         }
     }
     fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+        // A system column answers for the organization's own table there, not for the
+        // cloud's partition of it (another `tableoid`, `ctid`, `xmin`): the cloud answers.
+        if names_system_column(e) {
+            return ControlFlow::Break(());
+        }
         // The session's organization, a key's: the direct path sends the client's text,
         // without them (a key's only where the rewrite put it: counted).
         if is_session_org(e) {
@@ -806,6 +811,26 @@ impl Visitor for Check<'_> {
         }
         ControlFlow::Continue(())
     }
+}
+
+/// Postgres's system columns: every table has them, with values of the database that holds
+/// the row. A LokaDB table can have no column of these names (Postgres refuses it).
+pub(super) const SYSTEM_COLUMNS: &[&str] = &["tableoid", "ctid", "xmin", "xmax", "cmin", "cmax"];
+
+/// Whether `e` is a column reference (`ctid`, `d.ctid`, `public.documents."xmin"`) to a
+/// system column. A name of the statement's own (an output alias `AS xmin` in ORDER BY, a
+/// subquery's column) counts too: the statement then goes to the cloud, which is always
+/// correct.
+fn names_system_column(e: &Expr) -> bool {
+    let name = match e {
+        Expr::Identifier(i) => i,
+        Expr::CompoundIdentifier(parts) => match parts.last() {
+            Some(i) => i,
+            None => return false,
+        },
+        _ => return false,
+    };
+    SYSTEM_COLUMNS.contains(&fold(&name.value, name.quote_style.is_some()).as_str())
 }
 
 fn plain_body(body: &SetExpr) -> bool {
@@ -1677,6 +1702,16 @@ pub(crate) mod tests {
         ("COPY (SELECT * FROM documents WHERE organization_id = 2) TO STDOUT WITH (FORMAT csv)", true),
         ("COPY (SELECT * FROM documents d JOIN projects p ON p.id = d.project_id WHERE d.organization_id = 2) TO STDOUT", false),
         ("COPY (SELECT * FROM documents WHERE organization_id = 2) TO '/tmp/x'", false),
+        // System columns: the organization's database has its own (item 5 of issue 22).
+        ("SELECT tableoid::regclass, id FROM documents WHERE organization_id = 2", false),
+        ("SELECT d.ctid FROM documents d WHERE d.organization_id = 2", false),
+        ("SELECT id FROM documents WHERE organization_id = 2 AND public.documents.\"xmax\" = '0'", false),
+        ("SELECT id FROM documents WHERE organization_id = 2 ORDER BY XMIN", false),
+        ("SELECT count(*) FROM documents WHERE organization_id = 2 GROUP BY cmin HAVING max(cmax) > '0'", false),
+        ("SELECT * FROM (SELECT id, xmin FROM documents WHERE organization_id = 2) x", false),
+        ("COPY (SELECT ctid FROM documents WHERE organization_id = 2) TO STDOUT", false),
+        // Not system columns: a quoted name of another case, a longer name, a string.
+        ("SELECT \"XMIN\", xmin_id, 'ctid' FROM documents WHERE organization_id = 2", true),
     ];
 
     /// Placed statements → the columns a plain UPDATE sets (None: not one).
@@ -1690,6 +1725,10 @@ pub(crate) mod tests {
         ("UPDATE documents SET (title, project_id) = ('x', 1) WHERE organization_id = 2", None),
         ("DELETE FROM documents WHERE organization_id = 2 AND id = 1", None),
         ("SELECT * FROM documents WHERE organization_id = 2", None),
+        // System columns, in RETURNING or anywhere: the cloud answers.
+        ("UPDATE documents SET title = 'x' WHERE organization_id = 2 AND id = 5 RETURNING ctid", None),
+        ("UPDATE documents d SET title = 'x' WHERE d.organization_id = 2 AND d.xmin = '5'", None),
+        ("UPDATE documents SET title = tableoid::regclass::text WHERE organization_id = 2", None),
     ];
 
     #[test]

@@ -369,13 +369,13 @@ pub fn quote_ident(name: &str) -> String {
 /// reference (its type would become `record`); and no parameter in a join's ON (its type
 /// would now come from the subquery's WHERE, analysed before it).
 fn same_columns_through_a_subquery(q: &Query, alias: &str) -> bool {
-    const SYSTEM: &[&str] = &["ctid", "tableoid", "xmin", "xmax", "cmin", "cmax"];
     let mut ok = true;
     let _ = sqlparser::ast::visit_expressions(q, |e| {
         match e {
             Expr::Identifier(i) if fold(&i.value, i.quote_style.is_some()) == alias => ok = false,
             Expr::CompoundIdentifier(p)
-                if column_of(p, alias).is_some_and(|c| SYSTEM.contains(&c.as_str())) =>
+                if column_of(p, alias)
+                    .is_some_and(|c| super::analysis::SYSTEM_COLUMNS.contains(&c.as_str())) =>
             {
                 ok = false;
             }

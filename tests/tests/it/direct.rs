@@ -6,6 +6,7 @@ use crate::admin_cli::{lokadb, ok};
 use crate::moves::{world_at, World};
 use crate::tunnel_world::{APP_PASSWORD, APP_USER, ORG_DB};
 use lokadb_tests::proxy::Proxy;
+use lokadb_tests::raw::Raw;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -1095,130 +1096,6 @@ async fn an_orm_feed_joined_with_cloud_tables_is_ordered_and_limited_in_the_orga
         .output()
         .lines()
         .any(|l| l.contains("rewritten=\"false\"") && l.contains("JOIN projects p ON")));
-}
-
-/// A client that speaks the extended protocol by hand, so that it names its prepared
-/// statements itself (tokio-postgres numbers them across the whole test process, so two of
-/// its clients never share a name).
-pub(crate) struct Raw {
-    stream: tokio::net::TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Raw {
-    pub(crate) async fn connect(port: u16) -> Raw {
-        Raw::connect_with(port, &[]).await
-    }
-
-    /// Connects with `params` in the startup packet besides user and database.
-    pub(crate) async fn connect_with(port: u16, params: &[(&str, &str)]) -> Raw {
-        use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
-        use postgres_protocol::message::frontend;
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let mut raw = Raw {
-            stream,
-            buf: Vec::new(),
-        };
-        let mut out = bytes::BytesMut::new();
-        let user = lokadb_tests::pg::SUPERUSER;
-        let mut startup = vec![("user", user), ("database", "app")];
-        startup.extend_from_slice(params);
-        frontend::startup_message(startup, &mut out).unwrap();
-        raw.send(&out).await;
-        let mut scram = ScramSha256::new(
-            lokadb_tests::pg::SUPERUSER_PASSWORD.as_bytes(),
-            ChannelBinding::unsupported(),
-        );
-        loop {
-            let (tag, body) = raw.message().await;
-            let mut out = bytes::BytesMut::new();
-            match (
-                tag,
-                body.get(..4)
-                    .map(|c| i32::from_be_bytes(c.try_into().unwrap())),
-            ) {
-                (b'R', Some(10)) => {
-                    frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut out)
-                        .unwrap();
-                }
-                (b'R', Some(11)) => {
-                    scram.update(&body[4..]).unwrap();
-                    frontend::sasl_response(scram.message(), &mut out).unwrap();
-                }
-                (b'R', Some(12)) => scram.finish(&body[4..]).unwrap(),
-                (b'Z', _) => return raw,
-                (b'E', _) => panic!("login refused: {}", String::from_utf8_lossy(&body)),
-                _ => {}
-            }
-            if !out.is_empty() {
-                raw.send(&out).await;
-            }
-        }
-    }
-
-    pub(crate) async fn send(&mut self, bytes: &[u8]) {
-        use tokio::io::AsyncWriteExt;
-        self.stream.write_all(bytes).await.unwrap();
-    }
-
-    pub(crate) async fn message(&mut self) -> (u8, Vec<u8>) {
-        use tokio::io::AsyncReadExt;
-        loop {
-            if self.buf.len() >= 5 {
-                let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
-                if self.buf.len() > len {
-                    let body = self.buf[5..=len].to_vec();
-                    let tag = self.buf[0];
-                    self.buf.drain(..=len);
-                    return (tag, body);
-                }
-            }
-            let mut chunk = [0u8; 8192];
-            let n = self.stream.read(&mut chunk).await.unwrap();
-            assert!(n > 0, "the proxy closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    /// Parses `sql` as statement `name` (when `parse`), binds and executes it; the first
-    /// column of each row as text.
-    pub(crate) async fn run(&mut self, name: &str, sql: &str, parse: bool) -> Vec<String> {
-        use postgres_protocol::message::frontend;
-        let mut out = bytes::BytesMut::new();
-        if parse {
-            frontend::parse(name, sql, [], &mut out).unwrap();
-        }
-        let no_values: [Option<&[u8]>; 0] = [];
-        frontend::bind(
-            "",
-            name,
-            [],
-            no_values,
-            |_: Option<&[u8]>, _| Ok(postgres_protocol::IsNull::Yes),
-            [],
-            &mut out,
-        )
-        .map_err(|_| "bind")
-        .unwrap();
-        frontend::execute("", 0, &mut out).unwrap();
-        frontend::sync(&mut out);
-        self.send(&out).await;
-        let mut rows = Vec::new();
-        loop {
-            let (tag, body) = self.message().await;
-            match tag {
-                b'D' => {
-                    let len = i32::from_be_bytes(body[2..6].try_into().unwrap()) as usize;
-                    rows.push(String::from_utf8(body[6..6 + len].to_vec()).unwrap());
-                }
-                b'E' => panic!("{name}: {}", String::from_utf8_lossy(&body)),
-                b'Z' => return rows,
-                _ => {}
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

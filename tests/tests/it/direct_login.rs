@@ -7,11 +7,12 @@
 //! A trigger in organization 2's database records, in the row a direct UPDATE writes, the
 //! settings of the connection that ran it.
 
-use crate::direct::{client, direct_world, org_ran, rows, Raw};
+use crate::direct::{client, direct_world, org_ran, rows};
 use crate::moves::World;
 use crate::tunnel_world::ORG_DB;
 use crate::world::{connect, sqlstate};
 use lokadb_tests::proxy::Proxy;
+use lokadb_tests::raw::Raw;
 use serde_json::json;
 
 /// In organization 2's database: an UPDATE that sets a version's body to 'probe' stores

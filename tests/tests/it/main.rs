@@ -60,6 +60,9 @@ mod names;
 // The direct login: only listed startup parameters, the session's transaction defaults, the
 // gate of direct writes for roles that may write.
 mod direct_login;
+// Through the proxy as at the cloud: the proxy's refusals read as Postgres errors, system
+// columns answer as the cloud's.
+mod like_the_cloud;
 // SET lokadb.org: a session limited to one organization, on the cloud and the direct path.
 mod session_org;
 // The organization of each statement, told to the cloud.

@@ -5,6 +5,7 @@
 //! nothing.
 
 use crate::world::{World, APP_PASSWORD, APP_USER};
+use lokadb_tests::raw::{be32, field, first_column, Raw};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -12,8 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A client that speaks the protocol by hand, to see its BackendKeyData (drivers keep it
 /// to themselves).
 struct Session {
-    stream: tokio::net::TcpStream,
-    buf: Vec<u8>,
+    raw: Raw,
     /// BackendKeyData: process ID and secret.
     key: (u32, u32),
 }
@@ -32,75 +32,30 @@ struct Answer {
 impl Session {
     /// Logs in through the proxy at `port` (SCRAM), up to the first ReadyForQuery.
     async fn login(port: u16, user: &str, password: &str) -> Session {
-        use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
-        use postgres_protocol::message::frontend;
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let mut s = Session {
-            stream,
-            buf: Vec::new(),
-            key: (0, 0),
+        let raw = Raw::login(port, user, password, &[]).await;
+        let [body] = raw.key_data.as_slice() else {
+            panic!("one BackendKeyData: {:?}", raw.key_data);
         };
-        let mut out = bytes::BytesMut::new();
-        frontend::startup_message([("user", user), ("database", "app")], &mut out).unwrap();
-        s.send(&out).await;
-        let mut scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
-        let mut keys = 0;
-        loop {
-            let (tag, body) = s.message().await;
-            let mut out = bytes::BytesMut::new();
-            match (tag, body.get(..4).map(be32)) {
-                (b'R', Some(10)) => {
-                    frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut out)
-                        .unwrap();
-                }
-                (b'R', Some(11)) => {
-                    scram.update(&body[4..]).unwrap();
-                    frontend::sasl_response(scram.message(), &mut out).unwrap();
-                }
-                (b'R', Some(12)) => scram.finish(&body[4..]).unwrap(),
-                (b'K', _) => {
-                    assert_eq!(body.len(), 8, "a 4-byte secret (protocol 3.0)");
-                    s.key = (be32(&body[..4]), be32(&body[4..]));
-                    keys += 1;
-                }
-                (b'Z', _) => {
-                    assert_eq!(keys, 1, "one BackendKeyData");
-                    return s;
-                }
-                (b'E', _) => panic!("login refused: {}", String::from_utf8_lossy(&body)),
-                _ => {}
-            }
-            if !out.is_empty() {
-                s.send(&out).await;
-            }
-        }
-    }
-
-    async fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.unwrap();
+        assert_eq!(body.len(), 8, "a 4-byte secret (protocol 3.0)");
+        let key = (be32(&body[..4]), be32(&body[4..]));
+        Session { raw, key }
     }
 
     /// Sends a simple Query without waiting for its answer.
     async fn start(&mut self, sql: &str) {
         let mut out = bytes::BytesMut::new();
         postgres_protocol::message::frontend::query(sql, &mut out).unwrap();
-        self.send(&out).await;
+        self.raw.send(&out).await;
     }
 
     /// Reads the answer of a Query, up to its ReadyForQuery.
     async fn answer(&mut self) -> Answer {
         let mut a = Answer::default();
         loop {
-            let (tag, body) = self.message().await;
+            let (tag, body) = self.raw.message().await;
             match tag {
-                b'D' => {
-                    let len = be32(&body[2..6]) as usize;
-                    a.rows
-                        .push(String::from_utf8(body[6..6 + len].to_vec()).unwrap());
-                }
-                b'E' => a.error = Some(field(&body, b'C')),
+                b'D' => a.rows.push(first_column(&body)),
+                b'E' => a.error = Some(field(&body, b'C').unwrap_or_default()),
                 b'A' => a.notified.push(be32(&body[..4])),
                 b'Z' => return a,
                 _ => {}
@@ -120,36 +75,6 @@ impl Session {
         assert_eq!(a.rows.len(), 1, "{sql}");
         a.rows.into_iter().next().unwrap()
     }
-
-    async fn message(&mut self) -> (u8, Vec<u8>) {
-        loop {
-            if self.buf.len() >= 5 {
-                let len = be32(&self.buf[1..5]) as usize;
-                if self.buf.len() > len {
-                    let body = self.buf[5..=len].to_vec();
-                    let tag = self.buf[0];
-                    self.buf.drain(..=len);
-                    return (tag, body);
-                }
-            }
-            let mut chunk = [0u8; 8192];
-            let n = self.stream.read(&mut chunk).await.unwrap();
-            assert!(n > 0, "the proxy closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().unwrap())
-}
-
-/// One field of an ErrorResponse body.
-fn field(body: &[u8], code: u8) -> String {
-    body.split(|&b| b == 0)
-        .find(|f| f.first() == Some(&code))
-        .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
-        .unwrap_or_default()
 }
 
 /// Sends a CancelRequest to `port` and waits until the proxy has handled it (it closes the
@@ -348,7 +273,7 @@ async fn the_last_clients_key_cannot_cancel_the_next_client_of_a_pooled_backend(
         first.one("SELECT pg_backend_pid()").await,
         old.0.to_string()
     );
-    first.send(&[b'X', 0, 0, 0, 4]).await;
+    first.raw.send(&[b'X', 0, 0, 0, 4]).await;
     drop(first);
     // The backend is reset (DISCARD ALL) and pooled.
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -3,9 +3,10 @@
 //! it in (`''` when it could name none). The statements below read it themselves, so each
 //! answer shows what the cloud held while it ran; the client sees nothing else of it.
 
-use crate::direct::{client, direct_world, Raw};
+use crate::direct::{client, direct_world};
 use lokadb_shared::wire::frontend;
 use lokadb_tests::proxy::Proxy;
+use lokadb_tests::raw::Raw;
 use serde_json::json;
 
 /// Cloud-side code that reads the setting (a client text naming it makes the proxy forget
