@@ -167,7 +167,7 @@ start_cluster() {
         if runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$data" -l "$log" -w -t 60 \
             -o "-c port=$CLUSTER_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$DEMO/run \
                 -c password_encryption=scram-sha-256 -c fsync=off -c synchronous_commit=off \
-                -c max_connections=100 -c wal_level=logical -c wal_writer_delay=10ms" start >/dev/null; then
+                -c max_connections=100 -c max_prepared_transactions=10 -c wal_level=logical -c wal_writer_delay=10ms" start >/dev/null; then
             return 0
         fi
         CLUSTER_PORT=""

@@ -57,6 +57,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "the partitions of a LokaDB table belong to the table's owner",
         include_str!("sql/0010_owners.sql"),
     ),
+    (
+        11,
+        "migrations of LokaDB tables reach moved organizations (two-phase commit)",
+        include_str!("sql/0011_migrations.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.
