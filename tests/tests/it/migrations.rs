@@ -517,6 +517,16 @@ async fn prepared_migrations_are_settled_by_the_cloud_outcome() {
         assert_eq!(w.org_q(i, "SELECT count(*) FROM pg_prepared_xacts"), "1");
         assert_eq!(w.org_q(i, COLUMNS), before);
     }
+    // The next migration finishes the one before it in each organization first (it holds the
+    // table's locks there), whether a resolver ran or not.
+    migrate(&app, "ALTER TABLE documents ADD COLUMN extra text")
+        .await
+        .unwrap();
+    for i in 0..2 {
+        assert_eq!(w.org_q(i, "SELECT count(*) FROM pg_prepared_xacts"), "1");
+        assert!(w.org_q(i, COLUMNS).contains("priority integer not null"));
+        assert!(!w.org_q(i, COLUMNS).contains("extra"));
+    }
     let out = ok(&lokadb(&w.dsn, &["resolve"]));
     assert!(out.contains("2 committed, 0 rolled back"), "{out}");
     assert_same_shape(&w, "resolved after the cloud committed");

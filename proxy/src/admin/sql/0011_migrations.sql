@@ -209,6 +209,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     me xid8 := pg_current_xact_id();
     gid text;
+    g text;
     b record;
     o record;
     stmts text[];
@@ -260,6 +261,17 @@ BEGIN
                 PERFORM dblink_disconnect(c);
             END IF;
             PERFORM dblink_connect(c, per_org->orgs[i]->>'server');
+            -- An earlier migration committed in the cloud whose second phase has not run yet
+            -- (no resolver, or not yet) holds the table's locks there: finish it first, or
+            -- this one would wait for it.
+            FOR g IN SELECT p.gid FROM lokadb.ddl_prepared p WHERE p.org = orgs[i] ORDER BY p.at LOOP
+                BEGIN
+                    PERFORM dblink_exec(c, format('COMMIT PREPARED %L', g));
+                EXCEPTION WHEN undefined_object THEN
+                    NULL;  -- committed there already
+                END;
+                DELETE FROM lokadb.ddl_prepared p WHERE p.org = orgs[i] AND p.gid = g;
+            END LOOP;
             PERFORM dblink_send_query(c, 'BEGIN');
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS e_code = RETURNED_SQLSTATE, e_msg = MESSAGE_TEXT, e_detail = PG_EXCEPTION_DETAIL;
