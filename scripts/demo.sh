@@ -167,7 +167,7 @@ start_cluster() {
         if runuser -u "$PG_USER" -- "$PG_BIN/pg_ctl" -D "$data" -l "$log" -w -t 60 \
             -o "-c port=$CLUSTER_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$DEMO/run \
                 -c password_encryption=scram-sha-256 -c fsync=off -c synchronous_commit=off \
-                -c max_connections=100 -c wal_level=logical -c wal_writer_delay=10ms" start >/dev/null; then
+                -c max_connections=100 -c max_prepared_transactions=10 -c wal_level=logical -c wal_writer_delay=10ms" start >/dev/null; then
             return 0
         fi
         CLUSTER_PORT=""
@@ -476,6 +476,20 @@ su_psql -d app -q -c "CREATE OR REPLACE FUNCTION demo_seen_org() RETURNS text LA
     -c "SELECT 'a statement on acme: the cloud saw ' || demo_seen_org() FROM notes WHERE organization_id = 'acme' LIMIT 1" \
     -c "SELECT 'a statement on every organization: the cloud saw ' || demo_seen_org() FROM notes LIMIT 1" |
     sed 's/^/    /' || die "reading lokadb.statement_org through the proxy failed"
+say "a migration through the proxy, as app (the table's owner): acme's own database follows (docs/migrations.md)"
+"$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$PROXY_DSN" <<'SQL' || die "the migration through the proxy failed"
+BEGIN;
+ALTER TABLE notes ADD COLUMN priority int NOT NULL DEFAULT 0;
+CREATE INDEX notes_priority_idx ON notes (priority);
+COMMIT;
+SQL
+# The proxy commits the transaction prepared in acme's database once the cloud committed.
+for _ in $(seq 100); do
+    [ "$(org_psql -d acme -At -c 'SELECT count(*) FROM pg_prepared_xacts')" = 0 ] && break
+    sleep 0.1
+done
+echo "    acme's notes now: $(org_psql -d acme -At -c "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'notes'::regclass AND attnum > 0 AND NOT attisdropped"); index notes_priority_idx: $(org_psql -d acme -At -c "SELECT CASE WHEN to_regclass('notes_priority_idx') IS NULL THEN 'missing' ELSE 'built' END")"
+echo "    through the proxy: $(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'acme' AND priority = 0") acme notes with priority 0"
 echo "  acme's point reads, fdw against fdw+direct (pgbench, 1 client, 3 s each, simple protocol):"
 cat >"$DEMO/acme-read.sql" <<'SQL'
 \set id random(1, 10000)

@@ -26,6 +26,8 @@
 //!   backends), [`backend::auth_query`] (verifiers).
 //! - [`relay`]: the relay agents dial into, on a thread of its own, and its Postgres
 //!   listener for postgres_fdw and the direct path.
+//! - [`migrate`]: the second phase of the application's migrations in moved
+//!   organizations' databases (COMMIT PREPARED once the cloud committed).
 //! - [`scram`]: SCRAM-SHA-256 for both sides, including passthrough.
 //! - [`cancel`]: per-session cancel keys and cross-core forwarding.
 //! - [`net`]: client streams, TLS, listening sockets.
@@ -43,6 +45,7 @@ pub mod core;
 pub mod error;
 pub mod failpoint;
 pub mod frontend;
+pub mod migrate;
 pub mod net;
 pub mod record;
 pub mod relay;

@@ -146,6 +146,13 @@ enum Command {
         #[command(flatten)]
         cloud: Cloud,
     },
+    /// Settle the migrations prepared in organizations' databases: commit those whose cloud
+    /// transaction committed, roll back the others (the proxy does it by itself; this is for
+    /// when none runs).
+    Resolve {
+        #[command(flatten)]
+        cloud: Cloud,
+    },
     /// Internal: the process that holds a pause (started by `lokadb pause`).
     #[command(hide = true)]
     PauseHolder {
@@ -357,6 +364,7 @@ fn main() -> ExitCode {
             org_dsn.as_deref(),
         )),
         Command::Status { cloud } => admin(lokadb::admin::moves::status::status(&cloud.dsn)),
+        Command::Resolve { cloud } => admin(resolve(&cloud.dsn)),
         Command::PauseHolder {
             org,
             timeout,
@@ -428,6 +436,17 @@ fn main() -> ExitCode {
 }
 
 /// Prints an admin command's result; exit status 2 for bad input, 1 for a failure.
+/// `lokadb resolve`: one sweep of every organization.
+fn resolve(dsn: &str) -> Result<String, lokadb::admin::AdminError> {
+    let mut client = lokadb::admin::db::connect(dsn)?;
+    lokadb::admin::migrations::require_current(&mut client)?;
+    let r = lokadb::migrate::resolve(&mut client, true)?;
+    Ok(format!(
+        "prepared migrations: {} committed, {} rolled back, {} left (their cloud transaction is still running), {} organizations unreachable",
+        r.committed, r.rolled_back, r.in_doubt, r.unreachable
+    ))
+}
+
 fn admin(result: Result<String, lokadb::admin::AdminError>) -> ExitCode {
     match result {
         Ok(out) => {

@@ -82,6 +82,10 @@ pub fn run(
             .password(password)
             .application_name("lokadb meta")
             .connect_timeout(Duration::from_secs(10));
+        // Migrations' second phase in organizations' databases (docs/migrations.md).
+        let mut resolver = pg.clone();
+        resolver.application_name("lokadb migrations");
+        crate::migrate::spawn(name.clone(), resolver, shared.shutdown.clone())?;
         watch::spawn(
             name.clone(),
             pg,

@@ -52,6 +52,16 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "the gate of direct writes only for roles that may write organizations' rows",
         include_str!("sql/0009_direct_gate.sql"),
     ),
+    (
+        10,
+        "the partitions of a LokaDB table belong to the table's owner",
+        include_str!("sql/0010_owners.sql"),
+    ),
+    (
+        11,
+        "migrations of LokaDB tables reach moved organizations (two-phase commit)",
+        include_str!("sql/0011_migrations.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

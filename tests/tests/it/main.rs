@@ -47,6 +47,9 @@ mod admin_enable;
 mod admin_foreign;
 // move-org, move-back, verify, status: under writers, killed at each step, refusals.
 mod moves;
+// The application's migrations reach every moved organization's database, or nothing changes
+// (two-phase commit); the table's owner migrates without superuser.
+mod migrations;
 // Routing's groundwork: the metadata watcher and the per-statement analysis (route_log).
 mod routing;
 // The direct path (fdw+direct): plain reads in the organization's database, the rest through

@@ -27,9 +27,11 @@ pub(crate) struct World {
 }
 
 /// Organization 2's database: empty but for its owner role.
-fn org_db(id: &str, superuser: bool) -> Org {
+pub(crate) fn org_db(id: &str, superuser: bool) -> Org {
+    // Migrations are prepared in organizations' databases (two-phase commit).
     let db = Cluster::builder()
         .setting("max_connections", "100")
+        .setting("max_prepared_transactions", "10")
         .start()
         .unwrap();
     db.create_role(APP_USER, APP_PASSWORD).unwrap();

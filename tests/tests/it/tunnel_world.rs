@@ -28,8 +28,10 @@ pub struct Org {
 impl Org {
     /// A cluster with role `app`, database `orgdb` and a table `items` of 1000 rows.
     pub fn start(id: &str) -> Result<Org> {
+        // Migrations are prepared in organizations' databases (two-phase commit).
         let db = Cluster::builder()
             .setting("max_connections", "300")
+            .setting("max_prepared_transactions", "10")
             .start()?;
         db.create_role(APP_USER, APP_PASSWORD)?;
         db.create_database(ORG_DB, APP_USER)?;

@@ -31,6 +31,10 @@ pub struct MoveTable {
     /// The organization, as an SQL literal.
     pub org_literal: String,
     pub org: String,
+    /// The parent's owner: every relation a move makes for the table is given to it, so
+    /// the owner can still `ALTER TABLE` the parent (Postgres recurses into every
+    /// partition and requires ownership of each).
+    pub owner: String,
 }
 
 #[derive(Debug, Clone)]
@@ -164,18 +168,27 @@ impl MoveTable {
             self.parent(),
             self.org_literal
         )];
+        sql.push(self.owner_sql("TABLE", &part));
         sql.extend(self.indexes_sql(&part));
         sql
     }
 
     /// The organization's own partitioned table (created empty, not attached).
-    pub fn own_ddl(&self) -> String {
-        format!(
-            "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS) PARTITION BY LIST ({})",
-            self.own(),
-            self.parent(),
-            ident(&self.org_column)
-        )
+    pub fn own_ddl(&self) -> Vec<String> {
+        vec![
+            format!(
+                "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING CONSTRAINTS) PARTITION BY LIST ({})",
+                self.own(),
+                self.parent(),
+                ident(&self.org_column)
+            ),
+            self.owner_sql("TABLE", &self.own()),
+        ]
+    }
+
+    /// Gives `rel` (made in the cloud for this table) to the parent's owner.
+    fn owner_sql(&self, kind: &str, rel: &str) -> String {
+        format!("ALTER {kind} {rel} OWNER TO {}", ident(&self.owner))
     }
 
     /// The foreign table on the organization's server (created standalone).
@@ -200,6 +213,7 @@ impl MoveTable {
             literal(&self.schema),
             literal(&self.name)
         )];
+        sql.push(self.owner_sql("FOREIGN TABLE", &f));
         sql.extend(self.checks_sql(&f, "FOREIGN TABLE"));
         sql
     }
@@ -397,6 +411,7 @@ pub fn tables(c: &mut impl GenericClient, org: &str) -> Result<Vec<MoveTable>, A
             checks,
             org_literal: literal(org),
             org: org.to_owned(),
+            owner: parent.owner,
         });
     }
     Ok(out)
@@ -474,6 +489,7 @@ pub(crate) mod tests {
             checks: vec![],
             org_literal: literal(org),
             org: org.to_owned(),
+            owner: "app".to_owned(),
         }
     }
 

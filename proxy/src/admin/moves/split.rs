@@ -83,7 +83,8 @@ pub fn run(m: &mut Move) -> Result<(), AdminError> {
     for t in &todo {
         // A split cut short left an unattached table: start its copy again.
         let own = t.own();
-        let mut sql = vec![format!("DROP TABLE IF EXISTS {own} CASCADE"), t.own_ddl()];
+        let mut sql = vec![format!("DROP TABLE IF EXISTS {own} CASCADE")];
+        sql.extend(t.own_ddl());
         sql.extend(t.cloud_part_ddl());
         sql.push(format!(
             "ALTER TABLE {own} ATTACH PARTITION {} FOR VALUES IN ({})",

@@ -1,0 +1,185 @@
+//! The second phase of the application's migrations (docs/migrations.md).
+//!
+//! A migration's DDL on a LokaDB table is run and PREPAREd in every moved organization's
+//! database from inside the cloud's own COMMIT (`lokadb.ddl_commit()`, cloud schema
+//! version 11). What is left once the cloud's transaction has ended is to COMMIT PREPARED
+//! (or, if it rolled back after preparing, ROLLBACK PREPARED) in each organization:
+//! `lokadb.ddl_resolve()`, which decides by the cloud's record alone. Until then the
+//! prepared transaction holds its locks in the organization's database, so its statements
+//! on the table wait (they never see the old shape after the cloud's commit).
+//!
+//! One thread per database with an `auth_user`, off the cores, calls it:
+//! - on `NOTIFY lokadb_ddl` (sent by a committed migration): the organizations it prepared;
+//! - at start, and while `lokadb.ddl_attempt` moves: every organization (a sweep), which
+//!   also finds what a migration prepared before its cloud transaction rolled back or the
+//!   cloud crashed. Prepared transactions of a cloud transaction still running are left and
+//!   looked at again a second later.
+//!
+//! `lokadb resolve` does the same sweep by hand (no proxy running).
+
+use postgres::fallible_iterator::FallibleIterator;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one call of `lokadb.ddl_resolve` did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Resolved {
+    /// Prepared transactions committed (their cloud transaction committed).
+    pub committed: i32,
+    /// Rolled back (their cloud transaction did not commit).
+    pub rolled_back: i32,
+    /// Left: their cloud transaction is still running.
+    pub in_doubt: i32,
+    /// Organizations that could not be reached.
+    pub unreachable: i32,
+}
+
+impl Resolved {
+    fn settled(&self) -> bool {
+        self.in_doubt == 0 && self.unreachable == 0
+    }
+}
+
+/// Settles prepared migrations: those of committed rounds, and with `sweep` every
+/// organization's.
+///
+/// # Errors
+///
+/// The cloud's query failed (an unreachable organization is counted, not an error).
+pub fn resolve(client: &mut postgres::Client, sweep: bool) -> Result<Resolved, postgres::Error> {
+    let row = client.query_one(
+        "SELECT committed, rolled_back, in_doubt, unreachable FROM lokadb.ddl_resolve($1)",
+        &[&sweep],
+    )?;
+    Ok(Resolved {
+        committed: row.get(0),
+        rolled_back: row.get(1),
+        in_doubt: row.get(2),
+        unreachable: row.get(3),
+    })
+}
+
+/// How long a wait for notifications lasts before the shutdown flag and the attempt
+/// counter are looked at again.
+const POLL: Duration = Duration::from_secs(1);
+/// How often organizations that could not be reached are asked again.
+const UNREACHABLE_RETRY: Duration = Duration::from_secs(30);
+const RECONNECT: Duration = Duration::from_secs(5);
+
+/// Starts the resolver of `database`.
+///
+/// # Errors
+///
+/// The thread could not be spawned.
+pub fn spawn(
+    database: String,
+    config: postgres::Config,
+    shutdown: Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("lokadb-ddl-{database}"))
+        .spawn(move || {
+            while !shutdown.load(Ordering::Relaxed) {
+                if let Err(e) = run(&database, &config, &shutdown) {
+                    tracing::warn!(
+                        database,
+                        error = %crate::admin::db::describe(&e),
+                        "migration resolver: cannot reach the cloud; prepared migrations in organizations' databases wait"
+                    );
+                }
+                let until = Instant::now() + RECONNECT;
+                while Instant::now() < until && !shutdown.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// One connection's life. Returns `Ok` at shutdown or when the cloud has no migration
+/// support (an older LokaDB schema: it is looked for again after a reconnect delay).
+fn run(
+    database: &str,
+    config: &postgres::Config,
+    shutdown: &AtomicBool,
+) -> Result<(), postgres::Error> {
+    let mut client = config.connect(postgres::NoTls)?;
+    let present: bool = client
+        .query_one(
+            "SELECT to_regprocedure('lokadb.ddl_resolve(boolean)') IS NOT NULL",
+            &[],
+        )?
+        .get(0);
+    if !present {
+        return Ok(());
+    }
+    // LISTEN first: a migration committed after it is announced; one before it is swept.
+    client.batch_execute("LISTEN lokadb_ddl")?;
+    let attempts = |c: &mut postgres::Client| -> Result<i64, postgres::Error> {
+        Ok(
+            c.query_one("SELECT last_value FROM lokadb.ddl_attempt", &[])?
+                .get(0),
+        )
+    };
+    let mut swept_at = attempts(&mut client)?;
+    let mut last = sweep_logged(database, &mut client)?;
+    let mut last_sweep = Instant::now();
+    loop {
+        let mut committed = false;
+        {
+            let mut notes = client.notifications();
+            let mut iter = notes.timeout_iter(POLL);
+            while iter.next()?.is_some() {
+                committed = true;
+            }
+        }
+        if shutdown.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if committed {
+            log(database, resolve(&mut client, false)?);
+        }
+        // A sweep is done again while attempts happen, and until one finds nothing still
+        // running: a round prepares before it moves the counter the second time, so the
+        // first sweep that starts after that sees what it prepared.
+        let now_at = attempts(&mut client)?;
+        let due = now_at != swept_at
+            || last.in_doubt > 0
+            || (last.unreachable > 0 && last_sweep.elapsed() >= UNREACHABLE_RETRY);
+        if due {
+            swept_at = now_at;
+            last = sweep_logged(database, &mut client)?;
+            last_sweep = Instant::now();
+        }
+    }
+}
+
+fn sweep_logged(
+    database: &str,
+    client: &mut postgres::Client,
+) -> Result<Resolved, postgres::Error> {
+    let r = resolve(client, true)?;
+    log(database, r);
+    Ok(r)
+}
+
+fn log(database: &str, r: Resolved) {
+    if r.committed > 0 || r.rolled_back > 0 {
+        tracing::info!(
+            database,
+            committed = r.committed,
+            rolled_back = r.rolled_back,
+            in_doubt = r.in_doubt,
+            "migration resolver: prepared migrations settled in organizations' databases"
+        );
+    }
+    if !r.settled() {
+        tracing::debug!(
+            database,
+            in_doubt = r.in_doubt,
+            unreachable = r.unreachable,
+            "migration resolver: prepared migrations left for now"
+        );
+    }
+}

@@ -1,0 +1,562 @@
+//! The application's migrations once organizations have moved (docs/migrations.md):
+//! organization 1 in the cloud, 2 moved with fdw, 3 with fdw+direct, each behind the real
+//! relay and its agent. The application's own role `app` owns the tables and migrates
+//! through the proxy; every moved organization's table follows the cloud's, or nothing
+//! changes anywhere.
+
+use crate::admin_cli::{lokadb, ok, stdout};
+use crate::admin_enable::SCHEMA;
+use crate::moves::org_db;
+use crate::tunnel_world::{
+    addrs, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
+};
+use lokadb_tests::agent::Agent;
+use lokadb_tests::pg::Cluster;
+use lokadb_tests::proxy::Proxy;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+struct World {
+    certs: Certs,
+    relay: Proxy,
+    /// Organizations 2 and 3.
+    orgs: Vec<Org>,
+    agents: Vec<Option<Agent>>,
+    cloud: Cluster,
+    /// The cloud as its superuser (admin commands).
+    dsn: String,
+    proxy: Option<Proxy>,
+}
+
+/// The moves world with two moved organizations and tables owned by `app`; with a proxy
+/// (its direct path configured) when `with_proxy`.
+fn world(with_proxy: bool) -> World {
+    let certs = Certs::new().unwrap();
+    let orgs = vec![org_db("2", false), org_db("3", false)];
+    let relay = start_relay(&certs, &[&orgs[0], &orgs[1]], json!({}), &[]).unwrap();
+    let agents = orgs
+        .iter()
+        .map(|o| Some(start_agent(&certs, o, addrs(&relay).agents, &[]).unwrap()))
+        .collect();
+    let cloud = Cluster::builder()
+        .setting("max_connections", "100")
+        .start()
+        .unwrap();
+    cloud.create_role(APP_USER, APP_PASSWORD).unwrap();
+    cloud.create_database("app", APP_USER).unwrap();
+    let dsn = cloud.superuser_dsn("app");
+    ok(&lokadb(&dsn, &["init"]));
+    cloud.psql("app", SCHEMA).unwrap();
+    cloud
+        .psql(
+            "app",
+            &format!(
+                "INSERT INTO organizations VALUES (3);
+                 INSERT INTO projects VALUES (30, 3);
+                 INSERT INTO documents (organization_id, project_id, title)
+                   SELECT 3, 30, 'doc ' || g FROM generate_series(1, 100) g;
+                 ALTER TABLE organizations OWNER TO {APP_USER};
+                 ALTER TABLE projects OWNER TO {APP_USER};
+                 ALTER TABLE documents OWNER TO {APP_USER};
+                 ALTER TABLE document_versions OWNER TO {APP_USER};
+                 ALTER TABLE audit OWNER TO {APP_USER};"
+            ),
+        )
+        .unwrap();
+    ok(&lokadb(&dsn, &["enable", "documents"]));
+    ok(&lokadb(&dsn, &["enable", "document_versions"]));
+    let via = addrs(&relay).postgres.to_string();
+    for o in &orgs {
+        ok(&lokadb(
+            &dsn,
+            &[
+                "org",
+                "add",
+                &o.id,
+                "--via-relay",
+                &via,
+                "--dbname",
+                ORG_DB,
+                "--user",
+                APP_USER,
+                "--password",
+                APP_PASSWORD,
+            ],
+        ));
+    }
+    ok(&lokadb(&dsn, &["move-org", "2", "--profile", "fdw"]));
+    ok(&lokadb(&dsn, &["move-org", "3", "--profile", "fdw+direct"]));
+    let proxy = with_proxy.then(|| {
+        crate::world::create_auth_role(&cloud).unwrap();
+        let proxy = Proxy::builder(json!({
+            "listen": "127.0.0.1:0",
+            "route_log": true,
+            "databases": { "app": {
+                "cloud": format!("host=127.0.0.1 port={} dbname=app", cloud.port()),
+                "auth_user": "lokadb_auth",
+                "auth_password": "auth-secret",
+                "direct": { "user": APP_USER, "password": APP_PASSWORD },
+            }},
+        }))
+        .start()
+        .unwrap();
+        assert!(
+            proxy.wait_for_output("organizations=2", Duration::from_secs(10)),
+            "{}",
+            proxy.output()
+        );
+        proxy
+    });
+    World {
+        certs,
+        relay,
+        orgs,
+        agents,
+        cloud,
+        dsn,
+        proxy,
+    }
+}
+
+impl World {
+    /// The application's role through the proxy.
+    async fn app(&self) -> tokio_postgres::Client {
+        let port = self.proxy.as_ref().expect("a proxy").port();
+        crate::world::connect(&format!(
+            "host=127.0.0.1 port={port} user={APP_USER} password={APP_PASSWORD} dbname=app"
+        ))
+        .await
+        .unwrap()
+    }
+
+    fn cloud_q(&self, sql: &str) -> String {
+        self.cloud.psql("app", sql).unwrap().trim().to_owned()
+    }
+
+    fn org_q(&self, i: usize, sql: &str) -> String {
+        self.orgs[i].db.psql(ORG_DB, sql).unwrap().trim().to_owned()
+    }
+
+    /// Waits until no organization's database holds a prepared transaction.
+    #[track_caller]
+    fn settled(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for i in 0..self.orgs.len() {
+            while self.org_q(i, "SELECT count(*) FROM pg_prepared_xacts") != "0" {
+                assert!(
+                    Instant::now() < deadline,
+                    "organization {} keeps a prepared transaction: {}\n{}",
+                    self.orgs[i].id,
+                    self.org_q(i, "SELECT gid FROM pg_prepared_xacts"),
+                    self.proxy.as_ref().map(Proxy::output).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Columns (name, type, NOT NULL) and CHECK constraints of `documents`, as Postgres lists them.
+const COLUMNS: &str = "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod)
+        || CASE WHEN attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY attname)
+    FROM pg_attribute WHERE attrelid = 'documents'::regclass AND attnum > 0 AND NOT attisdropped";
+const CHECKS: &str = "SELECT coalesce(string_agg(conname || ' ' || pg_get_constraintdef(oid), ', ' ORDER BY conname), '')
+    FROM pg_constraint WHERE conrelid = 'documents'::regclass AND contype = 'c'";
+/// Index definitions without their names and tables.
+fn indexes(rels: &str) -> String {
+    format!(
+        "SELECT coalesce(string_agg(d, ', ' ORDER BY d), '') FROM (
+           SELECT regexp_replace(pg_get_indexdef(indexrelid), '^CREATE (UNIQUE )?INDEX \\S+ ON (ONLY )?\\S+ ', 'CREATE \\1INDEX ON t ') AS d
+           FROM pg_index WHERE {rels}) s"
+    )
+}
+const NAMED_INDEXES: &str = "SELECT coalesce(string_agg(c.relname, ', ' ORDER BY c.relname), '')
+    FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'documents'::regclass AND NOT i.indisunique";
+
+/// Every moved organization's `documents` has the cloud's columns, types, NOT NULL, checks and
+/// indexes (the default partition's unique ones, the parent's others, by name), and no
+/// defaults (writes through the cloud get the cloud's).
+#[track_caller]
+fn assert_same_shape(w: &World, step: &str) {
+    w.settled();
+    let cloud_indexes = w.cloud_q(&indexes(
+        "indrelid = 'documents'::regclass OR (indrelid = 'documents__lokadb_default'::regclass AND indisunique)",
+    ));
+    for i in 0..w.orgs.len() {
+        let org = &w.orgs[i].id;
+        assert_eq!(
+            w.org_q(i, COLUMNS),
+            w.cloud_q(COLUMNS),
+            "{step}: columns of organization {org}"
+        );
+        assert_eq!(
+            w.org_q(i, CHECKS),
+            w.cloud_q(CHECKS),
+            "{step}: checks of organization {org}"
+        );
+        assert_eq!(
+            w.org_q(i, &indexes("indrelid = 'documents'::regclass")),
+            cloud_indexes,
+            "{step}: indexes of organization {org}"
+        );
+        assert_eq!(
+            w.org_q(i, NAMED_INDEXES),
+            w.cloud_q(NAMED_INDEXES),
+            "{step}: index names of organization {org}"
+        );
+        assert_eq!(
+            w.org_q(
+                i,
+                "SELECT count(*) FROM pg_attrdef WHERE adrelid = 'documents'::regclass"
+            ),
+            "0",
+            "{step}: organization {org}'s table has defaults"
+        );
+    }
+}
+
+/// `sql` as one transaction of the application's role through the proxy.
+async fn migrate(c: &tokio_postgres::Client, sql: &str) -> Result<(), tokio_postgres::Error> {
+    c.batch_execute("BEGIN").await?;
+    if let Err(e) = c.batch_execute(sql).await {
+        c.batch_execute("ROLLBACK").await.unwrap();
+        return Err(e);
+    }
+    c.batch_execute("COMMIT").await
+}
+
+fn one(rows: &[tokio_postgres::SimpleQueryMessage]) -> String {
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some(r.get(0).unwrap_or("NULL").to_owned())
+            }
+            _ => None,
+        })
+        .expect("a row")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_history_reaches_every_moved_organization() {
+    let w = world(true);
+    let app = w.app().await;
+    assert_same_shape(&w, "after the moves");
+
+    // The table's owner may alter it: every partition LokaDB made is the owner's.
+    assert_eq!(
+        w.cloud_q(
+            "SELECT count(*) FROM pg_partition_tree('documents') p JOIN pg_class c ON c.oid = p.relid
+             WHERE c.relowner <> 'app'::regrole"
+        ),
+        "0"
+    );
+
+    migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
+    )
+    .await
+    .unwrap();
+    assert_same_shape(&w, "ADD COLUMN with a default");
+    for (org, project) in [(1, 10), (2, 20), (3, 30)] {
+        let sql = format!(
+            "SELECT count(*) FROM documents WHERE organization_id = {org} AND priority = 0"
+        );
+        assert_eq!(
+            one(&app.simple_query(&sql).await.unwrap()),
+            "100",
+            "organization {org}"
+        );
+        app.simple_query(&format!(
+            "INSERT INTO documents (organization_id, project_id, title, priority) VALUES ({org}, {project}, 'urgent', 5)"
+        ))
+        .await
+        .unwrap();
+        let sql = format!(
+            "SELECT priority FROM documents WHERE organization_id = {org} AND title = 'urgent'"
+        );
+        assert_eq!(
+            one(&app.simple_query(&sql).await.unwrap()),
+            "5",
+            "organization {org}"
+        );
+    }
+    // Organization 3's read went to its own database, which has the column.
+    assert_eq!(
+        crate::direct::route_of(
+            w.proxy.as_ref().unwrap(),
+            "query",
+            "organization_id = 3 AND title = 'urgent'"
+        ),
+        "\"direct\""
+    );
+
+    migrate(&app, "ALTER TABLE documents ADD COLUMN note text")
+        .await
+        .unwrap();
+    assert_same_shape(&w, "ADD nullable COLUMN");
+    migrate(
+        &app,
+        "UPDATE documents SET note = 'n' || id WHERE title = 'urgent'",
+    )
+    .await
+    .unwrap();
+
+    migrate(&app, "ALTER TABLE documents RENAME COLUMN note TO remark")
+        .await
+        .unwrap();
+    assert_same_shape(&w, "RENAME COLUMN");
+    for org in 1..=3 {
+        // A rename keeps the values (it is not a drop and an add).
+        let sql = format!(
+            "SELECT count(*) FROM documents WHERE organization_id = {org} AND remark LIKE 'n%'"
+        );
+        assert_eq!(
+            one(&app.simple_query(&sql).await.unwrap()),
+            "1",
+            "organization {org}"
+        );
+    }
+
+    migrate(
+        &app,
+        "ALTER TABLE documents ALTER COLUMN priority TYPE bigint",
+    )
+    .await
+    .unwrap();
+    assert_same_shape(&w, "ALTER TYPE");
+
+    migrate(
+        &app,
+        "ALTER TABLE documents ADD CONSTRAINT documents_priority_check CHECK (priority >= 0)",
+    )
+    .await
+    .unwrap();
+    assert_same_shape(&w, "ADD CHECK");
+    for org in 1..=3 {
+        let e = app
+            .simple_query(&format!(
+                "INSERT INTO documents (organization_id, title, priority) VALUES ({org}, 'negative', -1)"
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            crate::world::sqlstate(&e),
+            "23514",
+            "organization {org}: {e:?}"
+        );
+    }
+
+    migrate(
+        &app,
+        "CREATE INDEX documents_priority_idx ON documents (priority, remark)",
+    )
+    .await
+    .unwrap();
+    assert_same_shape(&w, "CREATE INDEX");
+    assert_eq!(
+        w.org_q(
+            1,
+            "SELECT to_regclass('documents_priority_idx') IS NOT NULL"
+        ),
+        "t"
+    );
+    migrate(&app, "DROP INDEX documents_priority_idx")
+        .await
+        .unwrap();
+    assert_same_shape(&w, "DROP INDEX");
+
+    // Several changes in one transaction, with a swap of two names.
+    migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN a text; ALTER TABLE documents ADD COLUMN b text",
+    )
+    .await
+    .unwrap();
+    app.batch_execute("UPDATE documents SET a = 'a', b = 'b' WHERE title = 'urgent'")
+        .await
+        .unwrap();
+    migrate(
+        &app,
+        "ALTER TABLE documents RENAME COLUMN a TO tmp;
+         ALTER TABLE documents RENAME COLUMN b TO a;
+         ALTER TABLE documents RENAME COLUMN tmp TO b;
+         CREATE INDEX ON documents (b)",
+    )
+    .await
+    .unwrap();
+    assert_same_shape(&w, "a swap of two names and an index");
+    for org in 1..=3 {
+        let sql = format!(
+            "SELECT a || b FROM documents WHERE organization_id = {org} AND title = 'urgent'"
+        );
+        assert_eq!(
+            one(&app.simple_query(&sql).await.unwrap()),
+            "ba",
+            "organization {org}"
+        );
+    }
+
+    migrate(
+        &app,
+        "ALTER TABLE documents DROP COLUMN remark, DROP COLUMN a, DROP COLUMN b",
+    )
+    .await
+    .unwrap();
+    assert_same_shape(&w, "DROP COLUMN");
+
+    // A unique key with the organization column cannot be declared on the parent once a
+    // partition is a foreign table: Postgres refuses it, and nothing changes.
+    let e = migrate(
+        &app,
+        "ALTER TABLE documents ADD CONSTRAINT documents_org_priority_key UNIQUE (organization_id, id, priority)",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "42809", "{e:?}");
+    assert_same_shape(&w, "a refused unique key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_organization_fails_the_migration_and_nothing_changes() {
+    let mut w = world(true);
+    let app = w.app().await;
+    let before = (w.cloud_q(COLUMNS), w.org_q(0, COLUMNS), w.org_q(1, COLUMNS));
+    w.agents[1].take().unwrap().kill();
+
+    let e = migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
+    )
+    .await
+    .unwrap_err();
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db.code().code(), "08001", "{db:?}");
+    assert!(
+        db.message()
+            .starts_with("migration not applied: organization 3 could not take it"),
+        "{db:?}"
+    );
+    assert!(
+        db.detail().unwrap_or_default().contains("organization 3: "),
+        "{db:?}"
+    );
+    assert!(
+        db.hint()
+            .unwrap_or_default()
+            .starts_with("Nothing was changed"),
+        "{db:?}"
+    );
+    // Nothing changed: the cloud, organization 2 (prepared, then rolled back), organization 3.
+    w.settled();
+    assert_eq!(w.cloud_q(COLUMNS), before.0);
+    assert_eq!(w.org_q(0, COLUMNS), before.1);
+    assert_eq!(w.org_q(1, COLUMNS), before.2);
+    // The session goes on.
+    assert_eq!(
+        one(&app
+            .simple_query("SELECT count(*) FROM documents WHERE organization_id = 2")
+            .await
+            .unwrap()),
+        "100"
+    );
+
+    // A conflict in one organization's database: the same.
+    w.agents[1] = Some(start_agent(&w.certs, &w.orgs[1], addrs(&w.relay).agents, &[]).unwrap());
+    w.agents[1]
+        .as_ref()
+        .unwrap()
+        .wait_connected(Duration::from_secs(10))
+        .unwrap();
+    w.org_q(1, "ALTER TABLE documents ADD COLUMN priority text");
+    let e = migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
+    )
+    .await
+    .unwrap_err();
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db.code().code(), "42701", "{db:?}");
+    assert!(db.message().contains("organization 3"), "{db:?}");
+    assert!(
+        db.message()
+            .contains("column \"priority\" of relation \"documents\" already exists"),
+        "{db:?}"
+    );
+    w.settled();
+    assert_eq!(w.cloud_q(COLUMNS), before.0);
+    assert_eq!(w.org_q(0, COLUMNS), before.1);
+
+    // Fixed, the migration goes through everywhere.
+    w.org_q(1, "ALTER TABLE documents DROP COLUMN priority");
+    migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
+    )
+    .await
+    .unwrap();
+    assert_same_shape(&w, "after the agent came back");
+}
+
+/// Without a proxy (migrations straight to the cloud): what the cloud committed is committed
+/// in the organizations by `lokadb resolve`, what it rolled back after preparing is rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_migrations_are_settled_by_the_cloud_outcome() {
+    let w = world(false);
+    let app = w.cloud.client(APP_USER, APP_PASSWORD, "app").await.unwrap();
+    let before = w.org_q(0, COLUMNS);
+
+    // Committed in the cloud, prepared in the organizations, and nobody to finish it yet.
+    migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
+    )
+    .await
+    .unwrap();
+    for i in 0..2 {
+        assert_eq!(w.org_q(i, "SELECT count(*) FROM pg_prepared_xacts"), "1");
+        assert_eq!(w.org_q(i, COLUMNS), before);
+    }
+    // The next migration finishes the one before it in each organization first (it holds the
+    // table's locks there), whether a resolver ran or not.
+    migrate(&app, "ALTER TABLE documents ADD COLUMN extra text")
+        .await
+        .unwrap();
+    for i in 0..2 {
+        assert_eq!(w.org_q(i, "SELECT count(*) FROM pg_prepared_xacts"), "1");
+        assert!(w.org_q(i, COLUMNS).contains("priority integer not null"));
+        assert!(!w.org_q(i, COLUMNS).contains("extra"));
+    }
+    let out = ok(&lokadb(&w.dsn, &["resolve"]));
+    assert!(out.contains("2 committed, 0 rolled back"), "{out}");
+    assert_same_shape(&w, "resolved after the cloud committed");
+    assert_eq!(w.cloud_q("SELECT count(*) FROM lokadb.ddl_prepared"), "0");
+
+    // The cloud's commit fails after the organizations prepared (a deferred constraint of the
+    // application's that fires after LokaDB's).
+    w.cloud_q(
+        "CREATE TABLE late (x int);
+         CREATE FUNCTION late_fail() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'late failure' USING ERRCODE = '23514'; END $$;
+         CREATE CONSTRAINT TRIGGER late_fail AFTER INSERT ON late DEFERRABLE INITIALLY DEFERRED
+           FOR EACH ROW EXECUTE FUNCTION late_fail();
+         ALTER TABLE late OWNER TO app;",
+    );
+    let e = migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN note text; INSERT INTO late VALUES (1)",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "23514", "{e:?}");
+    let shape = w.org_q(0, COLUMNS);
+    assert!(!shape.contains("note"), "{shape}");
+    for i in 0..2 {
+        assert_eq!(w.org_q(i, "SELECT count(*) FROM pg_prepared_xacts"), "1");
+    }
+    let out = stdout(&lokadb(&w.dsn, &["resolve"]));
+    assert!(out.contains("0 committed, 2 rolled back"), "{out}");
+    w.settled();
+    assert_same_shape(&w, "rolled back after the cloud's commit failed");
+    assert!(!w.cloud_q(COLUMNS).contains("note"));
+}
