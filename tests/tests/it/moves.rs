@@ -1037,6 +1037,19 @@ fn bad_moves_are_refused_and_change_nothing() {
     );
     done_tx.send(()).unwrap();
     t.join().unwrap();
+    // The holder's backend lets go of the lock once it sees its client gone, not at once.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while q(
+        &w.cloud,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+    ) != "0"
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the advisory lock stays held"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     // An unreachable agent: the organization's database does not answer.
     w.agent.take();
     refused(&["move-org", "2"], 1, "does not answer");
