@@ -454,6 +454,19 @@ echo "    (BEGIN went with the SELECT, the UPDATE passed the cloud's pause gate;
 echo "     cloud catalog table, so they went through the cloud; the feed's ORDER BY and LIMIT were"
 echo "     put next to acme's table in a subquery, so acme's database sorts; for the lookup by id alone"
 echo "     the cloud's key map said acme, so it went to acme's database too. Rules: docs/routing.md)"
+echo "  update-then-insert (an audit row): the UPDATE goes direct, the INSERT needs the cloud, so the"
+echo "  transaction moves to the cloud whole (its statements run again there, answers compared):"
+"$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" >"$DEMO/mixed.out" <<SQL ||
+BEGIN;
+UPDATE notes SET body = 'audited' WHERE organization_id = 'acme' AND id = $ACME_ID;
+INSERT INTO notes (organization_id, body) VALUES ('acme', 'audit of note $ACME_ID');
+COMMIT;
+SQL
+    die "an update-then-insert transaction through the proxy failed"
+sleep 0.2
+grep 'lokadb::route' "$DEMO/proxy.log" | grep 'route="moved"' | tail -n 1 | sed -E 's/.*(route="moved".*)/    \1/'
+echo "    in acme's database: note $ACME_ID is '$(org_psql -d acme -At -c "SELECT body FROM notes WHERE id = $ACME_ID")'," \
+    "audit rows: $(org_psql -d acme -At -c "SELECT count(*) FROM notes WHERE body = 'audit of note $ACME_ID'")"
 echo "  a session that says its organization once (SET lokadb.org), then names none:"
 SESSION_COUNT=$("$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$PROXY_DSN" -c "SET lokadb.org = 'acme'" -c "SELECT count(*) FROM notes") ||
     die "a session with lokadb.org set failed"

@@ -302,14 +302,14 @@ fn replay(
                 if got == Some(expected) {
                     crate::failpoint::proxy("replay-matched");
                     if router.route_log {
-                        tracing::info!(target: "lokadb::route", route = "moved", org = ?router.direct_org, "a transaction that wrote directly moved to the cloud");
+                        tracing::info!(target: "lokadb::route", route = "moved", org = router.direct_org.as_deref().unwrap_or("?"), "a transaction that wrote directly moved to the cloud");
                     }
                     router.target = Side::Cloud;
                     router.want = None;
                     return true;
                 }
                 // Always logged: the client gets an error the proxy made.
-                tracing::info!(target: "lokadb::route", route = "moved", differed = true, org = ?router.direct_org, "a transaction that wrote directly answered differently on the cloud: 40001");
+                tracing::info!(target: "lokadb::route", route = "moved", differed = true, org = router.direct_org.as_deref().unwrap_or("?"), "a transaction that wrote directly answered differently on the cloud: 40001");
                 router.replay = Replay::Failing;
             }
             Replay::Failing => {
