@@ -8,7 +8,7 @@ use crate::admin_cli::{lokadb, ok, stdout};
 use crate::admin_enable::SCHEMA;
 use crate::moves::org_db;
 use crate::tunnel_world::{
-    addrs, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
+    addrs, start_agent, start_relay, token_hash, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
 };
 use lokadb_tests::agent::Agent;
 use lokadb_tests::pg::Cluster;
@@ -26,18 +26,56 @@ struct World {
     /// The cloud as its superuser (admin commands).
     dsn: String,
     proxy: Option<Proxy>,
+    /// Organization 4 when the world has it: its database `orgdb4` is in organization 2's
+    /// cluster, behind its own agent.
+    shared: Option<Agent>,
 }
+
+/// The database of organization 4 ([`World::shared`]).
+const SHARED_DB: &str = "orgdb4";
 
 /// The moves world with two moved organizations and tables owned by `app`; with a proxy
 /// (its direct path configured) when `with_proxy`.
 fn world(with_proxy: bool) -> World {
+    world_with(with_proxy, false)
+}
+
+/// [`world`], and with `shared` a third moved organization whose database is in organization
+/// 2's Postgres cluster.
+fn world_with(with_proxy: bool, shared: bool) -> World {
     let certs = Certs::new().unwrap();
     let orgs = vec![org_db("2", false), org_db("3", false)];
-    let relay = start_relay(&certs, &[&orgs[0], &orgs[1]], json!({}), &[]).unwrap();
+    let token4 = format!("4.{:032x}", rand::random::<u128>());
+    let mut tokens = serde_json::Map::new();
+    for o in &orgs {
+        tokens.insert(o.id.clone(), o.token_hash().into());
+    }
+    if shared {
+        tokens.insert("4".into(), token_hash(&token4).into());
+        orgs[0].db.create_database(SHARED_DB, APP_USER).unwrap();
+    }
+    let relay = start_relay(
+        &certs,
+        &[&orgs[0], &orgs[1]],
+        json!({ "tokens": tokens }),
+        &[],
+    )
+    .unwrap();
     let agents = orgs
         .iter()
         .map(|o| Some(start_agent(&certs, o, addrs(&relay).agents, &[]).unwrap()))
         .collect();
+    let shared = shared.then(|| {
+        Agent::start(
+            &[addrs(&relay).agents],
+            &token4,
+            orgs[0].db.addr(),
+            &certs.files.ca,
+            &[],
+            &[],
+        )
+        .unwrap()
+    });
     let cloud = Cluster::builder()
         .setting("max_connections", "100")
         .start()
@@ -86,6 +124,35 @@ fn world(with_proxy: bool) -> World {
     }
     ok(&lokadb(&dsn, &["move-org", "2", "--profile", "fdw"]));
     ok(&lokadb(&dsn, &["move-org", "3", "--profile", "fdw+direct"]));
+    if shared.is_some() {
+        cloud
+            .psql(
+                "app",
+                "INSERT INTO organizations VALUES (4);
+                 INSERT INTO projects VALUES (40, 4);
+                 INSERT INTO documents (organization_id, project_id, title)
+                   SELECT 4, 40, 'doc ' || g FROM generate_series(1, 10) g;",
+            )
+            .unwrap();
+        ok(&lokadb(
+            &dsn,
+            &[
+                "org",
+                "add",
+                "4",
+                "--via-relay",
+                &via,
+                "--dbname",
+                SHARED_DB,
+                "--user",
+                APP_USER,
+                "--password",
+                APP_PASSWORD,
+            ],
+        ));
+        ok(&lokadb(&dsn, &["move-org", "4", "--profile", "fdw"]));
+    }
+    let moved = if shared.is_some() { 3 } else { 2 };
     let proxy = with_proxy.then(|| {
         crate::world::create_auth_role(&cloud).unwrap();
         let proxy = Proxy::builder(json!({
@@ -101,7 +168,7 @@ fn world(with_proxy: bool) -> World {
         .start()
         .unwrap();
         assert!(
-            proxy.wait_for_output("organizations=2", Duration::from_secs(10)),
+            proxy.wait_for_output(&format!("organizations={moved}"), Duration::from_secs(10)),
             "{}",
             proxy.output()
         );
@@ -115,6 +182,7 @@ fn world(with_proxy: bool) -> World {
         cloud,
         dsn,
         proxy,
+        shared,
     }
 }
 
@@ -559,4 +627,33 @@ async fn prepared_migrations_are_settled_by_the_cloud_outcome() {
     w.settled();
     assert_same_shape(&w, "rolled back after the cloud's commit failed");
     assert!(!w.cloud_q(COLUMNS).contains("note"));
+}
+
+/// Organizations whose databases share one Postgres cluster: each gets its own prepared
+/// transaction (a gid is unique in a whole cluster, not per database).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn organizations_that_share_a_cluster_migrate_together() {
+    let w = world_with(true, true);
+    assert!(w.shared.is_some());
+    let app = w.app().await;
+    migrate(&app, "ALTER TABLE documents ADD COLUMN shared_note text")
+        .await
+        .unwrap();
+    w.settled();
+    assert_same_shape(&w, "ADD COLUMN, organizations 2 and 4 in one cluster");
+    let in_4 = w.orgs[0]
+        .db
+        .psql(
+            SHARED_DB,
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'documents'::regclass
+               AND attname = 'shared_note' AND NOT attisdropped",
+        )
+        .unwrap();
+    assert_eq!(in_4.trim(), "1", "organization 4's table did not follow");
+    // Its rows are still there, read through the proxy.
+    let n = app
+        .simple_query("SELECT count(*) FROM documents WHERE organization_id = 4")
+        .await
+        .unwrap();
+    assert_eq!(one(&n), "10");
 }

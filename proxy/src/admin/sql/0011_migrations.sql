@@ -246,6 +246,8 @@ BEGIN
     IF per_org = '{}' THEN
         RETURN NULL;
     END IF;
+    -- Each organization's transaction is prepared as gid_<its id's md5, shortened>: a gid is
+    -- unique in a whole Postgres cluster, and organizations may share one.
     gid := format('lokadb_ddl_%s_%s', me, nextval('lokadb.ddl_attempt'));
     SELECT array_agg(k ORDER BY k) INTO orgs FROM jsonb_object_keys(per_org) k;
 
@@ -293,7 +295,7 @@ BEGIN
                                    || string_agg(format('EXECUTE %L;', s), ' ') || ' END')
                         INTO sql FROM jsonb_array_elements_text(per_org->orgs[i]->'statements') s;
                     ELSE
-                        sql := format('PREPARE TRANSACTION %L', gid);
+                        sql := format('PREPARE TRANSACTION %L', gid || '_' || left(md5(orgs[i]), 12));
                     END IF;
                     PERFORM dblink_send_query(c, sql);
                 END IF;
@@ -329,7 +331,7 @@ BEGIN
             c := conns[i];
             BEGIN
                 IF orgs[i] = ANY (prepared) THEN
-                    PERFORM dblink_exec(c, format('ROLLBACK PREPARED %L', gid));
+                    PERFORM dblink_exec(c, format('ROLLBACK PREPARED %L', gid || '_' || left(md5(orgs[i]), 12)));
                 END IF;
             EXCEPTION WHEN OTHERS THEN
                 NULL;
@@ -355,7 +357,7 @@ BEGIN
     FOR i IN 1 .. cardinality(orgs) LOOP
         PERFORM dblink_disconnect(conns[i]);
         INSERT INTO lokadb.ddl_prepared (gid, org, statements)
-        VALUES (gid, orgs[i], array_to_string(ARRAY(SELECT jsonb_array_elements_text(per_org->orgs[i]->'statements')), E';\n'));
+        VALUES (gid || '_' || left(md5(orgs[i]), 12), orgs[i], array_to_string(ARRAY(SELECT jsonb_array_elements_text(per_org->orgs[i]->'statements')), E';\n'));
     END LOOP;
     -- Delivered only if this transaction commits: the proxy then commits the prepared ones.
     PERFORM pg_notify('lokadb_ddl', gid);

@@ -1,0 +1,392 @@
+#!/usr/bin/env python3
+"""LokaDB migration benchmark: the application's schema changes once organizations have moved
+(docs/migrations.md, issue 27).
+
+    /work/main/.venv/bin/python research/bench/migrations.py [--quick] [--out DIR]
+
+World: a cloud cluster and one organization cluster (PostgreSQL 18), a relay, one agent per
+organization. The cloud's database `app` holds `notes` (id bigserial, organization_id text, body
+text; ROWS rows per organization, owned by the application's role `app`), made a LokaDB table
+(`lokadb enable notes`); organizations o1…oN are registered (`lokadb org add`, each its own
+database in the organization cluster, behind its own agent) and moved one after another
+(`lokadb move-org --profile fdw`), c0 stays in the cloud. The cloud cluster's database `plain`
+holds the same table and rows without LokaDB: the baseline.
+
+For each number of moved organizations (quick 0, 1, 10; full 0, 1, 10, 100) and each distance of
+the organizations (0 and 40 ms RTT: the agents dial the relay through the project's latency link,
+20 ms each way), REPS times: `ALTER TABLE notes ADD COLUMN cK int` then `CREATE INDEX notes_cK ON
+notes (cK)`, each an autocommit transaction of the role `app`, through the proxy (database app)
+and straight at `plain`; wall time at the client. Meanwhile a second client (through the proxy for
+the LokaDB run, straight at `plain` for the baseline) reads and inserts c0's notes in a loop: the
+longest of its statements that overlapped the migration is how long another organization waited.
+After each migration, `settled` is when no prepared transaction is left in the organization
+cluster (the proxy's resolver commits them after the cloud's COMMIT), and every moved
+organization's table is checked to have the new column and index.
+
+Writes raw.json, summary.md and migrations.png into research/bench/results/<UTC ts>-migrations
+[-quick]/. Builds nothing ($LOKADB_BENCH_TARGET).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as common  # noqa: E402
+from run import Ctx, catch_signals, fatal, ignore_signals, log, preflight, result_dir, safe_cleanup, temp_dir  # noqa: E402
+import tunnel  # noqa: E402
+from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, Relay, make_certs, new_token, start_agent, start_link, stop_agents  # noqa: E402
+from moves import APP_PASSWORD, CLOUD_PG, ORG_PG, PgCluster, cluster_root, lokadb  # noqa: E402
+import routing  # noqa: E402
+from routing import AUTH_PASSWORD, start_proxy  # noqa: E402
+
+import psycopg  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+
+CLOUD_ORG = "c0"
+TABLE_SQL = "CREATE TABLE notes (id bigserial PRIMARY KEY, organization_id text NOT NULL, body text)"
+
+
+class Mode:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.name = "quick" if quick else "full"
+        self.counts = [0, 1, 10] if quick else [0, 1, 10, 100]
+        self.rtts_ms = [0.0, 40.0]
+        self.reps = 3 if quick else 5
+        self.rows = 500 if quick else 2000  # per organization
+
+
+def org_ids(n: int) -> list[str]:
+    return [f"o{i}" for i in range(1, n + 1)]
+
+
+def load(c, orgs: list[str], rows: int) -> None:
+    c.execute(TABLE_SQL)
+    c.execute("INSERT INTO notes (organization_id, body) SELECT o, 'note ' || g "
+              "FROM unnest(%s::text[]) o, generate_series(1, %s) g", ([CLOUD_ORG, *orgs], rows))
+    c.execute("ALTER TABLE notes OWNER TO app")
+    c.execute("VACUUM ANALYZE notes")
+
+
+def build_world(ctx) -> dict:
+    mode = ctx.mode
+    n = max(mode.counts)
+    orgs = org_ids(n)
+    t0 = time.time()
+    root = cluster_root(ctx.tmp / "world")
+    ctx.org = org = PgCluster(root, "org", ctx.commands)
+    # Each moved organization's migration holds one prepared transaction until the resolver
+    # commits it; every organization's postgres_fdw, dblink and move sessions need connections.
+    org.create({**ORG_PG, "max_connections": str(3 * n + 50), "max_prepared_transactions": str(n + 10)})
+    with org.conn() as c:
+        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+        for o in orgs:
+            c.execute(f"CREATE DATABASE {o} OWNER app")
+    ctx.commands.append(f"(org) CREATE ROLE app LOGIN PASSWORD '***'; CREATE DATABASE o1…o{n} OWNER app")
+    ctx.cloud = cloud = PgCluster(root, "cloud", ctx.commands)
+    cloud.create({**CLOUD_PG, "max_connections": "200"})
+    with cloud.conn() as c:
+        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
+        c.execute("CREATE DATABASE app OWNER app")
+        c.execute("CREATE DATABASE plain OWNER app")
+        c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
+    for db in ("app", "plain"):
+        with cloud.conn(db) as c:
+            load(c, orgs, mode.rows)
+    ctx.commands.append(f"(cloud, databases app and plain) {TABLE_SQL}; {mode.rows} rows for each of "
+                        f"{CLOUD_ORG}, o1…o{n}; ALTER TABLE notes OWNER TO app")
+    # The relay knows every organization's token; each agent dials it (later through the link).
+    ctx.certs = make_certs(ctx.tmp, ctx.commands)
+    ctx.tokens = {o: new_token(o) for o in orgs}
+    ctx.agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
+    ctx.relay = Relay(ctx.tmp, ctx.certs, {o: h for o, (_, h) in ctx.tokens.items()}, {}, ctx.commands,
+                      tag="relay")
+    start_agents(ctx, 0.0)
+    dsn = cloud.dsn()
+    lokadb(ctx, ["init"], dsn)
+    lokadb(ctx, ["enable", "notes"], dsn)
+    for o in orgs:
+        lokadb(ctx, ["org", "add", o, "--via-relay", f"127.0.0.1:{ctx.relay.pg_port}", "--dbname", o,
+                     "--user", "app", "--password", APP_PASSWORD], dsn)
+    T = round(time.time() - t0, 1)
+    log(f"  world ready in {T} s: {n} organizations registered, {mode.rows} notes each")
+    return {"seconds": T, "organizations": n, "rows_per_org": mode.rows,
+            "postgres": cloud.one("SELECT version()")}
+
+
+def start_agents(ctx, rtt_ms: float) -> None:
+    """Every organization's agent, dialing the relay straight (0 ms) or through a latency link."""
+    if getattr(ctx, "agents", None):
+        stop_agents(ctx.agents)
+    if getattr(ctx, "link", None) is not None:
+        ctx.link.stop()
+        ctx.link = None
+    port = ctx.relay.agents_port
+    if rtt_ms > 0:
+        ctx.link = start_link(port, rtt_ms / 2, ctx.tmp, ctx.commands)
+        port = ctx.link.port
+    ctx.agents = []
+    for o, (token, _) in ctx.tokens.items():
+        ctx.agents.append(start_agent(f"127.0.0.1:{port}", token, ctx.org.addr(), ctx.certs["ca"], {},
+                                      ctx.agent_log, max_conns=20))
+    ctx.commands.append(f"{len(ctx.agents)} agents: {AGENT_BIN} --relay 127.0.0.1:{port} --token <org's> "
+                        f"--postgres {ctx.org.addr()} --ca ca.crt --max-conns 20")
+    ctx.relay.wait_connected(len(ctx.agents), timeout=120)
+
+
+def app_conn(port: int, dbname: str):
+    return psycopg.connect(host="127.0.0.1", port=port, user="app", password=APP_PASSWORD, dbname=dbname,
+                           sslmode="disable", autocommit=True, connect_timeout=30)
+
+
+class Waiter:
+    """Another organization's client: reads and inserts c0's notes in a loop, each statement's
+    start and end kept."""
+
+    def __init__(self, port: int, dbname: str):
+        self.conn = app_conn(port, dbname)
+        self.spans: list[tuple[float, float]] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            sql, args = (("SELECT body FROM notes WHERE organization_id = %s AND id = %s", (CLOUD_ORG, i % 500 + 1))
+                         if i % 2 else ("INSERT INTO notes (organization_id, body) VALUES (%s, 'waiter')", (CLOUD_ORG,)))
+            t = time.perf_counter()
+            try:
+                self.conn.execute(sql, args).fetchall() if i % 2 else self.conn.execute(sql, args)
+            except psycopg.Error as e:
+                if len(self.errors) < 5:
+                    self.errors.append(f"{e.sqlstate}: {str(e).strip()[:200]}")
+            self.spans.append((t, time.perf_counter()))
+            time.sleep(0.002)
+
+    def longest_within(self, a: float, b: float) -> float | None:
+        """The longest statement (ms) that overlapped [a, b]."""
+        d = [(e - s) * 1e3 for s, e in self.spans if e >= a and s <= b]
+        return round(max(d), 1) if d else None
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=60)
+        self.conn.close()
+
+
+def prepared_left(ctx) -> int:
+    with ctx.org.conn() as c:
+        return c.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()[0]
+
+
+def migrate(ctx, conn, waiter: Waiter, sql: str, lokadb_side: bool) -> dict:
+    t = time.perf_counter()
+    conn.execute(sql)
+    done = time.perf_counter()
+    rec = {"ms": round((done - t) * 1e3, 1), "other_org_longest_ms": waiter.longest_within(t, done)}
+    if lokadb_side:
+        # The proxy's resolver commits the organizations' prepared transactions after the COMMIT.
+        deadline = time.monotonic() + 300
+        while prepared_left(ctx) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        rec["settled_ms"] = round((time.perf_counter() - t) * 1e3, 1)
+        rec["prepared_left"] = prepared_left(ctx)
+    return rec
+
+
+def check_orgs(ctx, moved: list[str], column: str, index: str) -> list[str]:
+    """Moved organizations whose table lacks the column or the index."""
+    missing = []
+    for o in moved:
+        with ctx.org.conn(o) as c:
+            col = c.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.notes'::regclass "
+                            "AND attname = %s AND NOT attisdropped", (column,)).fetchone()[0]
+            idx = c.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'notes' "
+                            "AND indexname = %s", (index,)).fetchone()[0]
+        if col != 1 or idx != 1:
+            missing.append(o)
+    return missing
+
+
+def cell(ctx, moved: list[str], rtt_ms: float, k0: int) -> dict:
+    mode = ctx.mode
+    reps = []
+    proxy_c = app_conn(ctx.proxy.port, "app")
+    plain_c = app_conn(ctx.cloud.port, "plain")
+    try:
+        for r in range(mode.reps):
+            k = k0 + r
+            col, idx = f"c{k}", f"notes_c{k}"
+            rep = {"k": k}
+            for side, conn, port, db in (("plain", plain_c, ctx.cloud.port, "plain"),
+                                         ("lokadb", proxy_c, ctx.proxy.port, "app")):
+                w = Waiter(port, db)
+                time.sleep(0.05)
+                try:
+                    rep[side] = {
+                        "add_column": migrate(ctx, conn, w, f"ALTER TABLE notes ADD COLUMN {col} int", side == "lokadb"),
+                        "create_index": migrate(ctx, conn, w, f"CREATE INDEX {idx} ON notes ({col})", side == "lokadb"),
+                    }
+                    time.sleep(0.05)
+                finally:
+                    w.close()
+                rep[side]["waiter_errors"] = w.errors
+            rep["orgs_missing_change"] = check_orgs(ctx, moved, col, idx)
+            reps.append(rep)
+    finally:
+        proxy_c.close()
+        plain_c.close()
+
+    def med(side, stmt, key):
+        v = [x[side][stmt].get(key) for x in reps if x[side][stmt].get(key) is not None]
+        return round(statistics.median(v), 1) if v else None
+
+    rec = {"moved": len(moved), "rtt_ms": rtt_ms, "reps": reps}
+    for stmt in ("add_column", "create_index"):
+        p, lk = med("plain", stmt, "ms"), med("lokadb", stmt, "ms")
+        rec[stmt] = {"plain_ms": p, "lokadb_ms": lk, "ratio": round(lk / p, 1) if p and lk else None,
+                     "settled_ms": med("lokadb", stmt, "settled_ms"),
+                     "other_org_longest_ms_plain": med("plain", stmt, "other_org_longest_ms"),
+                     "other_org_longest_ms_lokadb": med("lokadb", stmt, "other_org_longest_ms")}
+    missing = sorted({o for x in reps for o in x["orgs_missing_change"]})
+    rec["orgs_missing_change"] = missing
+    a, i = rec["add_column"], rec["create_index"]
+    log(f"  {len(moved):>3} moved, RTT {rtt_ms:g} ms: ADD COLUMN {a['lokadb_ms']} ms (plain {a['plain_ms']}, "
+        f"×{a['ratio']}), CREATE INDEX {i['lokadb_ms']} ms (plain {i['plain_ms']}, ×{i['ratio']}); other org "
+        f"waited up to {a['other_org_longest_ms_lokadb']} / {i['other_org_longest_ms_lokadb']} ms"
+        + (f"; MISSING in {missing}" if missing else ""))
+    return rec
+
+
+def summary(raw: dict) -> str:
+    m = raw["meta"]
+    L = [f"# Migrations with moved organizations ({m['mode']})", "",
+         f"Command: `{m['command']}` (LOKADB_BENCH_TARGET={m['env']['LOKADB_BENCH_TARGET']}); "
+         f"{m['mode_settings']['reps']} repetitions per cell (medians), {m['mode_settings']['rows']} notes per "
+         f"organization; started {m['started_utc']}, load average at end {m.get('loadavg_at_end', '?')}.", "",
+         "Times are at the client, autocommit, role `app`. plain: the same statement straight at a database "
+         "without LokaDB in the same cluster. settled: until the organizations' prepared transactions are "
+         "committed. other org waited: the longest read or insert of organization c0 that overlapped the "
+         "migration (through the proxy; straight at plain for the baseline).", "",
+         "| moved orgs | RTT ms | statement | plain ms | LokaDB ms | ratio | settled ms | other org waited ms (plain / LokaDB) |",
+         "|---|---|---|---|---|---|---|---|"]
+    for c in raw["cells"]:
+        for stmt, label in (("add_column", "ADD COLUMN"), ("create_index", "CREATE INDEX")):
+            s = c[stmt]
+            L.append(f"| {c['moved']} | {c['rtt_ms']:g} | {label} | {s['plain_ms']} | {s['lokadb_ms']} | "
+                     f"{s['ratio']} | {s['settled_ms']} | {s['other_org_longest_ms_plain']} / "
+                     f"{s['other_org_longest_ms_lokadb']} |")
+    bad = [c for c in raw["cells"] if c["orgs_missing_change"]]
+    L += ["", "Every moved organization's table had each new column and index after its migration."
+          if not bad else f"Organizations missing a change: {[(c['moved'], c['rtt_ms'], c['orgs_missing_change']) for c in bad]}",
+          ""]
+    if raw["meta"]["errors"]:
+        L += ["Errors:", "", *[f"- {e}" for e in raw["meta"]["errors"]], ""]
+    return "\n".join(L)
+
+
+def chart(raw: dict, path: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, stmt, label in ((axes[0], "add_column", "ALTER TABLE … ADD COLUMN"),
+                            (axes[1], "create_index", "CREATE INDEX")):
+        for rtt in sorted({c["rtt_ms"] for c in raw["cells"]}):
+            cs = [c for c in raw["cells"] if c["rtt_ms"] == rtt]
+            ax.plot([c["moved"] for c in cs], [c[stmt]["lokadb_ms"] for c in cs], marker="o",
+                    label=f"LokaDB, orgs {rtt:g} ms away")
+            ax.plot([c["moved"] for c in cs], [c[stmt]["other_org_longest_ms_lokadb"] for c in cs],
+                    marker="x", linestyle=":", label=f"another org waited ({rtt:g} ms)")
+        cs = [c for c in raw["cells"] if c["rtt_ms"] == 0]
+        ax.plot([c["moved"] for c in cs], [c[stmt]["plain_ms"] for c in cs], marker="s", color="#8b949e",
+                label="plain Postgres")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_yscale("log")
+        ax.set_xlabel("moved organizations")
+        ax.set_ylabel("ms at the client (median)")
+        ax.set_title(label)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="0, 1 and 10 moved organizations, 3 repetitions")
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-migrations[-quick])")
+    args = ap.parse_args()
+    preflight("migrations.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    mode = Mode(args.quick)
+    started, run_id, outdir = result_dir(args.out, "-migrations", mode.quick)
+    catch_signals()
+    ctx = Ctx(mode)
+    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+            "command": ("/work/main/.venv/bin/python research/bench/migrations.py " + shlex.join(sys.argv[1:])).strip(),
+            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
+            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "setup_commands": ctx.commands, "errors": ctx.errors}
+    raw = {"meta": meta, "world": None, "cells": []}
+    t_start = time.time()
+    rc = 0
+    ctx.relay = ctx.link = ctx.proxy = None
+    ctx.agents = []
+    try:
+        ctx.tmp = temp_dir("lokadb-migrations-bench-")
+        log(f"mode={mode.name} counts={mode.counts} rtts={mode.rtts_ms} out={outdir}")
+        raw["world"] = build_world(ctx)
+        ctx.proxy = start_proxy(ctx, "migrations")
+        moved: list[str] = []
+        k = 0
+        for count in mode.counts:
+            # Move organizations (close by) until `count` are moved.
+            start_agents(ctx, 0.0)
+            t = time.time()
+            for o in org_ids(count)[len(moved):]:
+                lokadb(ctx, ["move-org", o, "--profile", "fdw"], ctx.cloud.dsn(), timeout=900)
+                moved.append(o)
+            if count:
+                log(f"  {count} organizations moved ({round(time.time() - t, 1)} s for the last ones)")
+            for rtt in mode.rtts_ms:
+                start_agents(ctx, rtt)
+                raw["cells"].append(cell(ctx, moved, rtt, k))
+                k += mode.reps
+                (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        rc = fatal(ctx.errors, e)
+    finally:
+        ignore_signals()
+        if ctx.proxy is not None:
+            ctx.proxy.stop()
+        stop_agents(ctx.agents)
+        if ctx.link is not None:
+            ctx.link.stop()
+        if ctx.relay is not None:
+            ctx.relay.stop()
+        safe_cleanup()
+        meta["wall_seconds"] = round(time.time() - t_start, 1)
+        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
+        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+        (outdir / "summary.md").write_text(summary(raw))
+        if raw["cells"]:
+            chart(raw, outdir / "migrations.png")
+        log(f"wrote {outdir}/summary.md")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
