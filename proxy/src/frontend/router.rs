@@ -1007,8 +1007,15 @@ impl ClientFrames<'_> {
                 if may_run_direct && self.direct_transaction() {
                     // Inside a direct transaction a statement that may run there is parsed
                     // there; where it runs is its Bind's to decide. Any other goes to the
-                    // cloud (which moves the transaction, or refuses if it wrote).
-                    Dest::Current
+                    // cloud (which moves the transaction, or refuses if it wrote). An
+                    // unnamed one is held for its Bind, as outside transactions: parsed
+                    // direct, it would begin a batch there that its own Bind for the cloud
+                    // (another organization's value) could only be refused in.
+                    if name.is_empty() {
+                        Dest::Hold
+                    } else {
+                        Dest::Current
+                    }
                 } else if may_run_direct && name.is_empty() && self.cloud_is_idle() {
                     Dest::Hold
                 } else {

@@ -72,3 +72,6 @@ mod session_org;
 mod statement_org;
 // `lokadb proxy --record FILE`: the recording format, login never recorded, bad paths.
 mod traffic_record;
+// Generated statements and transactions through the proxy and straight at the cloud: the same
+// answers, errors and final rows (property-based, shrinking; LOKADB_DIFF_CASES for more).
+mod differential;

@@ -415,3 +415,95 @@ async fn a_proxy_that_dies_while_moving_a_transaction_leaves_nothing_behind() {
         "2"
     );
 }
+
+/// An unnamed statement for the cloud inside a direct transaction, sent as most drivers send
+/// one (Parse, Bind, Execute, Sync in one batch: tokio-postgres's `query_typed`): the
+/// transaction moves to the cloud, after a direct read as after a direct write, and the
+/// statement answers as at the cloud. Its Parse, sent direct, used to begin a batch there
+/// that its own Bind for the cloud was refused in (0A000, "this pipeline mixes …"; found by
+/// the differential suite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unnamed_statement_for_the_cloud_in_a_direct_transaction_moves_it() {
+    use tokio_postgres::types::Type;
+    let (w, proxy) = direct_world(json!({}));
+    let c = client(&proxy).await;
+    let (v2, _) = a_version(&client(&proxy).await).await;
+    let v1: i64 = cloud(
+        &w,
+        "SELECT min(id) FROM document_versions WHERE organization_id = 1",
+    )
+    .trim()
+    .parse()
+    .unwrap();
+    let read2 =
+        format!("SELECT body FROM document_versions WHERE organization_id = 2 AND id = {v2}");
+
+    // After a direct read: organization 1 written in the text, then bound as a parameter.
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(rows(&c.simple_query(&read2).await.unwrap()).len(), 1);
+    assert_eq!(org_ran(&w, &read2), 1, "read directly");
+    let literal = format!(
+        "UPDATE document_versions SET body = 'unnamed 1' WHERE organization_id = 1 AND id = {v1} RETURNING id"
+    );
+    let got = c.query_typed(&literal, &[]).await.unwrap();
+    assert_eq!(got.len(), 1, "{}", proxy.output());
+    let bound = "SELECT body FROM document_versions WHERE organization_id = $1 AND id = $2";
+    let got = c
+        .query_typed(bound, &[(&1i64, Type::INT8), (&v1, Type::INT8)])
+        .await
+        .unwrap();
+    assert_eq!(got[0].get::<_, String>(0), "unnamed 1");
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        cloud(
+            &w,
+            &format!("SELECT body FROM document_versions WHERE id = {v1}")
+        )
+        .trim(),
+        "unnamed 1"
+    );
+
+    // After a direct write: the transaction moves whole, and commits once.
+    let write2 = format!(
+        "UPDATE document_versions SET body = 'unnamed 2' WHERE organization_id = 2 AND id = {v2}"
+    );
+    let moves = moved(&proxy, false);
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&write2).await.unwrap();
+    assert_eq!(org_ran(&w, &write2), 1, "written directly");
+    let got = c
+        .query_typed(
+            "UPDATE document_versions SET body = $1 WHERE organization_id = $2 AND id = $3",
+            &[
+                (&"unnamed 3", Type::TEXT),
+                (&1i64, Type::INT8),
+                (&v1, Type::INT8),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(got.is_empty());
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(moved(&proxy, false), moves + 1, "{}", proxy.output());
+    assert_eq!(
+        cloud(
+            &w,
+            &format!("SELECT body FROM document_versions WHERE id = {v2}")
+        )
+        .trim(),
+        "unnamed 2"
+    );
+    assert_eq!(
+        cloud(
+            &w,
+            &format!("SELECT body FROM document_versions WHERE id = {v1}")
+        )
+        .trim(),
+        "unnamed 3"
+    );
+    assert!(
+        !proxy.output().contains("this pipeline mixes"),
+        "{}",
+        proxy.output()
+    );
+}
