@@ -283,12 +283,14 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
         Direction::Out => m.cloud_session()?,
         Direction::Back => m.org_session()?,
     };
-    let mut ok = true;
-    let mut lines = Vec::new();
+    // The destination's side first, then its snapshot ends: it holds the tables' locks
+    // there, and a migration that waited for the switch may hold the cloud's (DEFAULT's, read
+    // below) while it waits for those — a deadlock only its lock_timeout would end.
+    let mut dest_sums = Vec::new();
     for t in &tables {
-        let (old, new) = match direction {
-            Direction::Out => (t.cloud_part(), t.org_table()),
-            Direction::Back => (t.org_table(), t.cloud_part()),
+        let new = match direction {
+            Direction::Out => t.org_table(),
+            Direction::Back => t.cloud_part(),
         };
         let since: Vec<String> = if rerun {
             dest.query(
@@ -301,8 +303,18 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
         } else {
             Vec::new()
         };
-        let a = verify::sum(&mut old_side, t, &old, &since)?;
         let b = verify::sum(&mut dest, t, &new, &since)?;
+        dest_sums.push((since, b));
+    }
+    let _ = dest.batch_execute("COMMIT");
+    let mut ok = true;
+    let mut lines = Vec::new();
+    for (t, (since, b)) in tables.iter().zip(dest_sums) {
+        let old = match direction {
+            Direction::Out => t.cloud_part(),
+            Direction::Back => t.org_table(),
+        };
+        let a = verify::sum(&mut old_side, t, &old, &since)?;
         let in_default = verify::left_in_default(&mut m.cloud, t)?;
         let (mut line, good) = verify::compare(t, &a, &b, in_default);
         if !since.is_empty() {
@@ -314,7 +326,6 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
         ok &= good;
         lines.push(line);
     }
-    let _ = dest.batch_execute("COMMIT");
     for l in &lines {
         m.say(format!("verify {l}"));
     }
