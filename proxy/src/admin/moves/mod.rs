@@ -707,7 +707,7 @@ fn out_pass(m: &mut Move) -> Result<Pass, AdminError> {
         }
         failpoint("catchup");
         let snap = match switch::switch(m)? {
-            switch::Switched::Yes(snap) => snap,
+            switch::Switched::Yes(snap) => *snap,
             switch::Switched::SchemaChanged(c) => return Ok(Pass::SchemaChanged(c)),
         };
         failpoint("after-switch");
@@ -740,7 +740,7 @@ fn back_pass(m: &mut Move) -> Result<Pass, AdminError> {
         catch_up(m, Direction::Back)?;
         failpoint("catchup");
         let snap = match switch::switch(m)? {
-            switch::Switched::Yes(snap) => snap,
+            switch::Switched::Yes(snap) => *snap,
             switch::Switched::SchemaChanged(c) => return Ok(Pass::SchemaChanged(c)),
         };
         failpoint("after-switch");

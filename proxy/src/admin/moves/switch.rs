@@ -24,7 +24,7 @@ pub const LOCK_WAIT: &str = "1s";
 /// What a switch did.
 pub enum Switched {
     /// Switched; the connection holds the destination's snapshot for [`finish_with`].
-    Yes(postgres::Client),
+    Yes(Box<postgres::Client>),
     /// Not switched: a migration changed the tables since the destination was made
     /// (checked under the switch's lock, which every DDL on the tables waits for).
     SchemaChanged(shapes::SchemaChanged),
@@ -151,7 +151,7 @@ pub fn switch(m: &mut Move) -> Result<Switched, AdminError> {
             applied,
             caught_up.as_secs_f64() * 1e3
         ));
-        return Ok(Switched::Yes(dst));
+        return Ok(Switched::Yes(Box::new(dst)));
     }
     unreachable!("the last attempt returns")
 }
