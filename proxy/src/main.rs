@@ -131,10 +131,11 @@ enum Command {
         #[command(flatten)]
         cloud: Cloud,
     },
-    /// Check where an organization's rows are: all in one place, none of another's.
+    /// Check where an organization's rows are (all in one place, none of another's) and,
+    /// once moved, that its tables' schema is the cloud's.
     Verify {
-        /// The organization.
-        org: String,
+        /// The organization (default: every moved organization).
+        org: Option<String>,
         /// Connection string of its database (default: through the relay).
         #[arg(long)]
         org_dsn: Option<String>,
@@ -358,11 +359,13 @@ fn main() -> ExitCode {
             org,
             org_dsn,
             cloud,
-        } => admin(lokadb::admin::moves::verify_org(
-            &cloud.dsn,
-            &org,
-            org_dsn.as_deref(),
-        )),
+        } => admin(match (org, org_dsn) {
+            (Some(org), dsn) => lokadb::admin::moves::verify_org(&cloud.dsn, &org, dsn.as_deref()),
+            (None, None) => lokadb::admin::moves::verify_moved(&cloud.dsn),
+            (None, Some(_)) => Err(lokadb::admin::db::AdminError::usage(
+                "--org-dsn is one organization's database: name the organization",
+            )),
+        }),
         Command::Status { cloud } => admin(lokadb::admin::moves::status::status(&cloud.dsn)),
         Command::Resolve { cloud } => admin(resolve(&cloud.dsn)),
         Command::PauseHolder {

@@ -62,6 +62,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "migrations of LokaDB tables reach moved organizations (two-phase commit)",
         include_str!("sql/0011_migrations.sql"),
     ),
+    (
+        12,
+        "moves and migrations: a move's switch checks the shape it copied; migrations reach returning organizations",
+        include_str!("sql/0012_moves_meet_migrations.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

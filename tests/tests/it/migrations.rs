@@ -37,12 +37,12 @@ const SHARED_DB: &str = "orgdb4";
 /// The moves world with two moved organizations and tables owned by `app`; with a proxy
 /// (its direct path configured) when `with_proxy`.
 fn world(with_proxy: bool) -> World {
-    world_with(with_proxy, false)
+    world_with(with_proxy, true, false)
 }
 
-/// [`world`], and with `shared` a third moved organization whose database is in organization
-/// 2's Postgres cluster.
-fn world_with(with_proxy: bool, shared: bool) -> World {
+/// As [`world`]; organization 3 registered but left in the cloud unless `move_3`; with
+/// `shared` a third moved organization whose database is in organization 2's Postgres cluster.
+fn world_with(with_proxy: bool, move_3: bool, shared: bool) -> World {
     let certs = Certs::new().unwrap();
     let orgs = vec![org_db("2", false), org_db("3", false)];
     let token4 = format!("4.{:032x}", rand::random::<u128>());
@@ -123,7 +123,9 @@ fn world_with(with_proxy: bool, shared: bool) -> World {
         ));
     }
     ok(&lokadb(&dsn, &["move-org", "2", "--profile", "fdw"]));
-    ok(&lokadb(&dsn, &["move-org", "3", "--profile", "fdw+direct"]));
+    if move_3 {
+        ok(&lokadb(&dsn, &["move-org", "3", "--profile", "fdw+direct"]));
+    }
     if shared.is_some() {
         cloud
             .psql(
@@ -152,7 +154,7 @@ fn world_with(with_proxy: bool, shared: bool) -> World {
         ));
         ok(&lokadb(&dsn, &["move-org", "4", "--profile", "fdw"]));
     }
-    let moved = if shared.is_some() { 3 } else { 2 };
+    let moved = 1 + usize::from(move_3) + usize::from(shared.is_some());
     let proxy = with_proxy.then(|| {
         crate::world::create_auth_role(&cloud).unwrap();
         let proxy = Proxy::builder(json!({
@@ -633,7 +635,7 @@ async fn prepared_migrations_are_settled_by_the_cloud_outcome() {
 /// transaction (a gid is unique in a whole cluster, not per database).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn organizations_that_share_a_cluster_migrate_together() {
-    let w = world_with(true, true);
+    let w = world_with(true, true, true);
     assert!(w.shared.is_some());
     let app = w.app().await;
     migrate(&app, "ALTER TABLE documents ADD COLUMN shared_note text")
@@ -656,4 +658,232 @@ async fn organizations_that_share_a_cluster_migrate_together() {
         .await
         .unwrap();
     assert_eq!(one(&n), "10");
+}
+
+/// `lokadb verify` compares each moved organization's tables with the cloud's: columns,
+/// types, NOT NULL, checks, indexes; not defaults (organizations' tables have none).
+#[test]
+fn verify_reports_schema_differences() {
+    let w = world(false);
+    let out = ok(&lokadb(&w.dsn, &["verify"]));
+    assert_eq!(out.matches("schema equal").count(), 4, "{out}");
+    assert!(!out.contains("DIFFERS"), "{out}");
+
+    // Changed by hand in organization 2's database.
+    w.org_q(
+        0,
+        "ALTER TABLE documents ADD COLUMN extra int;
+         ALTER TABLE documents ALTER COLUMN project_id SET NOT NULL;
+         ALTER TABLE documents ADD CONSTRAINT documents_extra_check CHECK (extra > 0);
+         ALTER INDEX documents_title_idx RENAME TO documents_title_idx2;
+         CREATE INDEX documents_extra_idx ON documents (extra);
+         ALTER TABLE document_versions ALTER COLUMN body TYPE varchar(20);",
+    );
+    for args in [&["verify", "2"][..], &["verify"][..]] {
+        let o = lokadb(&w.dsn, args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stdout(&o));
+        let text = crate::admin_cli::stderr(&o) + &stdout(&o);
+        for want in [
+            "column extra (integer) is in its database only",
+            "column project_id is bigint in the cloud, bigint NOT NULL in its database",
+            "check documents_extra_check (CHECK ((extra > 0))) is in its database only",
+            "index documents_title_idx (USING btree (title)) is named documents_title_idx2 in its database",
+            "index documents_extra_idx (USING btree (extra)) is in its database only",
+            "column body is text in the cloud, character varying(20) in its database",
+            "organization 2 (moved): VERIFICATION FAILED",
+        ] {
+            assert!(text.contains(want), "{args:?}: no {want:?} in\n{text}");
+        }
+        assert!(!text.to_lowercase().contains("default"), "{text}");
+        assert!(text.contains("schema DIFFERS"), "{text}");
+    }
+    // Organization 3 is as the cloud.
+    let out = ok(&lokadb(&w.dsn, &["verify", "3"]));
+    assert_eq!(out.matches("schema equal").count(), 2, "{out}");
+
+    // Missing in the organization's database: a column, a check, an index, a key.
+    w.org_q(
+        0,
+        "ALTER TABLE documents DROP COLUMN extra;
+         ALTER TABLE documents ALTER COLUMN project_id DROP NOT NULL;
+         ALTER INDEX documents_title_idx2 RENAME TO documents_title_idx;
+         ALTER TABLE document_versions ALTER COLUMN body TYPE text;",
+    );
+    ok(&lokadb(&w.dsn, &["verify", "2"]));
+    w.cloud_q(
+        "ALTER TABLE documents DISABLE TRIGGER USER;
+         ALTER EVENT TRIGGER lokadb_ddl_start DISABLE;
+         ALTER TABLE documents ADD COLUMN cloud_only int;
+         ALTER TABLE documents ADD CONSTRAINT documents_title_check CHECK (title <> '');
+         CREATE INDEX documents_project_idx ON documents (project_id, title);
+         ALTER EVENT TRIGGER lokadb_ddl_start ENABLE;
+         ALTER TABLE documents ENABLE TRIGGER USER;",
+    );
+    w.org_q(0, "DROP INDEX documents_title_idx");
+    let o = lokadb(&w.dsn, &["verify", "2"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let text = crate::admin_cli::stderr(&o);
+    for want in [
+        "column cloud_only (integer) is missing in its database",
+        "check documents_title_check (CHECK ((title <> ''::text))) is missing in its database",
+        "index documents_project_idx (USING btree (project_id, title)) is missing in its database",
+        "index documents_title_idx (USING btree (title)) is missing in its database",
+    ] {
+        assert!(text.contains(want), "no {want:?} in\n{text}");
+    }
+}
+
+/// Runs `lokadb ARGS` in the background, stalled at move failpoint `point` until the test
+/// lets it go on; returns the child and the path that lets it.
+fn stalled(w: &World, args: &[&str], point: &str) -> (std::process::Child, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "lokadb-stall-{}-{point}-{}",
+        std::process::id(),
+        w.cloud.port()
+    ));
+    let _ = std::fs::remove_file(&dir);
+    let reached = dir.with_extension("reached");
+    let _ = std::fs::remove_file(&reached);
+    let child = std::process::Command::new(lokadb_tests::proxy::find_binary().unwrap())
+        .args(args)
+        .env("LOKADB_CLOUD", &w.dsn)
+        .env(
+            "LOKADB_MOVE_STALL",
+            format!("{point}:{}", dir.to_str().unwrap()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !reached.exists() {
+        assert!(Instant::now() < deadline, "{args:?} never reached {point}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_file(&reached);
+    (child, dir)
+}
+
+/// Lets a stalled command go on and returns its output, asserting it succeeded.
+#[track_caller]
+fn go_on(child: std::process::Child, path: &std::path::Path) -> String {
+    std::fs::write(path, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(path.with_extension("reached"));
+    crate::admin_cli::stderr(&out) + &ok(&out)
+}
+
+/// Migrations during moves: one committed during the copy makes the move copy again with the
+/// new shape at its switch (both directions); one that meets the switch waits for it and then
+/// reaches the organization that has just moved. Every schema ends equal and verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_during_moves_end_with_equal_schemas() {
+    let w = world_with(false, false, false);
+    let app = w.cloud.client(APP_USER, APP_PASSWORD, "app").await.unwrap();
+    // The second phase of migrations, as a proxy's resolver would run it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let resolver = {
+        let (stop, dsn) = (stop.clone(), w.dsn.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = lokadb(&dsn, &["resolve"]);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+
+    // 1. move-org of 3, stalled after its catch-up: a migration commits (the cloud and its
+    // attached cloud partition change, its new database's table does not), and 3 writes the
+    // new column. The switch sees it, and the move copies again.
+    let (child, path) = stalled(&w, &["move-org", "3", "--profile", "fdw"], "catchup");
+    migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0;
+         CREATE INDEX documents_priority_idx ON documents (priority)",
+    )
+    .await
+    .unwrap();
+    app.batch_execute(
+        "UPDATE documents SET priority = 7 WHERE organization_id = 3 AND id % 10 = 0",
+    )
+    .await
+    .unwrap();
+    let out = go_on(child, &path);
+    assert!(
+        out.contains("a migration changed public.documents"),
+        "{out}"
+    );
+    assert!(out.contains("copying again"), "{out}");
+    w.settled();
+    assert_same_shape(&w, "a migration during move-org's copy");
+    assert_eq!(
+        w.org_q(1, "SELECT count(*) FROM documents WHERE priority = 7"),
+        "10"
+    );
+    let v = ok(&lokadb(&w.dsn, &["verify", "3"]));
+    assert_eq!(v.matches("schema equal").count(), 2, "{v}");
+
+    // 2. move-back of 3, stalled the same way: the migration reaches 3's database (its rows
+    // are still served from there) and the cloud, not the cloud copy being filled; the
+    // switch sees it and the move copies again.
+    let (child, path) = stalled(&w, &["move-back", "3", "--fold-max-rows", "0"], "catchup");
+    migrate(&app, "ALTER TABLE documents ADD COLUMN note text")
+        .await
+        .unwrap();
+    app.batch_execute(
+        "UPDATE documents SET note = 'n' || id WHERE organization_id = 3 AND id % 10 = 1",
+    )
+    .await
+    .unwrap();
+    let out = go_on(child, &path);
+    assert!(
+        out.contains("a migration changed public.documents"),
+        "{out}"
+    );
+    assert_eq!(
+        w.cloud_q("SELECT count(*) FROM ONLY documents__lokadb_3_c WHERE note LIKE 'n%'"),
+        "10"
+    );
+    assert_eq!(
+        w.cloud_q("SELECT count(*) FROM documents WHERE organization_id = 3 AND priority = 7"),
+        "10"
+    );
+
+    // 3. move-org of 3 stalled inside its switch, holding its tables' lock: a migration waits
+    // for it, then commits and reaches 3's database, which has just become 3's.
+    let (child, path) = stalled(&w, &["move-org", "3", "--profile", "fdw"], "switch");
+    let waiting = tokio::spawn(async move {
+        migrate(&app, "ALTER TABLE documents ADD COLUMN waited text")
+            .await
+            .map(|()| app)
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.cloud_q(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND wait_event_type = 'Lock'",
+    ) != "1"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the migration never waited for the switch"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = go_on(child, &path);
+    assert!(!out.contains("a migration changed"), "{out}");
+    let app = waiting.await.unwrap().unwrap();
+    w.settled();
+    assert_same_shape(&w, "a migration that waited for the switch");
+    let v = ok(&lokadb(&w.dsn, &["verify"]));
+    assert_eq!(v.matches("schema equal").count(), 4, "{v}");
+    assert!(!v.contains("DIFFERS"), "{v}");
+    app.batch_execute("UPDATE documents SET waited = 'w' WHERE organization_id = 3")
+        .await
+        .unwrap();
+    assert_eq!(
+        w.org_q(1, "SELECT count(*) FROM documents WHERE waited = 'w'"),
+        "100"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    resolver.join().unwrap();
 }

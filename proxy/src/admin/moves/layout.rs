@@ -44,6 +44,9 @@ pub struct IndexDef {
     pub columns: Vec<String>,
     /// `pg_get_indexdef` from `USING …` on.
     pub using: String,
+    /// The parent's index it is a partition of, whose name the organization's copy takes
+    /// (a migration's `DROP INDEX` then reaches it); none for the keys only DEFAULT has.
+    pub parent_name: Option<String>,
 }
 
 impl MoveTable {
@@ -154,7 +157,7 @@ impl MoveTable {
             format!("CREATE TABLE {table} ({})", cols.join(", ")),
         ];
         sql.extend(self.checks_sql(table, "TABLE"));
-        sql.extend(self.indexes_sql(table));
+        sql.extend(self.indexes_sql(table, true));
         sql
     }
 
@@ -169,7 +172,7 @@ impl MoveTable {
             self.org_literal
         )];
         sql.push(self.owner_sql("TABLE", &part));
-        sql.extend(self.indexes_sql(&part));
+        sql.extend(self.indexes_sql(&part, false));
         sql
     }
 
@@ -225,7 +228,9 @@ impl MoveTable {
             .collect()
     }
 
-    fn indexes_sql(&self, table: &str) -> Vec<String> {
+    /// The indexes on `table`; `named`: under the parent's names (in the organization's
+    /// database; in the cloud those names are the parent's own).
+    fn indexes_sql(&self, table: &str, named: bool) -> Vec<String> {
         self.indexes
             .iter()
             .map(|i| {
@@ -234,8 +239,13 @@ impl MoveTable {
                     format!("ALTER TABLE {table} ADD PRIMARY KEY ({})", cols.join(", "))
                 } else {
                     format!(
-                        "CREATE {}INDEX ON {table} {}",
+                        "CREATE {}INDEX {}ON {table} {}",
                         if i.unique { "UNIQUE " } else { "" },
+                        i.parent_name
+                            .as_deref()
+                            .filter(|_| named)
+                            .map(|n| ident(n) + " ")
+                            .unwrap_or_default(),
                         i.using
                     )
                 }
@@ -372,15 +382,26 @@ pub fn tables(c: &mut impl GenericClient, org: &str) -> Result<Vec<MoveTable>, A
                     .unwrap_or_default()
             })
             .collect();
-        let indexes = usable
+        // Every valid index, partial and expression ones too: the organization's table gets
+        // the cloud's indexes (lokadb verify compares them).
+        let indexes = idx
             .iter()
+            .filter(|i| i.valid)
             .map(|i| {
                 if i.using.starts_with("USING ") {
+                    let parent_name: Option<String> = c
+                        .query_opt(
+                            "SELECT p.relname::text FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhparent
+                             WHERE h.inhrelid = $1",
+                            &[&i.oid],
+                        )?
+                        .map(|r| r.get(0));
                     Ok(IndexDef {
                         primary: i.primary,
                         unique: i.unique,
                         columns: i.columns.clone(),
                         using: i.using.clone(),
+                        parent_name,
                     })
                 } else {
                     Err(AdminError::failed(format!(
@@ -485,6 +506,7 @@ pub(crate) mod tests {
                 unique: true,
                 columns: vec!["id".to_owned()],
                 using: "USING btree (id)".to_owned(),
+                parent_name: None,
             }],
             checks: vec![],
             org_literal: literal(org),

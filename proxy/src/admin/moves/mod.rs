@@ -16,6 +16,8 @@ pub mod copy;
 pub mod fold;
 pub mod layout;
 pub mod logical;
+pub mod schema_diff;
+pub mod shapes;
 pub mod split;
 pub mod status;
 pub mod switch;
@@ -143,9 +145,11 @@ pub struct Move {
 
 /// Exits the process at the named point when `LOKADB_MOVE_FAILPOINT` names it: a crash
 /// at that step, for the tests of crash safety (connections drop, the server rolls
-/// back what was open, exactly as after `kill -9`).
+/// back what was open, exactly as after `kill -9`); or stalls there while
+/// `LOKADB_MOVE_STALL` names it (see [`crate::failpoint::stall_at`]).
 pub fn failpoint(name: &str) {
     crate::failpoint::exit_at("LOKADB_MOVE_FAILPOINT", name);
+    crate::failpoint::stall_at("LOKADB_MOVE_STALL", name);
 }
 
 /// Settings every connection of a move uses, so rows print the same text on both sides
@@ -608,8 +612,68 @@ fn start(
     })
 }
 
+/// Times a run copies again because a migration changed the tables during its copy,
+/// before it gives up (the journal then says `prepare`: a rerun starts from there).
+const SCHEMA_RESTARTS: u32 = 3;
+
+/// What a pass through the steps ended with.
+enum Pass {
+    Done,
+    /// A migration changed the tables since the destination was made: make it again.
+    SchemaChanged(shapes::SchemaChanged),
+}
+
 /// move-org from wherever the journal stands.
 fn out(m: &mut Move) -> Result<(), AdminError> {
+    with_restarts(m, out_pass)
+}
+
+/// move-back from wherever the journal stands.
+fn back(m: &mut Move) -> Result<(), AdminError> {
+    with_restarts(m, back_pass)
+}
+
+/// Runs `pass` until it is done; after a migration changed the tables during the copy,
+/// starts again at step `prepare` (the destination made with the new shape, copied again).
+fn with_restarts(
+    m: &mut Move,
+    pass: fn(&mut Move) -> Result<Pass, AdminError>,
+) -> Result<(), AdminError> {
+    for restart in 0..=SCHEMA_RESTARTS {
+        let changed = match pass(m)? {
+            Pass::Done => return Ok(()),
+            Pass::SchemaChanged(c) => c,
+        };
+        m.cloud.execute(
+            "UPDATE lokadb.moves SET step = 'prepare', copied = '{}', updated_at = now() WHERE org = $1",
+            &[&m.org.id],
+        )?;
+        m.journal.step = "prepare".to_owned();
+        m.journal.copied.clear();
+        if restart == SCHEMA_RESTARTS {
+            return Err(AdminError::failed(format!(
+                "{changed}, {} times in this run: nothing was switched. Run lokadb {} {} again once the migrations are done",
+                SCHEMA_RESTARTS + 1,
+                m.direction.command(),
+                m.org.id
+            )));
+        }
+        m.say(format!(
+            "{changed}: making organization {}'s destination again with the new shape and copying again; nothing was switched",
+            m.org.id
+        ));
+    }
+    unreachable!("the last restart returns")
+}
+
+/// Before a step that relies on the destination having the shape the tables had when it
+/// was made (a rerun reads the tables as they are now).
+fn check_shapes(m: &mut Move) -> Result<Option<shapes::SchemaChanged>, AdminError> {
+    let org = m.org.id.clone();
+    shapes::changed(&mut m.cloud, &org)
+}
+
+fn out_pass(m: &mut Move) -> Result<Pass, AdminError> {
     if m.journal.step == "split" {
         split::run(m)?;
         m.set_step("prepare")?;
@@ -622,6 +686,9 @@ fn out(m: &mut Move) -> Result<(), AdminError> {
     }
     let logical = m.journal.mode == Mode::Logical;
     if m.journal.step == "copy" {
+        if let Some(c) = check_shapes(m)? {
+            return Ok(Pass::SchemaChanged(c));
+        }
         if logical {
             logical::wait_copied(m)?;
         } else {
@@ -630,13 +697,19 @@ fn out(m: &mut Move) -> Result<(), AdminError> {
         m.set_step("catchup")?;
     }
     if m.journal.step == "catchup" {
+        if let Some(c) = check_shapes(m)? {
+            return Ok(Pass::SchemaChanged(c));
+        }
         if logical {
             logical::wait_caught_up(m)?;
         } else {
             catch_up(m, Direction::Out)?;
         }
         failpoint("catchup");
-        let snap = switch::switch(m)?;
+        let snap = match switch::switch(m)? {
+            switch::Switched::Yes(snap) => *snap,
+            switch::Switched::SchemaChanged(c) => return Ok(Pass::SchemaChanged(c)),
+        };
         failpoint("after-switch");
         switch::finish_with(m, Some(snap))?;
     } else if m.journal.step == "verify" {
@@ -644,24 +717,32 @@ fn out(m: &mut Move) -> Result<(), AdminError> {
     } else if m.journal.step == "cleanup" {
         switch::cleanup(m)?;
     }
-    Ok(())
+    Ok(Pass::Done)
 }
 
-/// move-back from wherever the journal stands.
-fn back(m: &mut Move) -> Result<(), AdminError> {
+fn back_pass(m: &mut Move) -> Result<Pass, AdminError> {
     if m.journal.step == "prepare" {
         prepare_back(m)?;
         m.set_step("copy")?;
         failpoint("after-prepare");
     }
     if m.journal.step == "copy" {
+        if let Some(c) = check_shapes(m)? {
+            return Ok(Pass::SchemaChanged(c));
+        }
         copy_back(m)?;
         m.set_step("catchup")?;
     }
     if m.journal.step == "catchup" {
+        if let Some(c) = check_shapes(m)? {
+            return Ok(Pass::SchemaChanged(c));
+        }
         catch_up(m, Direction::Back)?;
         failpoint("catchup");
-        let snap = switch::switch(m)?;
+        let snap = match switch::switch(m)? {
+            switch::Switched::Yes(snap) => *snap,
+            switch::Switched::SchemaChanged(c) => return Ok(Pass::SchemaChanged(c)),
+        };
         failpoint("after-switch");
         switch::finish_with(m, Some(snap))?;
     } else if m.journal.step == "verify" {
@@ -669,6 +750,15 @@ fn back(m: &mut Move) -> Result<(), AdminError> {
     } else if m.journal.step == "cleanup" {
         switch::cleanup(m)?;
     }
+    Ok(Pass::Done)
+}
+
+/// Records the tables' shapes, then reads the tables again: the destination is made from
+/// what they are now, and the switch knows what that was.
+fn shapes_then_tables(m: &mut Move) -> Result<(), AdminError> {
+    let org = m.org.id.clone();
+    shapes::record(&mut m.cloud, &org)?;
+    m.tables = layout::tables(&mut m.cloud, &org)?;
     Ok(())
 }
 
@@ -712,6 +802,7 @@ fn fold_after_back(m: &mut Move) {
 /// The organization's tables in its database (created again: nothing was copied yet),
 /// the foreign tables in the cloud, and the change capture on the cloud partitions.
 fn prepare_out(m: &mut Move) -> Result<(), AdminError> {
+    shapes_then_tables(m)?;
     let logical = m.journal.mode == Mode::Logical;
     if logical {
         // A run killed after creating the subscription: it would not copy into the tables
@@ -900,6 +991,7 @@ pub fn dest_rel(t: &MoveTable, direction: Direction) -> String {
 /// move-back: the cloud partitions (standalone until the switch), change capture in the
 /// organization's database.
 fn prepare_back(m: &mut Move) -> Result<(), AdminError> {
+    shapes_then_tables(m)?;
     let tables = m.tables.clone();
     let mut tx = m.cloud.transaction()?;
     for t in &tables {
@@ -1055,9 +1147,52 @@ fn abort(m: &mut Move) -> Result<(), AdminError> {
     Ok(())
 }
 
+/// `lokadb verify` without an organization: [`verify_org`] for every moved organization.
+///
+/// # Errors
+///
+/// A failed query, or a failed check of any of them (the text says each one's result).
+pub fn verify_moved(dsn: &str) -> Result<String, AdminError> {
+    let mut cloud = connect(dsn)?;
+    require_current(&mut cloud)?;
+    let orgs: Vec<String> = cloud
+        .query(
+            "SELECT id FROM lokadb.org WHERE state = 'moved' ORDER BY id",
+            &[],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    drop(cloud);
+    if orgs.is_empty() {
+        return Ok("no organization is moved: nothing to verify\n".to_owned());
+    }
+    let mut text = String::new();
+    let mut ok = true;
+    for org in &orgs {
+        match verify_org(dsn, org, None) {
+            Ok(t) => text.push_str(&t),
+            Err(e) if !e.usage => {
+                ok = false;
+                text.push_str(&e.message);
+                if !e.message.ends_with('\n') {
+                    text.push('\n');
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if ok {
+        Ok(text)
+    } else {
+        Err(AdminError::failed(text))
+    }
+}
+
 /// `lokadb verify ORG`: where the organization's rows are, and that nothing of another
 /// organization is among them. Rows are counted on both paths (through the cloud and
-/// directly) for a moved organization.
+/// directly) for a moved organization, and its tables' schema is compared with the cloud's
+/// ([`schema_diff`]).
 ///
 /// # Errors
 ///
@@ -1116,7 +1251,15 @@ pub fn verify_org(
                     oc = Some(connect_org(&d, org_id)?);
                 }
                 let c = oc.as_mut().expect("connected above");
-                let direct = verify::sum(c, t, &t.org_table(), &[])?;
+                // The schema first: the rows are summed over the columns both sides have.
+                let want = schema_diff::cloud(&mut cloud, &t.parent(), &t.default())?;
+                let have = schema_diff::organization(c, &t.org_table())?;
+                let diffs = schema_diff::differences(&want, &have);
+                let mut common = t.clone();
+                common
+                    .columns
+                    .retain(|col| have.columns.contains_key(&col.name));
+                let direct = verify::sum(c, &common, &t.org_table(), &[])?;
                 let through: i64 = cloud
                     .query_one(
                         &format!(
@@ -1147,7 +1290,18 @@ pub fn verify_org(
                 if in_default != 0 {
                     line.push_str(&format!(", {in_default} rows still in the cloud!"));
                 }
-                (line, good)
+                if diffs.is_empty() {
+                    line.push_str(", schema equal");
+                } else {
+                    line.push_str(&format!(
+                        ", schema DIFFERS from the cloud's ({}):",
+                        diffs.len()
+                    ));
+                    for d in &diffs {
+                        line.push_str(&format!("\n    {d}"));
+                    }
+                }
+                (line, good && diffs.is_empty())
             }
         };
         ok &= good;

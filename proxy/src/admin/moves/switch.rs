@@ -9,6 +9,7 @@
 
 use super::capture::CatchUp;
 use super::layout::MoveTable;
+use super::shapes;
 use super::verify;
 use super::{dest_rel, failpoint, logical, source_rel, Direction, Mode, Move};
 use crate::admin::db::{describe, AdminError};
@@ -20,13 +21,22 @@ pub const SWITCH_BACKLOG: u64 = 2_000;
 pub const LOCK_ATTEMPTS: u32 = 10;
 pub const LOCK_WAIT: &str = "1s";
 
-/// Switches the organization to the destination. On return the journal says `verify`;
-/// the connection returned holds the destination's snapshot for [`finish_with`].
+/// What a switch did.
+pub enum Switched {
+    /// Switched; the connection holds the destination's snapshot for [`finish_with`].
+    Yes(Box<postgres::Client>),
+    /// Not switched: a migration changed the tables since the destination was made
+    /// (checked under the switch's lock, which every DDL on the tables waits for).
+    SchemaChanged(shapes::SchemaChanged),
+}
+
+/// Switches the organization to the destination. On return the journal says `verify`,
+/// unless a migration changed the tables since the destination was made.
 ///
 /// # Errors
 ///
 /// A failure before the commit leaves everything as it was (a rerun switches again).
-pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
+pub fn switch(m: &mut Move) -> Result<Switched, AdminError> {
     let direction = m.direction;
     let tables = m.tables.clone();
     let logical = m.journal.mode == Mode::Logical && direction == Direction::Out;
@@ -66,6 +76,12 @@ pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
             eprintln!("lokadb: switch of {org}: lock not granted within {LOCK_WAIT} (attempt {attempt}), retrying");
             std::thread::sleep(Duration::from_millis(200));
             continue;
+        }
+        // Under the lock no migration of these tables can commit: the destination was made
+        // with the shape they have now, or the move copies again.
+        if let Some(c) = shapes::changed(&mut tx, &org)? {
+            drop(tx);
+            return Ok(Switched::SchemaChanged(c));
         }
         let paused = Instant::now();
         // The destination's snapshot for the verification, taken right after the last
@@ -135,7 +151,7 @@ pub fn switch(m: &mut Move) -> Result<postgres::Client, AdminError> {
             applied,
             caught_up.as_secs_f64() * 1e3
         ));
-        return Ok(dst);
+        return Ok(Switched::Yes(Box::new(dst)));
     }
     unreachable!("the last attempt returns")
 }
@@ -267,12 +283,14 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
         Direction::Out => m.cloud_session()?,
         Direction::Back => m.org_session()?,
     };
-    let mut ok = true;
-    let mut lines = Vec::new();
+    // The destination's side first, then its snapshot ends: it holds the tables' locks
+    // there, and a migration that waited for the switch may hold the cloud's (DEFAULT's, read
+    // below) while it waits for those — a deadlock only its lock_timeout would end.
+    let mut dest_sums = Vec::new();
     for t in &tables {
-        let (old, new) = match direction {
-            Direction::Out => (t.cloud_part(), t.org_table()),
-            Direction::Back => (t.org_table(), t.cloud_part()),
+        let new = match direction {
+            Direction::Out => t.org_table(),
+            Direction::Back => t.cloud_part(),
         };
         let since: Vec<String> = if rerun {
             dest.query(
@@ -285,8 +303,18 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
         } else {
             Vec::new()
         };
-        let a = verify::sum(&mut old_side, t, &old, &since)?;
         let b = verify::sum(&mut dest, t, &new, &since)?;
+        dest_sums.push((since, b));
+    }
+    let _ = dest.batch_execute("COMMIT");
+    let mut ok = true;
+    let mut lines = Vec::new();
+    for (t, (since, b)) in tables.iter().zip(dest_sums) {
+        let old = match direction {
+            Direction::Out => t.cloud_part(),
+            Direction::Back => t.org_table(),
+        };
+        let a = verify::sum(&mut old_side, t, &old, &since)?;
         let in_default = verify::left_in_default(&mut m.cloud, t)?;
         let (mut line, good) = verify::compare(t, &a, &b, in_default);
         if !since.is_empty() {
@@ -298,7 +326,6 @@ pub fn finish_with(m: &mut Move, snap: Option<postgres::Client>) -> Result<(), A
         ok &= good;
         lines.push(line);
     }
-    let _ = dest.batch_execute("COMMIT");
     for l in &lines {
         m.say(format!("verify {l}"));
     }
