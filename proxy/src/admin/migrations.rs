@@ -62,6 +62,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "migrations of LokaDB tables reach moved organizations (two-phase commit)",
         include_str!("sql/0011_migrations.sql"),
     ),
+    (
+        13,
+        "what cannot run in a transaction: indexes built concurrently in organizations",
+        include_str!("sql/0013_concurrently.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.
