@@ -648,6 +648,17 @@ async fn an_index_built_concurrently_reaches_every_moved_organization() {
         "100"
     );
 
+    // A build that failed in organization 3 left an invalid index of that name (here a
+    // unique one that met duplicates): the rerun drops it and builds the right one.
+    assert!(w.orgs[1]
+        .db
+        .psql(
+            ORG_DB,
+            "CREATE UNIQUE INDEX CONCURRENTLY documents_lower_title_idx ON documents (organization_id)"
+        )
+        .is_err());
+    assert_eq!(title_idx(&w, 1), "invalid");
+
     // Back: a rerun builds what is missing and declares the index.
     w.agents[1] = Some(start_agent(&w.certs, &w.orgs[1], addrs(&w.relay).agents, &[]).unwrap());
     w.agents[1]
@@ -669,7 +680,7 @@ async fn an_index_built_concurrently_reaches_every_moved_organization() {
         "{err}"
     );
     assert!(
-        err.contains("lokadb: organization 3: index documents_lower_title_idx built"),
+        err.contains("lokadb: organization 3: index documents_lower_title_idx rebuilt"),
         "{err}"
     );
     assert!(
