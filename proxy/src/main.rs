@@ -154,6 +154,15 @@ enum Command {
         #[command(flatten)]
         cloud: Cloud,
     },
+    /// Build an index concurrently on a LokaDB table, in the cloud and in every moved
+    /// organization's database, with progress per organization; a rerun finishes what a
+    /// failed run left (see docs/migrations.md).
+    Concurrently {
+        /// The statement: CREATE [UNIQUE] INDEX [CONCURRENTLY] [IF NOT EXISTS] name ON table ...
+        statement: String,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
     /// Internal: the process that holds a pause (started by `lokadb pause`).
     #[command(hide = true)]
     PauseHolder {
@@ -368,6 +377,9 @@ fn main() -> ExitCode {
         }),
         Command::Status { cloud } => admin(lokadb::admin::moves::status::status(&cloud.dsn)),
         Command::Resolve { cloud } => admin(resolve(&cloud.dsn)),
+        Command::Concurrently { statement, cloud } => {
+            admin(lokadb::admin::concurrently::run(&cloud.dsn, &statement))
+        }
         Command::PauseHolder {
             org,
             timeout,

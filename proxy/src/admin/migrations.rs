@@ -67,6 +67,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "moves and migrations: a move's switch checks the shape it copied; migrations reach returning organizations",
         include_str!("sql/0012_moves_meet_migrations.sql"),
     ),
+    (
+        13,
+        "what cannot run in a transaction: indexes built concurrently in organizations",
+        include_str!("sql/0013_concurrently.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

@@ -12,13 +12,17 @@
 //!   move foreign keys with [`fkeys`]; [`guards`] keep foreign keys for the rows of
 //!   foreign partitions (parent check, refs). See docs/cloud-schema.md.
 //! - [`moves`]: `lokadb move-org | move-back | verify | status`. See docs/moving.md.
+//! - [`concurrently`]: `lokadb concurrently`, an index built concurrently in the cloud and
+//!   in every moved organization ([`index_statement`] reads it). See docs/migrations.md.
 
 pub mod catalog;
+pub mod concurrently;
 pub mod db;
 pub mod disable;
 pub mod enable;
 pub mod fkeys;
 pub mod guards;
+pub mod index_statement;
 pub mod keymap;
 pub mod migrations;
 pub mod moves;

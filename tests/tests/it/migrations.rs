@@ -887,3 +887,184 @@ async fn migrations_during_moves_end_with_equal_schemas() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     resolver.join().unwrap();
 }
+
+const CONCURRENT_INDEX: &str =
+    "CREATE INDEX CONCURRENTLY documents_lower_title_idx ON documents (lower(title)) WHERE title <> ''";
+
+/// Whether organization `i`'s database has `documents_lower_title_idx`: "valid", "invalid" or "none".
+fn title_idx(w: &World, i: usize) -> String {
+    w.org_q(
+        i,
+        "SELECT coalesce((SELECT CASE WHEN indisvalid THEN 'valid' ELSE 'invalid' END FROM pg_index
+                          WHERE indexrelid = to_regclass('documents_lower_title_idx')), 'none')",
+    )
+}
+
+/// Postgres refuses CREATE INDEX CONCURRENTLY on a LokaDB table (a partitioned table);
+/// `lokadb concurrently` builds it in the cloud's partitions and in every moved
+/// organization's database, with a line per organization, then declares it on the table.
+/// With an organization unreachable it says who is done and leaves the table without the
+/// index; run again once it is back, it builds only what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_built_concurrently_reaches_every_moved_organization() {
+    let mut w = world(true);
+    let app = w.app().await;
+
+    // As the application's migration sends it, through the proxy: Postgres's refusal.
+    let e = app.batch_execute(CONCURRENT_INDEX).await.unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "0A000", "{e:?}");
+    assert_eq!(title_idx(&w, 0), "none");
+    // An index of that name on the table already: nothing done.
+    let out = lokadb(
+        &w.dsn,
+        &[
+            "concurrently",
+            "CREATE INDEX CONCURRENTLY documents_title_idx ON documents (id)",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        crate::admin_cli::stderr(&out)
+    );
+    assert!(crate::admin_cli::stderr(&out).contains("relation documents_title_idx already exists"));
+
+    // Organization 3 unreachable: the cloud's partitions and organization 2 get it; the
+    // command fails naming who is done and who is not.
+    w.agents[1].take().unwrap().kill();
+    let out = lokadb(&w.dsn, &["concurrently", CONCURRENT_INDEX]);
+    let err = crate::admin_cli::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "lokadb: cloud: public.documents__lokadb_default: index documents_lower_title_idx_p"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("lokadb: organization 2: index documents_lower_title_idx built"),
+        "{err}"
+    );
+    assert!(err.contains("lokadb: organization 3: failed: "), "{err}");
+    assert!(
+        err.contains("index documents_lower_title_idx on public.documents is not complete: built in the cloud's partitions and in organization 2; not in organization 3"),
+        "{err}"
+    );
+    assert!(err.contains("run the same command again"), "{err}");
+    assert_eq!(title_idx(&w, 0), "valid");
+    assert_eq!(title_idx(&w, 1), "none");
+    assert_eq!(
+        w.cloud_q("SELECT to_regclass('documents_lower_title_idx') IS NULL"),
+        "t",
+        "the table does not declare the index yet"
+    );
+    assert_eq!(
+        w.cloud_q(
+            "SELECT count(*) FROM pg_index WHERE indrelid = 'documents__lokadb_default'::regclass
+             AND indisvalid AND pg_get_indexdef(indexrelid) LIKE '%lower(title)%'"
+        ),
+        "1"
+    );
+    // The other organizations work meanwhile.
+    assert_eq!(
+        one(&app
+            .simple_query("SELECT count(*) FROM documents WHERE organization_id = 2")
+            .await
+            .unwrap()),
+        "100"
+    );
+
+    // A build that failed in organization 3 left an invalid index of that name (here a
+    // unique one that met duplicates): the rerun drops it and builds the right one.
+    assert!(w.orgs[1]
+        .db
+        .psql(
+            ORG_DB,
+            "CREATE UNIQUE INDEX CONCURRENTLY documents_lower_title_idx ON documents (organization_id)"
+        )
+        .is_err());
+    assert_eq!(title_idx(&w, 1), "invalid");
+
+    // Back: a rerun builds what is missing and declares the index.
+    w.agents[1] = Some(start_agent(&w.certs, &w.orgs[1], addrs(&w.relay).agents, &[]).unwrap());
+    w.agents[1]
+        .as_ref()
+        .unwrap()
+        .wait_connected(Duration::from_secs(10))
+        .unwrap();
+    let out = lokadb(&w.dsn, &["concurrently", CONCURRENT_INDEX]);
+    let stdout = ok(&out);
+    let err = crate::admin_cli::stderr(&out);
+    assert!(
+        err.contains(
+            "lokadb: cloud: public.documents__lokadb_default: index documents_lower_title_idx_p"
+        ) && err.contains(" there ("),
+        "{err}"
+    );
+    assert!(
+        err.contains("lokadb: organization 2: index documents_lower_title_idx there"),
+        "{err}"
+    );
+    assert!(
+        err.contains("lokadb: organization 3: index documents_lower_title_idx rebuilt"),
+        "{err}"
+    );
+    assert!(
+        stdout.contains(
+            "index documents_lower_title_idx on public.documents: built in the cloud and in organizations 2, 3"
+        ),
+        "{stdout}"
+    );
+    assert_eq!(title_idx(&w, 1), "valid");
+    assert_eq!(
+        w.cloud_q("SELECT indisvalid FROM pg_index WHERE indexrelid = 'documents_lower_title_idx'::regclass"),
+        "t"
+    );
+    // Every partition's index is the table's, none built twice.
+    assert_eq!(
+        w.cloud_q(
+            "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+             WHERE pg_get_indexdef(i.indexrelid) LIKE '%lower(title)%' AND c.relkind = 'r'
+               AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)"
+        ),
+        "0"
+    );
+    assert_same_shape(&w, "an index built concurrently");
+
+    // Once complete, the same statement is refused as Postgres would (the index exists);
+    // with IF NOT EXISTS there is nothing to do.
+    let out = lokadb(&w.dsn, &["concurrently", CONCURRENT_INDEX]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        crate::admin_cli::stderr(&out)
+    );
+    let out = lokadb(
+        &w.dsn,
+        &[
+            "concurrently",
+            &CONCURRENT_INDEX.replace("CONCURRENTLY", "CONCURRENTLY IF NOT EXISTS"),
+        ],
+    );
+    assert!(ok(&out).contains("exists already: nothing to do"));
+    assert_same_shape(&w, "a run with nothing to build");
+
+    // The organizations' statements go on, through the cloud and the direct path.
+    for (org, project) in [(1, 10), (2, 20), (3, 30)] {
+        app.simple_query(&format!(
+            "INSERT INTO documents (organization_id, project_id, title) VALUES ({org}, {project}, 'indexed')"
+        ))
+        .await
+        .unwrap();
+        let sql = format!(
+            "SELECT count(*) FROM documents WHERE organization_id = {org} AND title = 'indexed'"
+        );
+        assert_eq!(
+            one(&app.simple_query(&sql).await.unwrap()),
+            "1",
+            "organization {org}"
+        );
+    }
+}
