@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import shlex
 import sys
 import threading
 import time
@@ -146,11 +144,9 @@ def main() -> int:
     catch_signals()
     ctx = Ctx(mode)
     ctx.log = None
-    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
-            "command": ("/work/main/.venv/bin/python research/bench/contention.py " + shlex.join(sys.argv[1:])).strip(),
-            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
-            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
-            "sql": {"update": UPDATE_SQL, "insert": INSERT_SQL}, "setup_commands": ctx.commands, "errors": ctx.errors}
+    meta = common.run_meta("contention.py", run_id, started, mode,
+                           sql={"update": UPDATE_SQL, "insert": INSERT_SQL},
+                           setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "cells": []}
     t_start = time.time()
     rc = 0
@@ -194,6 +190,8 @@ def main() -> int:
         meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
         (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
         (outdir / "summary.md").write_text(summary(raw))
+        if raw["cells"] and rc == 0:
+            common.summary_to_charts_data(f"contention {mode.name}", summary(raw))
         log(f"wrote {outdir}/summary.md")
     return rc
 

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 import statistics
 import sys
 import threading
@@ -332,11 +330,8 @@ def main() -> int:
     started, run_id, outdir = result_dir(args.out, "-migrations", mode.quick)
     catch_signals()
     ctx = Ctx(mode)
-    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
-            "command": ("/work/main/.venv/bin/python research/bench/migrations.py " + shlex.join(sys.argv[1:])).strip(),
-            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
-            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
-            "setup_commands": ctx.commands, "errors": ctx.errors}
+    meta = common.run_meta("migrations.py", run_id, started, mode,
+                           setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "cells": []}
     t_start = time.time()
     rc = 0
@@ -382,6 +377,8 @@ def main() -> int:
         meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
         (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
         (outdir / "summary.md").write_text(summary(raw))
+        if raw["cells"] and rc == 0:
+            common.summary_to_charts_data(f"migrations {mode.name}", summary(raw))
         if raw["cells"]:
             chart(raw, outdir / "migrations.png")
         log(f"wrote {outdir}/summary.md")

@@ -1050,6 +1050,21 @@ def update_charts_data(section: str, mode: str) -> None:
     write_charts_section(f"proxy-core {mode}", section)
 
 
+def run_meta(script: str, run_id: str, started, mode, **extra) -> dict:
+    """The `meta` of a harness's raw.json: what ran, where, with which binaries' commit."""
+    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
+            "command": (f"/work/main/.venv/bin/python research/bench/{script} " + shlex.join(sys.argv[1:])).strip(),
+            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
+            "mode_settings": dict(vars(mode)), "machine": machine_info(), "git": git_info()}
+    meta.update(extra)
+    return meta
+
+
+def summary_to_charts_data(name: str, summary_md: str) -> None:
+    """A harness's summary.md as its charts-data.md section (its title one level down)."""
+    write_charts_section(name, re.sub(r"^# ", "## ", summary_md, count=1))
+
+
 def write_charts_section(name: str, section: str, path: Path | None = None) -> None:
     """Replaces what stands between `<!-- BEGIN name -->` and `<!-- END name -->` in
     research/bench/charts-data.md (or path) with section, or appends it if it is not there yet

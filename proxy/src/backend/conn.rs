@@ -263,16 +263,31 @@ impl BackendConn {
     ///
     /// The first ErrorResponse as [`ConnError::Rejected`] (after reading to the end).
     pub async fn execute_simple(&mut self, sqls: &[&str]) -> Result<(), ConnError> {
+        self.simple_first_value(sqls).await.map(drop)
+    }
+
+    /// As [`Self::execute_simple`], and returns the first column of the first row any of
+    /// them returned: `None` when none did, `Some(None)` for NULL.
+    ///
+    /// # Errors
+    ///
+    /// The first ErrorResponse as [`ConnError::Rejected`] (after reading to the end).
+    pub async fn simple_first_value(
+        &mut self,
+        sqls: &[&str],
+    ) -> Result<Option<Option<String>>, ConnError> {
         let mut out = Vec::new();
         for sql in sqls {
             frontend::query(&mut out, sql);
         }
         self.stream.write_all(&out).await?;
         let mut first_error = None;
+        let mut result = None;
         let mut remaining = sqls.len();
         while remaining > 0 {
             let (tag, body) = self.read_message().await?;
             match tag {
+                BE_DATA_ROW if result.is_none() => result = Some(first_column(&body)?),
                 BE_PARAMETER_STATUS => self.set_param(&body)?,
                 BE_ERROR_RESPONSE => first_error = first_error.or(Some(rejected(body))),
                 BE_READY_FOR_QUERY => {
@@ -282,7 +297,7 @@ impl BackendConn {
                 _ => {}
             }
         }
-        first_error.map_or(Ok(()), Err)
+        first_error.map_or(Ok(result), Err)
     }
 
     /// Runs a one-parameter query with the extended protocol and returns the first
@@ -313,22 +328,7 @@ impl BackendConn {
         loop {
             let (tag, body) = self.read_message().await?;
             match tag {
-                BE_DATA_ROW if result.is_none() => {
-                    let mut f = Fields::new(&body, "DataRow");
-                    let cols = f.i16()?;
-                    let value = if cols < 1 {
-                        None
-                    } else {
-                        match f.i32()? {
-                            -1 => None,
-                            n if n >= 0 => {
-                                Some(String::from_utf8_lossy(f.take(n as usize)?).into_owned())
-                            }
-                            _ => return Err(ConnError::Protocol("negative column length".into())),
-                        }
-                    };
-                    result = Some(value);
-                }
+                BE_DATA_ROW if result.is_none() => result = Some(first_column(&body)?),
                 BE_ERROR_RESPONSE => error = Some(rejected(body)),
                 BE_PARAMETER_STATUS => self.set_param(&body)?,
                 BE_READY_FOR_QUERY => {
@@ -368,6 +368,21 @@ impl BackendConn {
     }
 }
 
+
+/// The first column of a DataRow (text), `None` for NULL or no column.
+fn first_column(body: &[u8]) -> Result<Option<String>, ConnError> {
+    let mut f = Fields::new(body, "DataRow");
+    if f.i16()? < 1 {
+        return Ok(None);
+    }
+    match f.i32()? {
+        -1 => Ok(None),
+        n if n >= 0 => Ok(Some(
+            String::from_utf8_lossy(f.take(n as usize)?).into_owned(),
+        )),
+        _ => Err(ConnError::Protocol("negative column length".into())),
+    }
+}
 fn rejected(body: Vec<u8>) -> ConnError {
     let notice = Notice::parse(&body).unwrap_or_default();
     let mut frame = Vec::with_capacity(body.len() + 5);

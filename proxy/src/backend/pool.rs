@@ -109,17 +109,27 @@ impl Pool {
 
 /// Resets a backend so that nothing of its last client's session remains: open
 /// transaction, SET, prepared statements, cursors, temp tables, LISTEN, advisory locks
-/// and sequence state (`DISCARD ALL` covers all but the transaction).
+/// and sequence state (`DISCARD ALL` covers all but the transaction). `Ok(false)`: reset,
+/// but not to be reused. A session that made a temporary schema leaves it behind (DISCARD
+/// drops its tables, not the schema), and the next client would see what a new connection
+/// never shows: a statement it prepared is not planned again when its first temporary
+/// table takes a table's name (a new connection's first temporary table changes its
+/// search path, which re-plans it; found by the differential suite, issue 22).
 ///
 /// # Errors
 ///
 /// Any failure: the caller then closes the backend instead of pooling it.
-pub async fn reset(conn: &mut BackendConn) -> Result<(), super::conn::ConnError> {
-    if conn.status == TX_IDLE {
-        conn.execute_simple(&["DISCARD ALL"]).await
-    } else {
-        // DISCARD ALL cannot run in a transaction block, so ROLLBACK goes first, as a
-        // separate Query (pipelined: one round trip).
-        conn.execute_simple(&["ROLLBACK", "DISCARD ALL"]).await
-    }
+pub async fn reset(conn: &mut BackendConn) -> Result<bool, super::conn::ConnError> {
+    // DISCARD ALL cannot run in a transaction block, so ROLLBACK goes first, as a separate
+    // Query; all pipelined: one round trip.
+    let rollback = conn.status != TX_IDLE;
+    let sqls = [
+        "ROLLBACK",
+        "DISCARD ALL",
+        "SELECT pg_catalog.pg_my_temp_schema() <> 0",
+    ];
+    let temp = conn
+        .simple_first_value(&sqls[usize::from(!rollback)..])
+        .await?;
+    Ok(temp != Some(Some("t".to_owned())))
 }

@@ -609,11 +609,13 @@ impl ClientFrames<'_> {
         placement
     }
 
-    /// The SQL of the statement a message runs: a Query's, a Bind's prepared statement's.
-    fn opener_text<'f>(&'f self, tag: u8, frame: Option<&'f [u8]>) -> Option<&'f str> {
+    /// The SQL of the statement a message runs: a Query's, a Parse's, a Bind's prepared
+    /// statement's.
+    fn statement_text<'f>(&'f self, tag: u8, frame: Option<&'f [u8]>) -> Option<&'f str> {
         let body = frame?.get(5..)?;
         match tag {
             FE_QUERY => Fields::new(body, "Query").cstr().ok(),
+            FE_PARSE => statement_of(tag, body).map(|(_, sql, _)| sql),
             FE_BIND => {
                 let mut f = Fields::new(body, "Bind");
                 let _portal = f.cstr().ok()?;
@@ -706,7 +708,7 @@ impl ClientFrames<'_> {
         if self.router.held_begin.is_some()
             && matches!(dest, Dest::Direct(_) | Dest::DirectWrite(_))
         {
-            let learned = self.meta.zip(self.opener_text(tag, frame));
+            let learned = self.meta.zip(self.statement_text(tag, frame));
             if learned.is_some_and(|(m, text)| m.opens_on_cloud(text)) {
                 dest = Dest::Cloud;
             }
@@ -792,7 +794,7 @@ impl ClientFrames<'_> {
                 // move to the cloud after writing.
                 ex.digest = Some(super::replay::Digest::new(false));
                 self.router.tx_log = Some(super::replay::Log::default());
-                self.router.tx_opener = self.opener_text(tag, cloud_frame).map(Box::from);
+                self.router.tx_opener = self.statement_text(tag, cloud_frame).map(Box::from);
             }
         }
         // The cloud learns the statement's organization ahead of it.
@@ -931,10 +933,21 @@ impl ClientFrames<'_> {
         // Only statements open or take part in a transaction; the rest of a batch follows
         // its first message, and a batch's own rule applies while one is open.
         let statement = matches!(dest, Dest::Cloud | Dest::Direct(_) | Dest::DirectWrite(_));
-        if router.target != Side::Direct || !statement || ex.direct.unsynced {
+        if router.target != Side::Direct || !statement {
             return TxStep::Go;
         }
         let org = router.direct_org.clone();
+        // COMMIT, ROLLBACK, ROLLBACK TO and RELEASE go where the transaction (or the batch)
+        // runs, in either protocol; a Bind with its statement's text.
+        let unwinds = matches!(tag, FE_QUERY | FE_PARSE | FE_BIND)
+            && self.statement_text(tag, Some(frame)).is_some_and(unwinds_transaction);
+        let (ex, router) = (&*self.exchanges, &mut *self.router);
+        if ex.direct.unsynced {
+            return match org {
+                Some(org) if unwinds => TxStep::To(Dest::Direct(org)),
+                _ => TxStep::Go,
+            };
+        }
         let same_org =
             matches!(dest, Dest::Direct(o) | Dest::DirectWrite(o) if Some(o) == org.as_ref());
         if same_org {
@@ -950,8 +963,8 @@ impl ClientFrames<'_> {
         };
         match ex.direct.status {
             TX_IDLE => TxStep::Go,
-            // A plain COMMIT or ROLLBACK ends it where it runs.
-            _ if sql.is_some_and(|s| transaction_end(s).is_some()) => TxStep::To(Dest::Direct(org)),
+            // Its end (or what unwinds part of it) runs where it runs.
+            _ if unwinds => TxStep::To(Dest::Direct(org)),
             // Failed: until it ends, every statement fails there with 25P02, as in Postgres.
             // Nothing else of the client's is sent: a statement the analysis placed in the
             // cloud must never run in the organization's database.
@@ -1443,6 +1456,64 @@ fn is_plain_begin(sql: &str) -> bool {
     }
 }
 
+/// Whether `sql` ends the transaction or unwinds part of it without starting anything:
+/// a plain end ([`transaction_end`], also `AND NO CHAIN`), `ROLLBACK TO [SAVEPOINT] name`,
+/// `RELEASE [SAVEPOINT] name`. In a direct transaction these run where it runs, in either
+/// protocol: the organization's database answers them as the cloud would (a direct
+/// transaction holds no savepoint: a `SAVEPOINT` moves it to the cloud, so these fail there
+/// with 3B001 as they would in the cloud, or end it). Not `AND CHAIN`: the chained
+/// transaction would carry on with the log of the one committed.
+fn unwinds_transaction(sql: &str) -> bool {
+    if transaction_end(sql).is_some() {
+        return true;
+    }
+    let words: Vec<&str> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .collect();
+    let is = |w: &&str, k: &str| w.eq_ignore_ascii_case(k);
+    let Some((verb, mut rest)) = words.split_first() else {
+        return false;
+    };
+    let ends = ["commit", "end", "rollback", "abort"]
+        .iter()
+        .any(|k| is(verb, k));
+    let rolls_back = is(verb, "rollback");
+    if !ends && !is(verb, "release") {
+        return false;
+    }
+    if ends {
+        if let [w, tail @ ..] = rest {
+            if is(w, "work") || is(w, "transaction") {
+                rest = tail;
+            }
+        }
+    }
+    let name = |n: &&str| savepoint_name(n);
+    match rest {
+        [a, n, c] if ends && is(a, "and") => is(n, "no") && is(c, "chain"),
+        [to, n] if rolls_back => is(to, "to") && name(n),
+        [to, s, n] if rolls_back => is(to, "to") && is(s, "savepoint") && name(n),
+        [n] => is(verb, "release") && name(n),
+        [s, n] => is(verb, "release") && is(s, "savepoint") && name(n),
+        _ => false,
+    }
+}
+
+/// Whether `word` is one identifier, plain or quoted: nothing else may ride along with a
+/// savepoint's name into the organization's database (`RELEASE a;DELETE …`).
+fn savepoint_name(word: &str) -> bool {
+    let plain = |w: &str| {
+        w.starts_with(|c: char| c.is_alphabetic() || c == '_')
+            && w.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '$')
+    };
+    match word.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
+        Some(inner) => !inner.is_empty() && !inner.contains('"'),
+        None => plain(word),
+    }
+}
+
 /// The command tag of a plain transaction end: `COMMIT`/`END` → "COMMIT",
 /// `ROLLBACK`/`ABORT` → "ROLLBACK" (optionally WORK or TRANSACTION; not AND CHAIN, not
 /// TO SAVEPOINT, not PREPARED).
@@ -1636,6 +1707,34 @@ mod tests {
         assert_eq!(transaction_end("end transaction;"), Some("COMMIT"));
         assert_eq!(transaction_end("rollback work"), Some("ROLLBACK"));
         assert_eq!(transaction_end("ABORT"), Some("ROLLBACK"));
+        for sql in [
+            "COMMIT",
+            "rollback work",
+            "COMMIT AND NO CHAIN",
+            "abort transaction and no chain;",
+            "ROLLBACK TO a",
+            "rollback to savepoint a",
+            "ROLLBACK WORK TO SAVEPOINT \"b\"",
+            "RELEASE a",
+            "release savepoint a;",
+        ] {
+            assert!(unwinds_transaction(sql), "{sql}");
+        }
+        for sql in [
+            "COMMIT AND CHAIN",
+            "SAVEPOINT a",
+            "RELEASE",
+            "ROLLBACK TO",
+            "COMMIT PREPARED 'x'",
+            "ROLLBACK PREPARED 'x'",
+            "RELEASE a;DELETE/**/FROM/**/documents",
+            "ROLLBACK TO \"a\";DELETE\"",
+            "ROLLBACK TO 1a",
+            "SELECT 1",
+            "",
+        ] {
+            assert!(!unwinds_transaction(sql), "{sql}");
+        }
         for sql in [
             "ROLLBACK TO SAVEPOINT a",
             "COMMIT AND CHAIN",

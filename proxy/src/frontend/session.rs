@@ -538,7 +538,11 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     }
     backend.status = exchanges.cloud.status;
     match pool::reset(&mut backend).await {
-        Ok(()) => core.pool.borrow_mut().put(key, backend, Instant::now()),
+        Ok(true) => core.pool.borrow_mut().put(key, backend, Instant::now()),
+        Ok(false) => {
+            tracing::debug!(backend_pid = backend.pid, "closing backend: it has a temporary schema");
+            backend.terminate().await;
+        }
         Err(e) => tracing::info!(error = %e, "backend reset failed; closing it"),
     }
 }

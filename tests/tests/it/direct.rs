@@ -705,6 +705,46 @@ async fn transactions_of_direct_reads_run_there_and_move_to_the_cloud_when_neede
     assert_eq!(org_ran(&w, "sneaky"), 0);
     assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["committed"]);
 
+    // After an error, the transaction's end and what unwinds it reach it in either
+    // protocol, as in Postgres: ROLLBACK TO a savepoint it does not have fails with 3B001
+    // (a direct transaction has none: SAVEPOINT moves it to the cloud), an extended-protocol
+    // COMMIT rolls it back. Nothing else rides along with a savepoint's name.
+    for end in ["COMMIT", "ROLLBACK", "END"] {
+        c.batch_execute("BEGIN").await.unwrap();
+        let e = c
+            .simple_query("SELECT 1/0 FROM documents WHERE organization_id = 2")
+            .await
+            .unwrap_err();
+        assert_eq!(crate::world::sqlstate(&e), "22012");
+        let e = c.query("ROLLBACK TO SAVEPOINT a", &[]).await.unwrap_err();
+        assert_eq!(crate::world::sqlstate(&e), "3B001", "{e:?}");
+        let e = c.simple_query("RELEASE a;DELETE/**/FROM/**/documents").await.unwrap_err();
+        assert_eq!(crate::world::sqlstate(&e), "25P02", "{e:?}");
+        let e = c.simple_query("ROLLBACK TO a").await.unwrap_err();
+        assert_eq!(crate::world::sqlstate(&e), "3B001", "{e:?}");
+        c.query(end, &[]).await.unwrap();
+        assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["committed"], "{end}");
+    }
+    let n = c
+        .simple_query("SELECT count(*) FROM documents WHERE organization_id = 2")
+        .await
+        .unwrap();
+    assert_eq!(one_i64(&n), 100);
+    assert_eq!(org_ran(&w, "DELETE/**/FROM"), 0);
+    // Savepoints in a direct transaction: it moves to the cloud, where they work.
+    c.batch_execute("BEGIN").await.unwrap();
+    c.simple_query(&read).await.unwrap();
+    c.query("SAVEPOINT a", &[]).await.unwrap();
+    let e = c
+        .simple_query("SELECT 1/0 FROM documents WHERE organization_id = 2")
+        .await
+        .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "22012");
+    c.query("ROLLBACK TO SAVEPOINT a", &[]).await.unwrap();
+    assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["committed"]);
+    c.query("RELEASE SAVEPOINT a", &[]).await.unwrap();
+    c.query("COMMIT", &[]).await.unwrap();
+
     // Unnamed statements in a transaction (psycopg 3's way): the direct reads stay there,
     // a read of a cloud table moves the transaction to the cloud.
     {

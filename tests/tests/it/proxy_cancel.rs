@@ -275,12 +275,12 @@ async fn the_last_clients_key_cannot_cancel_the_next_client_of_a_pooled_backend(
     );
     first.raw.send(&[b'X', 0, 0, 0, 4]).await;
     drop(first);
-    // The backend is reset (DISCARD ALL) and pooled.
+    // The backend is reset (DISCARD ALL, then its temporary schema checked) and pooled.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let row = cloud
             .query_opt(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'idle' AND query = 'DISCARD ALL'",
+                "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'idle' AND query LIKE '%pg_my_temp_schema%'",
                 &[&(old.0 as i32)],
             )
             .await

@@ -27,7 +27,6 @@ async fn the_next_client_reuses_the_backend_and_sees_nothing_of_the_last() {
             "SET work_mem = '77MB';
              PREPARE leftover AS SELECT 1;
              LISTEN leftover_channel;
-             CREATE TEMP TABLE leftover_temp (x int);
              SELECT pg_advisory_lock(4242);
              CREATE TABLE kept (x int);",
         )
@@ -56,12 +55,6 @@ async fn the_next_client_reuses_the_backend_and_sees_nothing_of_the_last() {
     assert_eq!(prepared, 0);
     let listening = count(&second, "SELECT count(*) FROM pg_listening_channels()").await;
     assert_eq!(listening, 0);
-    let temp = count(
-        &second,
-        "SELECT count(*) FROM pg_class WHERE relname = 'leftover_temp'",
-    )
-    .await;
-    assert_eq!(temp, 0);
     let locks = count(
         &second,
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
@@ -72,6 +65,35 @@ async fn the_next_client_reuses_the_backend_and_sees_nothing_of_the_last() {
     assert_eq!(rows, 0, "the open transaction was rolled back");
     let status: String = second.query_one("SELECT 'idle'", &[]).await.unwrap().get(0);
     assert_eq!(status, "idle");
+
+    // A session that made a temporary table leaves its backend to no one: the temporary
+    // schema would stay, and a new connection has none (`backend/pool.rs`, `reset`).
+    second
+        .batch_execute("CREATE TEMP TABLE leftover_temp (x int)")
+        .await
+        .unwrap();
+    drop(second);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let third = w.client().await.unwrap();
+    assert_ne!(backend_pid(&third).await, pid, "a new backend");
+    let temp = count(
+        &third,
+        "SELECT count(*) FROM pg_class WHERE relname = 'leftover_temp'",
+    )
+    .await;
+    assert_eq!(temp, 0);
+    let schema: bool = third
+        .query_one("SELECT pg_my_temp_schema() = 0", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(schema, "no temporary schema");
+    // Its backend is pooled again.
+    let pid = backend_pid(&third).await;
+    drop(third);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let fourth = w.client().await.unwrap();
+    assert_eq!(backend_pid(&fourth).await, pid);
 }
 
 #[tokio::test]
