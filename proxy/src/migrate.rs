@@ -126,14 +126,16 @@ fn run(
     let mut last = sweep_logged(database, &mut client)?;
     let mut last_sweep = Instant::now();
     loop {
-        let mut committed = false;
-        {
+        // Woken by the first announcement (or POLL without one); those that came with it
+        // are taken along without waiting: a prepared transaction holds its locks in the
+        // organization's database until it is committed here.
+        let committed = {
             let mut notes = client.notifications();
-            let mut iter = notes.timeout_iter(POLL);
-            while iter.next()?.is_some() {
-                committed = true;
-            }
-        }
+            let first = notes.timeout_iter(POLL).next()?.is_some();
+            let mut pending = notes.iter();
+            while pending.next()?.is_some() {}
+            first
+        };
         if shutdown.load(Ordering::Relaxed) {
             return Ok(());
         }

@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "what cannot run in a transaction: indexes built concurrently in organizations",
         include_str!("sql/0013_concurrently.sql"),
     ),
+    (
+        14,
+        "migrations open their connections to organizations before the cloud's locks, and keep them",
+        include_str!("sql/0014_ddl_connections.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

@@ -1068,3 +1068,54 @@ async fn an_index_built_concurrently_reaches_every_moved_organization() {
         );
     }
 }
+
+/// The connections a migration opens to organizations stay open for the session's next
+/// migration; one that died since (the organization's database restarted its backends) is
+/// opened again, and the migration goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_migrations_keep_their_connections_and_survive_their_loss() {
+    let w = world(true);
+    let app = w.app().await;
+    let from_cloud = "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND pid <> pg_backend_pid()
+                        AND backend_type = 'client backend' AND state = 'idle'";
+    let before: Vec<String> = (0..2).map(|i| w.org_q(i, from_cloud)).collect();
+    migrate(&app, "ALTER TABLE documents ADD COLUMN kept_a int")
+        .await
+        .unwrap();
+    w.settled();
+    for (i, n) in before.iter().enumerate() {
+        let after: i64 = w.org_q(i, from_cloud).parse().unwrap();
+        assert!(
+            after > n.parse::<i64>().unwrap(),
+            "organization {}: no connection kept ({n} idle before, {after} after)",
+            i + 2
+        );
+    }
+    migrate(&app, "ALTER TABLE documents ADD COLUMN kept_b int")
+        .await
+        .unwrap();
+    assert_same_shape(&w, "a second migration on kept connections");
+
+    // Organization 2's database ends every other backend: the kept connection is dead.
+    w.org_q(
+        0,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND backend_type = 'client backend'",
+    );
+    migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN kept_c int;
+         CREATE INDEX documents_kept_c_idx ON documents (kept_c)",
+    )
+    .await
+    .unwrap();
+    assert_same_shape(&w, "a migration after the kept connection died");
+    // And from a session whose first DDL opens them ahead.
+    let other = w.app().await;
+    migrate(&other, "ALTER TABLE documents DROP COLUMN kept_a")
+        .await
+        .unwrap();
+    assert_same_shape(&w, "another session");
+}
