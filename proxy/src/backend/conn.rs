@@ -368,7 +368,6 @@ impl BackendConn {
     }
 }
 
-
 /// The first column of a DataRow (text), `None` for NULL or no column.
 fn first_column(body: &[u8]) -> Result<Option<String>, ConnError> {
     let mut f = Fields::new(body, "DataRow");

@@ -940,7 +940,9 @@ impl ClientFrames<'_> {
         // COMMIT, ROLLBACK, ROLLBACK TO and RELEASE go where the transaction (or the batch)
         // runs, in either protocol; a Bind with its statement's text.
         let unwinds = matches!(tag, FE_QUERY | FE_PARSE | FE_BIND)
-            && self.statement_text(tag, Some(frame)).is_some_and(unwinds_transaction);
+            && self
+                .statement_text(tag, Some(frame))
+                .is_some_and(unwinds_transaction);
         let (ex, router) = (&*self.exchanges, &mut *self.router);
         if ex.direct.unsynced {
             return match org {
@@ -1506,7 +1508,8 @@ fn unwinds_transaction(sql: &str) -> bool {
 fn savepoint_name(word: &str) -> bool {
     let plain = |w: &str| {
         w.starts_with(|c: char| c.is_alphabetic() || c == '_')
-            && w.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '$')
+            && w.chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || c == '$')
     };
     match word.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
         Some(inner) => !inner.is_empty() && !inner.contains('"'),

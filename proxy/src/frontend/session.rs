@@ -540,7 +540,10 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     match pool::reset(&mut backend).await {
         Ok(true) => core.pool.borrow_mut().put(key, backend, Instant::now()),
         Ok(false) => {
-            tracing::debug!(backend_pid = backend.pid, "closing backend: it has a temporary schema");
+            tracing::debug!(
+                backend_pid = backend.pid,
+                "closing backend: it has a temporary schema"
+            );
             backend.terminate().await;
         }
         Err(e) => tracing::info!(error = %e, "backend reset failed; closing it"),

@@ -482,6 +482,16 @@ impl ClientFrames<'_> {
         // an analysis is a parse). A statement whose WHERE names an organization column needs no
         // key's organization (its select list may).
         let catalog = &meta.meta.catalog;
+        // A migration's type change: its USING goes, which Postgres refuses once some
+        // organization's partition is a foreign table ([`crate::route::rewrite::alter_type_using`]).
+        if mentions(sql, b"using")
+            && mentions(sql, b"alter")
+            && meta.meta.orgs.values().any(|o| o.state != "cloud")
+        {
+            if let Some(rewritten) = crate::route::rewrite::alter_type_using(sql, catalog) {
+                return Some((statement_frame(tag, statement, &rewritten, rest), false));
+            }
+        }
         let keyed = catalog.has_key_maps()
             && mentions(sql, b"where")
             && !catalog.org_column_after_where(sql);

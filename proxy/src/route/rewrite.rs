@@ -732,6 +732,70 @@ fn same_but_the_table(original: &Query, rewritten: &str) -> bool {
         && q.limit_clause == original.limit_clause
 }
 
+/// `ALTER TABLE t ALTER COLUMN c TYPE x USING c::x` on a LokaDB table, as Django and other
+/// migration tools write every type change, without its USING (`None`: not such a
+/// statement). Postgres refuses a USING on a partitioned table whose partitions include
+/// foreign tables (`"…" is not a table`: the moved organizations' partitions); a cast of the
+/// column to its own new type is what Postgres does without one where an assignment cast
+/// exists (int to bigint, varchar to text). Where only an explicit cast exists, Postgres
+/// now says the column cannot be cast automatically; a cast that shortens (varchar(20) to
+/// varchar(10)) now fails on a value too long instead of cutting it (docs/migrations.md).
+pub fn alter_type_using(sql: &str, catalog: &Catalog) -> Option<String> {
+    use sqlparser::ast::{AlterColumnOperation, AlterTableOperation, CastKind};
+    let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
+    let [Statement::AlterTable(alter)] = statements.as_mut_slice() else {
+        return None;
+    };
+    let names: Vec<String> = alter
+        .name
+        .0
+        .iter()
+        .map(|p| match p {
+            ObjectNamePart::Identifier(i) => Some(fold(&i.value, i.quote_style.is_some())),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let loka = catalog.tables().iter().any(|t| match names.as_slice() {
+        [name] => *name == t.name,
+        [schema, name] => *schema == t.schema && *name == t.name,
+        _ => false,
+    });
+    if !loka {
+        return None;
+    }
+    let mut changed = false;
+    for op in &mut alter.operations {
+        let AlterTableOperation::AlterColumn {
+            column_name,
+            op:
+                AlterColumnOperation::SetDataType {
+                    data_type, using, ..
+                },
+        } = op
+        else {
+            continue;
+        };
+        let Some(Expr::Cast {
+            kind: CastKind::DoubleColon,
+            expr,
+            data_type: to,
+            format: None,
+            ..
+        }) = using
+        else {
+            continue;
+        };
+        let same_column = matches!(&**expr, Expr::Identifier(i)
+            if fold(&i.value, i.quote_style.is_some())
+                == fold(&column_name.value, column_name.quote_style.is_some()));
+        if same_column && to == data_type {
+            *using = None;
+            changed = true;
+        }
+    }
+    changed.then(|| alter.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -972,5 +1036,38 @@ mod tests {
         assert_eq!(at(2, 6), None);
         assert_eq!(at(3, 1), None);
         assert_eq!(at(0, 0), None);
+    }
+
+    #[test]
+    fn a_type_change_loses_a_using_that_only_casts_the_column() {
+        let c = catalog();
+        assert_eq!(
+            alter_type_using(
+                r#"ALTER TABLE "documents" ALTER COLUMN "rank" TYPE bigint USING "rank"::bigint"#,
+                &c
+            )
+            .as_deref(),
+            Some(r#"ALTER TABLE "documents" ALTER COLUMN "rank" TYPE BIGINT"#)
+        );
+        assert_eq!(
+            alter_type_using(
+                "alter table public.documents alter column Rank set data type numeric(10, 2) using rank::numeric(10, 2), alter column title set not null",
+                &c
+            )
+            .as_deref(),
+            Some("ALTER TABLE public.documents ALTER COLUMN Rank SET DATA TYPE NUMERIC(10,2), ALTER COLUMN title SET NOT NULL")
+        );
+        for sql in [
+            // Not a LokaDB table, another expression, another type, another column.
+            r#"ALTER TABLE tags ALTER COLUMN n TYPE bigint USING n::bigint"#,
+            r#"ALTER TABLE documents ALTER COLUMN n TYPE bigint USING (n * 2)::bigint"#,
+            r#"ALTER TABLE documents ALTER COLUMN n TYPE bigint USING n::int"#,
+            r#"ALTER TABLE documents ALTER COLUMN n TYPE bigint USING m::bigint"#,
+            r#"ALTER TABLE documents ALTER COLUMN n TYPE bigint"#,
+            r#"ALTER TABLE documents ALTER COLUMN n TYPE bigint USING n::bigint; DROP TABLE tags"#,
+            "SELECT 1",
+        ] {
+            assert_eq!(alter_type_using(sql, &c), None, "{sql}");
+        }
     }
 }

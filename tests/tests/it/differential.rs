@@ -18,17 +18,10 @@
 //! Shapes the generator stays away from, with the reason, are marked `Known limit` below.
 
 use crate::admin_cli::{lokadb, ok};
-use crate::moves::org_db;
-use crate::tunnel_world::{
-    addrs, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
-};
+use crate::tunnel_world::{moved_world, MovedWorld};
 use bytes::BytesMut;
-use lokadb_tests::agent::Agent;
-use lokadb_tests::pg::Cluster;
-use lokadb_tests::proxy::Proxy;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use serde_json::json;
 use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -76,80 +69,18 @@ const SNAPSHOT: &[&str] = &[
     "SELECT id, name FROM organizations ORDER BY id",
 ];
 
-struct DiffWorld {
-    _certs: Certs,
-    _relay: Proxy,
-    _orgs: Vec<Org>,
-    _agents: Vec<Agent>,
-    cloud: Cluster,
-    proxy: Proxy,
-}
+type DiffWorld = MovedWorld;
 
 fn diff_world() -> DiffWorld {
-    let certs = Certs::new().unwrap();
-    let orgs = vec![org_db("2", false), org_db("3", false)];
-    let refs: Vec<&Org> = orgs.iter().collect();
-    let relay = start_relay(&certs, &refs, json!({}), &[]).unwrap();
-    let agents = orgs
-        .iter()
-        .map(|o| start_agent(&certs, o, addrs(&relay).agents, &[]).unwrap())
-        .collect();
-    let cloud = Cluster::builder()
-        .setting("max_connections", "100")
-        .start()
-        .unwrap();
-    cloud.create_database("app", "postgres").unwrap();
-    let dsn = cloud.superuser_dsn("app");
-    ok(&lokadb(&dsn, &["init"]));
-    cloud.psql("app", SCHEMA).unwrap();
-    cloud.psql("app", RESET).unwrap();
-    ok(&lokadb(&dsn, &["enable", "notes"]));
-    let via = addrs(&relay).postgres.to_string();
-    for (org, profile) in [("2", "fdw+direct"), ("3", "fdw")] {
-        ok(&lokadb(
-            &dsn,
-            &[
-                "org",
-                "add",
-                org,
-                "--via-relay",
-                &via,
-                "--dbname",
-                ORG_DB,
-                "--user",
-                APP_USER,
-                "--password",
-                APP_PASSWORD,
-            ],
-        ));
-        ok(&lokadb(&dsn, &["move-org", org, "--profile", profile]));
-    }
-    crate::world::create_auth_role(&cloud).unwrap();
-    let proxy = Proxy::builder(json!({
-        "listen": "127.0.0.1:0",
-        "route_log": true,
-        "databases": { "app": {
-            "cloud": format!("host=127.0.0.1 port={} dbname=app", cloud.port()),
-            "auth_user": "lokadb_auth",
-            "auth_password": "auth-secret",
-            "direct": { "user": APP_USER, "password": APP_PASSWORD },
-        } },
-    }))
-    .start()
-    .unwrap();
-    assert!(
-        proxy.wait_for_output("organizations=2", Duration::from_secs(10)),
-        "{}",
-        proxy.output()
-    );
-    DiffWorld {
-        _certs: certs,
-        _relay: relay,
-        _orgs: orgs,
-        _agents: agents,
-        cloud,
-        proxy,
-    }
+    moved_world(
+        |cloud| {
+            cloud.create_database("app", "postgres").unwrap();
+            ok(&lokadb(&cloud.superuser_dsn("app"), &["init"]));
+            cloud.psql("app", SCHEMA).unwrap();
+            cloud.psql("app", RESET).unwrap();
+        },
+        &["notes"],
+    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -969,10 +900,12 @@ fn found_cases() -> Vec<(&'static str, Vec<Step>)> {
         bind: Bind::Literal,
     };
     let join = || Stmt {
-        tpl: t("SELECT a.id, b.id FROM notes a JOIN notes b ON a.n = b.n WHERE a.organization_id = ")
-            .v(V::Org(1, Spell::Bare))
-            .s(" AND b.organization_id = ")
-            .v(V::Org(1, Spell::Bare)),
+        tpl: t(
+            "SELECT a.id, b.id FROM notes a JOIN notes b ON a.n = b.n WHERE a.organization_id = ",
+        )
+        .v(V::Org(1, Spell::Bare))
+        .s(" AND b.organization_id = ")
+        .v(V::Org(1, Spell::Bare)),
         proto: Proto::Prepared { declared: false },
         bind: Bind::Binary,
     };
@@ -1005,7 +938,10 @@ fn cases_found_before_answer_as_at_the_cloud() {
         .unwrap();
     // Each three times: what the proxy learns from one run (openers that moved) changes
     // the next.
-    for (what, steps) in found_cases().iter().flat_map(|c| [c.clone(), c.clone(), c.clone()]) {
+    for (what, steps) in found_cases()
+        .iter()
+        .flat_map(|c| [c.clone(), c.clone(), c.clone()])
+    {
         if let Some(report) = rt.block_on(differences(&w, &steps)) {
             if let Ok(path) = std::env::var("LOKADB_DIFF_PROXY_LOG") {
                 std::fs::write(path, w.proxy.output()).unwrap();

@@ -718,12 +718,19 @@ async fn transactions_of_direct_reads_run_there_and_move_to_the_cloud_when_neede
         assert_eq!(crate::world::sqlstate(&e), "22012");
         let e = c.query("ROLLBACK TO SAVEPOINT a", &[]).await.unwrap_err();
         assert_eq!(crate::world::sqlstate(&e), "3B001", "{e:?}");
-        let e = c.simple_query("RELEASE a;DELETE/**/FROM/**/documents").await.unwrap_err();
+        let e = c
+            .simple_query("RELEASE a;DELETE/**/FROM/**/documents")
+            .await
+            .unwrap_err();
         assert_eq!(crate::world::sqlstate(&e), "25P02", "{e:?}");
         let e = c.simple_query("ROLLBACK TO a").await.unwrap_err();
         assert_eq!(crate::world::sqlstate(&e), "3B001", "{e:?}");
         c.query(end, &[]).await.unwrap();
-        assert_eq!(rows(&c.simple_query(&read).await.unwrap()), ["committed"], "{end}");
+        assert_eq!(
+            rows(&c.simple_query(&read).await.unwrap()),
+            ["committed"],
+            "{end}"
+        );
     }
     let n = c
         .simple_query("SELECT count(*) FROM documents WHERE organization_id = 2")

@@ -75,3 +75,6 @@ mod traffic_record;
 // Generated statements and transactions through the proxy and straight at the cloud: the same
 // answers, errors and final rows (property-based, shrinking; LOKADB_DIFF_CASES for more).
 mod differential;
+
+// A Django application's own tests and migration history through the proxy (issues 22, 27).
+mod django;

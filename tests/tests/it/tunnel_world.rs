@@ -203,3 +203,88 @@ pub async fn items(c: &tokio_postgres::Client) -> i64 {
         .unwrap()
         .get(0)
 }
+
+/// Organizations 2 (moved with fdw+direct) and 3 (moved with fdw), each in its own cluster
+/// behind its agent and one relay; the cloud's database `app`; a proxy with the direct path.
+/// The world of the differential suite and of the Django application's tests.
+pub struct MovedWorld {
+    _certs: Certs,
+    _relay: Proxy,
+    pub orgs: Vec<Org>,
+    _agents: Vec<Agent>,
+    pub cloud: Cluster,
+    pub proxy: Proxy,
+}
+
+/// Builds a [`MovedWorld`]: `schema` makes the cloud's database `app` with its tables and
+/// rows (given the cloud; `lokadb init` is its to run), then `tables` are enabled and
+/// organizations 2 and 3 registered and moved.
+pub fn moved_world(schema: impl FnOnce(&Cluster), tables: &[&str]) -> MovedWorld {
+    use crate::admin_cli::{lokadb, ok};
+    let certs = Certs::new().unwrap();
+    let orgs = vec![
+        crate::moves::org_db("2", false),
+        crate::moves::org_db("3", false),
+    ];
+    let refs: Vec<&Org> = orgs.iter().collect();
+    let relay = start_relay(&certs, &refs, json!({}), &[]).unwrap();
+    let agents = orgs
+        .iter()
+        .map(|o| start_agent(&certs, o, addrs(&relay).agents, &[]).unwrap())
+        .collect();
+    let cloud = Cluster::builder()
+        .setting("max_connections", "100")
+        .start()
+        .unwrap();
+    schema(&cloud);
+    let dsn = cloud.superuser_dsn("app");
+    for table in tables {
+        ok(&lokadb(&dsn, &["enable", table]));
+    }
+    let via = addrs(&relay).postgres.to_string();
+    for (org, profile) in [("2", "fdw+direct"), ("3", "fdw")] {
+        ok(&lokadb(
+            &dsn,
+            &[
+                "org",
+                "add",
+                org,
+                "--via-relay",
+                &via,
+                "--dbname",
+                ORG_DB,
+                "--user",
+                APP_USER,
+                "--password",
+                APP_PASSWORD,
+            ],
+        ));
+        ok(&lokadb(&dsn, &["move-org", org, "--profile", profile]));
+    }
+    crate::world::create_auth_role(&cloud).unwrap();
+    let proxy = Proxy::builder(json!({
+        "listen": "127.0.0.1:0",
+        "route_log": true,
+        "databases": { "app": {
+            "cloud": format!("host=127.0.0.1 port={} dbname=app", cloud.port()),
+            "auth_user": "lokadb_auth",
+            "auth_password": "auth-secret",
+            "direct": { "user": APP_USER, "password": APP_PASSWORD },
+        } },
+    }))
+    .start()
+    .unwrap();
+    assert!(
+        proxy.wait_for_output("organizations=2", Duration::from_secs(10)),
+        "{}",
+        proxy.output()
+    );
+    MovedWorld {
+        _certs: certs,
+        _relay: relay,
+        orgs,
+        _agents: agents,
+        cloud,
+        proxy,
+    }
+}
