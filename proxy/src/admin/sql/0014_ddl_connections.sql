@@ -8,8 +8,8 @@
 -- statement that names a LokaDB table, before that statement's locks; lokadb.ddl_commit uses
 -- them, opens what is missing, and leaves them open: the next migration of the session (a
 -- migration tool runs many in one) pays none. A kept connection that died since is opened
--- again once. lokadb.ddl_resolve (the second phase) asks and commits in every organization at
--- once and keeps its connections too. An earlier migration's rows in lokadb.ddl_prepared that a resolver is deleting
+-- again once. lokadb.ddl_resolve decides by the cloud's row first (a committing transaction
+-- was rolled back in a race). An earlier migration's rows in lokadb.ddl_prepared that a resolver is deleting
 -- are skipped, not waited for. A column added NOT NULL with a default that the same
 -- transaction drops (Django's way) fills the organizations' rows with that default.
 
@@ -300,35 +300,22 @@ BEGIN
 END
 $$;
 
--- Settles the transactions LokaDB prepared in organizations' databases (version 11's, with
--- the same decisions): its round trips now go to every organization at once — the prepared
--- transactions asked of all, then COMMIT or ROLLBACK PREPARED sent to all — and its
--- connections stay open. The proxy's resolver calls it from one long session, so after its
--- first call a migration's second phase costs about two round trips whatever the number of
--- organizations (it was a connection and two round trips per organization, one after
--- another: 16 s for 100 organizations 40 ms away, each holding its table's locks until
--- reached). A kept connection that died since is opened again once.
+-- Settles the transactions LokaDB prepared in organizations' databases (version 11's, one
+-- organization after another as before). The decision looks for the cloud's row first: a
+-- transaction that is committing is 'committed' for pg_xact_status a moment before a new
+-- snapshot sees its rows, and a sweep that met that moment rolled back a migration the cloud
+-- kept (found by research/bench/migrations.py). Rolled back only when the cloud's
+-- transaction aborted; left for the next call while it runs or is committing.
 CREATE OR REPLACE FUNCTION lokadb.ddl_resolve(sweep boolean DEFAULT true,
                                               OUT committed int, OUT rolled_back int,
                                               OUT in_doubt int, OUT unreachable int)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    q constant text := $q$SELECT gid FROM pg_prepared_xacts
-                          WHERE gid LIKE 'lokadb\_ddl\_%' AND database = current_database()$q$;
     o record;
     g text;
     c text;
+    left_ text[];
     st text;
-    ids text[] := '{}';
-    servers text[] := '{}';
-    prepared_in jsonb := '{}';     -- org -> [gid], its prepared transactions
-    todo jsonb := '{}';      -- org -> [{gid, sql, kind}], what to send, in order
-    left_ jsonb := '{}';     -- org -> [gid], left for the next call
-    gone text[] := '{}';     -- orgs that could not be asked
-    i int;
-    r int;
-    n int;
-    step jsonb;
 BEGIN
     committed := 0; rolled_back := 0; in_doubt := 0; unreachable := 0;
     FOR o IN SELECT id, server FROM lokadb.org
@@ -336,103 +323,40 @@ BEGIN
                AND (sweep OR id IN (SELECT p.org FROM lokadb.ddl_prepared p))
              ORDER BY id LOOP
         c := 'lokadb_resolve_' || o.id;
+        left_ := '{}';
         BEGIN
-            IF NOT (c = ANY (coalesce(dblink_get_connections(), '{}'))) THEN
-                PERFORM dblink_connect(c, o.server);
-            END IF;
-            PERFORM dblink_send_query(c, q);
+            PERFORM lokadb.ddl_disconnect(c);
+            PERFORM dblink_connect(c, o.server);
         EXCEPTION WHEN OTHERS THEN
-            BEGIN
-                PERFORM lokadb.ddl_disconnect(c);
-                PERFORM dblink_connect(c, o.server);
-                PERFORM dblink_send_query(c, q);
-            EXCEPTION WHEN OTHERS THEN
-                PERFORM lokadb.ddl_disconnect(c);
-                unreachable := unreachable + 1;
-                CONTINUE;
-            END;
+            unreachable := unreachable + 1;
+            CONTINUE;
         END;
-        ids := ids || o.id;
-        servers := servers || o.server::text;
-    END LOOP;
-    FOR i IN 1 .. cardinality(ids) LOOP
-        c := 'lokadb_resolve_' || ids[i];
-        BEGIN
-            prepared_in := prepared_in || jsonb_build_object(ids[i], coalesce(
-                (SELECT jsonb_agg(t.gid) FROM dblink_get_result(c) AS t(gid text)), '[]'));
-            PERFORM * FROM dblink_get_result(c) AS t(gid text);
-        EXCEPTION WHEN OTHERS THEN
-            -- A kept connection that died since took the query without a word.
+        FOR g IN SELECT t.gid FROM dblink(c,
+                    $q$SELECT gid FROM pg_prepared_xacts
+                       WHERE gid LIKE 'lokadb\_ddl\_%' AND database = current_database()$q$) AS t(gid text)
+        LOOP
             BEGIN
-                PERFORM lokadb.ddl_disconnect(c);
-                PERFORM dblink_connect(c, servers[i]);
-                prepared_in := prepared_in || jsonb_build_object(ids[i], coalesce(
-                    (SELECT jsonb_agg(t.gid) FROM dblink(c, q) AS t(gid text)), '[]'));
-            EXCEPTION WHEN OTHERS THEN
-                PERFORM lokadb.ddl_disconnect(c);
-                unreachable := unreachable + 1;
-                gone := gone || ids[i];
-            END;
-        END;
-    END LOOP;
-    -- What each prepared transaction becomes: committed where the cloud's transaction
-    -- committed (its row in lokadb.ddl_prepared), left while that is still running, rolled
-    -- back otherwise.
-    FOR i IN 1 .. cardinality(ids) LOOP
-        CONTINUE WHEN ids[i] = ANY (gone);
-        todo := todo || jsonb_build_object(ids[i], '[]'::jsonb);
-        left_ := left_ || jsonb_build_object(ids[i], '[]'::jsonb);
-        FOR g IN SELECT jsonb_array_elements_text(prepared_in->ids[i]) LOOP
-            st := pg_xact_status(split_part(g, '_', 3)::xid8);
-            IF st = 'in progress' THEN
-                in_doubt := in_doubt + 1;
-                left_ := jsonb_set(left_, ARRAY[ids[i]], (left_->ids[i]) || to_jsonb(g));
-            ELSIF EXISTS (SELECT 1 FROM lokadb.ddl_prepared p WHERE p.gid = g AND p.org = ids[i]) THEN
-                todo := jsonb_set(todo, ARRAY[ids[i]], (todo->ids[i]) || jsonb_build_object(
-                    'gid', g, 'sql', format('COMMIT PREPARED %L', g), 'committed', true));
-            ELSE
-                todo := jsonb_set(todo, ARRAY[ids[i]], (todo->ids[i]) || jsonb_build_object(
-                    'gid', g, 'sql', format('ROLLBACK PREPARED %L', g), 'committed', false));
-            END IF;
-        END LOOP;
-    END LOOP;
-    -- Round r sends each organization's r-th statement, all at once (one at a time on a
-    -- connection: COMMIT PREPARED runs outside any transaction block).
-    SELECT coalesce(max(jsonb_array_length(v)), 0) INTO n FROM jsonb_each(todo) AS e(k, v);
-    FOR r IN 0 .. n - 1 LOOP
-        FOR i IN 1 .. cardinality(ids) LOOP
-            step := todo->ids[i]->r;
-            CONTINUE WHEN step IS NULL;
-            BEGIN
-                PERFORM dblink_send_query('lokadb_resolve_' || ids[i], step->>'sql');
-            EXCEPTION WHEN OTHERS THEN
-                left_ := jsonb_set(left_, ARRAY[ids[i]], (left_->ids[i]) || (step->'gid'));
-                todo := jsonb_set(todo, ARRAY[ids[i], r::text], 'null');
-            END;
-        END LOOP;
-        FOR i IN 1 .. cardinality(ids) LOOP
-            step := todo->ids[i]->r;
-            CONTINUE WHEN step IS NULL OR step = 'null';
-            BEGIN
-                PERFORM * FROM dblink_get_result('lokadb_resolve_' || ids[i]) AS t(status text);
-                PERFORM * FROM dblink_get_result('lokadb_resolve_' || ids[i]) AS t(status text);
-                IF (step->>'committed')::boolean THEN
+                IF EXISTS (SELECT 1 FROM lokadb.ddl_prepared p WHERE p.gid = g AND p.org = o.id) THEN
+                    PERFORM dblink_exec(c, format('COMMIT PREPARED %L', g));
                     committed := committed + 1;
-                ELSE
+                    CONTINUE;
+                END IF;
+                st := pg_xact_status(split_part(g, '_', 3)::xid8);
+                IF st = 'aborted' OR st IS NULL THEN
+                    PERFORM dblink_exec(c, format('ROLLBACK PREPARED %L', g));
                     rolled_back := rolled_back + 1;
+                ELSE
+                    in_doubt := in_doubt + 1;
+                    left_ := left_ || g;
                 END IF;
             EXCEPTION WHEN OTHERS THEN
                 -- Another resolver settled it meanwhile, or the organization went away: the
                 -- next call sees.
-                left_ := jsonb_set(left_, ARRAY[ids[i]], (left_->ids[i]) || (step->'gid'));
+                left_ := left_ || g;
             END;
         END LOOP;
-    END LOOP;
-    FOR i IN 1 .. cardinality(ids) LOOP
-        CONTINUE WHEN ids[i] = ANY (gone);
-        DELETE FROM lokadb.ddl_prepared p
-        WHERE p.org = ids[i]
-          AND p.gid <> ALL (ARRAY(SELECT jsonb_array_elements_text(left_->ids[i])));
+        DELETE FROM lokadb.ddl_prepared p WHERE p.org = o.id AND p.gid <> ALL (left_);
+        PERFORM lokadb.ddl_disconnect(c);
     END LOOP;
 END
 $$;
