@@ -894,7 +894,7 @@ fn an_aborted_move_leaves_nothing_behind() {
     assert_eq!(out.status.code(), Some(99), "{}", stderr(&out));
     // A second move of the same organization while one is interrupted: told to resume.
     let out = lokadb(&w.dsn, &["move-back", "2"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("a move-org of organization 2 is in progress"),
         "{}",
