@@ -826,6 +826,15 @@ async fn differences(w: &DiffWorld, steps: &[Step]) -> Option<String> {
     Some(report)
 }
 
+/// The runtime the cases run on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
         v.trim()
@@ -837,11 +846,7 @@ fn env_number(name: &str) -> Option<u64> {
 #[test]
 fn generated_statements_answer_through_the_proxy_as_at_the_cloud() {
     let w = diff_world();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let cases = env_number("LOKADB_DIFF_CASES").map_or(DEFAULT_CASES, |n| n as u32);
     let seed = env_number("LOKADB_DIFF_SEED").unwrap_or(DEFAULT_SEED);
     let mut seed_bytes = [0u8; 32];
@@ -931,11 +936,7 @@ fn found_cases() -> Vec<(&'static str, Vec<Step>)> {
 #[test]
 fn cases_found_before_answer_as_at_the_cloud() {
     let w = diff_world();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     // Each three times: what the proxy learns from one run (openers that moved) changes
     // the next.
     for (what, steps) in found_cases()

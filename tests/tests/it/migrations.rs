@@ -155,27 +155,7 @@ fn world_with(with_proxy: bool, move_3: bool, shared: bool) -> World {
         ok(&lokadb(&dsn, &["move-org", "4", "--profile", "fdw"]));
     }
     let moved = 1 + usize::from(move_3) + usize::from(shared.is_some());
-    let proxy = with_proxy.then(|| {
-        crate::world::create_auth_role(&cloud).unwrap();
-        let proxy = Proxy::builder(json!({
-            "listen": "127.0.0.1:0",
-            "route_log": true,
-            "databases": { "app": {
-                "cloud": format!("host=127.0.0.1 port={} dbname=app", cloud.port()),
-                "auth_user": "lokadb_auth",
-                "auth_password": "auth-secret",
-                "direct": { "user": APP_USER, "password": APP_PASSWORD },
-            }},
-        }))
-        .start()
-        .unwrap();
-        assert!(
-            proxy.wait_for_output(&format!("organizations={moved}"), Duration::from_secs(10)),
-            "{}",
-            proxy.output()
-        );
-        proxy
-    });
+    let proxy = with_proxy.then(|| crate::tunnel_world::direct_proxy(&cloud, moved));
     World {
         certs,
         relay,

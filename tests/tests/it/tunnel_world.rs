@@ -261,7 +261,21 @@ pub fn moved_world(schema: impl FnOnce(&Cluster), tables: &[&str]) -> MovedWorld
         ));
         ok(&lokadb(&dsn, &["move-org", org, "--profile", profile]));
     }
-    crate::world::create_auth_role(&cloud).unwrap();
+    let proxy = direct_proxy(&cloud, 2);
+    MovedWorld {
+        _certs: certs,
+        _relay: relay,
+        orgs,
+        _agents: agents,
+        cloud,
+        proxy,
+    }
+}
+
+/// A proxy in front of the cloud's database `app`, its direct path logging in as `app`,
+/// `route_log` on; returned once it has loaded `orgs` organizations.
+pub fn direct_proxy(cloud: &Cluster, orgs: usize) -> Proxy {
+    crate::world::create_auth_role(cloud).unwrap();
     let proxy = Proxy::builder(json!({
         "listen": "127.0.0.1:0",
         "route_log": true,
@@ -275,16 +289,9 @@ pub fn moved_world(schema: impl FnOnce(&Cluster), tables: &[&str]) -> MovedWorld
     .start()
     .unwrap();
     assert!(
-        proxy.wait_for_output("organizations=2", Duration::from_secs(10)),
+        proxy.wait_for_output(&format!("organizations={orgs}"), Duration::from_secs(10)),
         "{}",
         proxy.output()
     );
-    MovedWorld {
-        _certs: certs,
-        _relay: relay,
-        orgs,
-        _agents: agents,
-        cloud,
-        proxy,
-    }
+    proxy
 }
