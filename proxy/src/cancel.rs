@@ -13,8 +13,12 @@
 //! any core (SO_REUSEPORT); the core looks in its own registry and, if the key is not
 //! there, hands it to every other core over the cross-core mailboxes, where each looks in
 //! its own. Cancels are rare, so this is the one cross-core message of the proxy besides
-//! shutdown and metadata generations. Several proxies in front of one cloud do not
-//! forward to each other: a cancel must reach the proxy that holds the session.
+//! shutdown and metadata generations. Several proxies in front of one cloud hand each other
+//! the cancels none of their sessions has (`peers` in the configuration): the receiving
+//! proxy sends a key it does not know to each peer as a request of its own code
+//! ([`startup::PEER_CANCEL_REQUEST_CODE`]), which the peer looks up on all its cores and
+//! hands to no one else, so a cancel never loops. It gives no one more than a plain
+//! CancelRequest to that peer would.
 //!
 //! Process IDs repeat across clusters (two configured cloud databases) and, over time,
 //! within one, so the registry is keyed by the whole key and tolerates sessions that share a
@@ -165,11 +169,17 @@ impl CancelRegistry {
 }
 
 /// A CancelRequest received by `core`: sent on if one of its sessions has the key, else
-/// handed to every other core (the process ID does not say which one owns it).
-pub async fn handle(core: &Core, pid: u32, secret: Vec<u8>) {
+/// handed to every other core (the process ID does not say which one owns it) and, when it
+/// came from a client (`to_peers`), to the other proxies (`peers`).
+pub async fn handle(core: &Core, pid: u32, secret: Vec<u8>, to_peers: bool) {
     let target = core.cancels.borrow().lookup(pid, &secret);
     if let Some(t) = target {
         return send(t).await;
+    }
+    if to_peers {
+        for &peer in &core.shared.config.peers {
+            crate::rt::spawn(hand_to_peer(peer, pid, secret.clone())).detach();
+        }
     }
     let mut forwarded = 0;
     for (id, peer) in core.peers.iter().enumerate() {
@@ -206,6 +216,23 @@ pub fn handle_forwarded(core: &Core, msg: CancelMsg) {
             crate::rt::spawn(send(t)).detach();
         }
         None => tracing::trace!(pid = msg.pid, "forwarded cancel request not for this core"),
+    }
+}
+
+/// Hands a cancel no session of this proxy has to another proxy (best effort): it looks in
+/// its own sessions and hands it to no one else.
+async fn hand_to_peer(peer: SocketAddr, pid: u32, secret: Vec<u8>) {
+    let mut out = Vec::with_capacity(16);
+    startup::encode_peer_cancel(pid, &secret, &mut out);
+    match TcpStream::connect(peer).await {
+        Ok(mut s) => {
+            let _ = s.write_all(&out).await;
+            let _ = s.close().await;
+            tracing::debug!(pid, %peer, "cancel request handed to a peer proxy");
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, %peer, "could not hand a cancel request to a peer proxy")
+        }
     }
 }
 

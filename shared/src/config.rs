@@ -50,6 +50,11 @@ pub struct Config {
     /// by `lokadb relay`.
     #[serde(default)]
     pub relay: Option<RelayConfig>,
+    /// The client listeners of the other proxies in front of the same clouds: a
+    /// CancelRequest whose key no session of this proxy has is handed on to each of them
+    /// (which hand it to no one else), so a client's cancel works whichever proxy it lands on.
+    #[serde(default)]
+    pub peers: Vec<SocketAddr>,
 }
 
 /// The relay: where agents connect, where Postgres clients (postgres_fdw, the
@@ -295,6 +300,12 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.peers.contains(&self.listen) {
+            return bad(format!(
+                "\"peers\" lists this proxy's own \"listen\" address {}: name the other proxies only",
+                self.listen
+            ));
+        }
         if self.databases.is_empty() && self.relay.is_none() {
             return bad(
                 "nothing to run: name at least one database clients may ask for in \"databases\", or configure a \"relay\"".into(),

@@ -73,7 +73,11 @@ async fn negotiate_in(
                 stream.write_all(b"N").await.map_err(SessionError::Client)?;
             }
             StartupPacket::Cancel { pid, secret } => {
-                crate::cancel::handle(core, pid, secret).await;
+                crate::cancel::handle(core, pid, secret, true).await;
+                return Ok(None);
+            }
+            StartupPacket::PeerCancel { pid, secret } => {
+                crate::cancel::handle(core, pid, secret, false).await;
                 return Ok(None);
             }
             StartupPacket::Startup(m) => {

@@ -137,6 +137,13 @@ async fn read_startup(tcp: &mut TcpStream) -> Result<Startup, Refusal> {
             StartupPacket::Cancel { pid, secret } => {
                 return Ok(Startup::Cancel { pid, secret });
             }
+            // Proxies hand each other cancels on their client listeners, not here.
+            StartupPacket::PeerCancel { .. } => {
+                return Err(Refusal::new(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    "a proxy's cancel request is not for the relay".into(),
+                ));
+            }
             StartupPacket::Startup(m) => {
                 if m.major != 3 {
                     return Err(Refusal::new(

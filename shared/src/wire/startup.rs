@@ -11,6 +11,9 @@ pub const MAX_STARTUP_PACKET_LEN: u32 = 10_000;
 pub const PROTOCOL_3_0: i32 = 196_608;
 /// Request code of CancelRequest (`1234 << 16 | 5678`).
 pub const CANCEL_REQUEST_CODE: i32 = 80_877_102;
+/// Request code of a CancelRequest one LokaDB proxy hands another (`1234 << 16 | 5699`, a
+/// code Postgres does not use): the same key, looked up there and handed to no one else.
+pub const PEER_CANCEL_REQUEST_CODE: i32 = 80_877_123;
 /// Request code of SSLRequest (`1234 << 16 | 5679`).
 pub const SSL_REQUEST_CODE: i32 = 80_877_103;
 /// Request code of GSSENCRequest (`1234 << 16 | 5680`).
@@ -27,6 +30,13 @@ pub enum StartupPacket {
     GssEncRequest,
     /// CancelRequest: cancel the query running under this key.
     Cancel {
+        /// Process ID part of the key.
+        pid: u32,
+        /// Secret part of the key (4 bytes in protocol 3.0, longer in 3.2).
+        secret: Vec<u8>,
+    },
+    /// A CancelRequest handed on by another LokaDB proxy ([`PEER_CANCEL_REQUEST_CODE`]).
+    PeerCancel {
         /// Process ID part of the key.
         pid: u32,
         /// Secret part of the key (4 bytes in protocol 3.0, longer in 3.2).
@@ -101,7 +111,7 @@ pub fn parse(packet: &[u8]) -> Result<StartupPacket, FrameError> {
     match code {
         SSL_REQUEST_CODE => Ok(StartupPacket::SslRequest),
         GSSENC_REQUEST_CODE => Ok(StartupPacket::GssEncRequest),
-        CANCEL_REQUEST_CODE => {
+        CANCEL_REQUEST_CODE | PEER_CANCEL_REQUEST_CODE => {
             let pid = f.i32()? as u32;
             let secret = f.rest().to_vec();
             if secret.is_empty() || secret.len() > 256 {
@@ -109,7 +119,11 @@ pub fn parse(packet: &[u8]) -> Result<StartupPacket, FrameError> {
                     what: "cancel request key",
                 });
             }
-            Ok(StartupPacket::Cancel { pid, secret })
+            Ok(if code == CANCEL_REQUEST_CODE {
+                StartupPacket::Cancel { pid, secret }
+            } else {
+                StartupPacket::PeerCancel { pid, secret }
+            })
         }
         version => {
             let major = (version >> 16) as u16;
@@ -160,9 +174,18 @@ pub fn encode_startup_version(major: u16, minor: u16, params: &[(&str, &str)], o
 
 /// Encodes a CancelRequest.
 pub fn encode_cancel(pid: u32, secret: &[u8], out: &mut Vec<u8>) {
+    encode_cancel_with(CANCEL_REQUEST_CODE, pid, secret, out);
+}
+
+/// Encodes the CancelRequest one proxy hands another ([`PEER_CANCEL_REQUEST_CODE`]).
+pub fn encode_peer_cancel(pid: u32, secret: &[u8], out: &mut Vec<u8>) {
+    encode_cancel_with(PEER_CANCEL_REQUEST_CODE, pid, secret, out);
+}
+
+fn encode_cancel_with(code: i32, pid: u32, secret: &[u8], out: &mut Vec<u8>) {
     let len = (8 + 4 + secret.len()) as u32;
     out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&CANCEL_REQUEST_CODE.to_be_bytes());
+    out.extend_from_slice(&code.to_be_bytes());
     out.extend_from_slice(&pid.to_be_bytes());
     out.extend_from_slice(secret);
 }
@@ -170,6 +193,28 @@ pub fn encode_cancel(pid: u32, secret: &[u8], out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_cancel_is_told_from_a_clients() {
+        let mut out = Vec::new();
+        encode_cancel(7, &[1, 2, 3, 4], &mut out);
+        assert_eq!(
+            parse(&out).unwrap(),
+            StartupPacket::Cancel {
+                pid: 7,
+                secret: vec![1, 2, 3, 4]
+            }
+        );
+        out.clear();
+        encode_peer_cancel(7, &[1, 2, 3, 4], &mut out);
+        assert_eq!(
+            parse(&out).unwrap(),
+            StartupPacket::PeerCancel {
+                pid: 7,
+                secret: vec![1, 2, 3, 4]
+            }
+        );
+    }
 
     #[test]
     fn startup_round_trip() {

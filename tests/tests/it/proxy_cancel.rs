@@ -370,3 +370,53 @@ async fn a_cancel_reaches_a_statement_in_the_organizations_database_then_the_clo
     assert_eq!(s.answer().await.error.as_deref(), Some("57014"));
     assert_eq!(after_cancel(&mut s, "SELECT 1").await, "1");
 }
+
+/// Several proxies in front of one cloud: a cancel that lands on another proxy than the one
+/// holding the session is handed on to its `peers` and cancels the statement there; without
+/// `peers` it cancels nothing; a wrong secret handed on cancels nothing either.
+#[tokio::test]
+async fn a_cancel_reaches_the_session_through_another_proxy() {
+    let w = World::start(json!({}), &[]).unwrap();
+    let cloud = w.cloud.superuser_client().await.unwrap();
+    let holder = w.proxy.port();
+    let with_peer = crate::world::start_proxy(
+        &w.cloud,
+        json!({ "peers": [format!("127.0.0.1:{holder}")] }),
+        &[],
+    )
+    .unwrap();
+    let alone = crate::world::start_proxy(&w.cloud, json!({}), &[]).unwrap();
+    let mut s = Session::login(holder, APP_USER, APP_PASSWORD).await;
+    let (pid, secret) = s.key;
+
+    s.start("SELECT 'slept' FROM pg_sleep(3)").await;
+    wait_for(&cloud, pid, "PgSleep").await;
+    cancel(alone.port(), pid, secret).await;
+    cancel(with_peer.port(), pid, secret ^ 1).await;
+    let a = s.answer().await;
+    assert_eq!(
+        (a.error, a.rows),
+        (None, vec!["slept".to_owned()]),
+        "no peers, or a wrong secret: nothing cancelled"
+    );
+
+    s.start("SELECT pg_sleep(60)").await;
+    wait_for(&cloud, pid, "PgSleep").await;
+    cancel(with_peer.port(), pid, secret).await;
+    let a = tokio::time::timeout(Duration::from_secs(30), s.answer())
+        .await
+        .expect("the statement was cancelled through the peer");
+    assert_eq!(a.error.as_deref(), Some("57014"));
+    // A proxy naming itself as a peer is refused at start.
+    let me = "127.0.0.1:45999";
+    let bad = lokadb_tests::proxy::Proxy::builder(crate::world::config(
+        &w.cloud,
+        json!({ "listen": me, "peers": [me] }),
+    ))
+    .start();
+    let err = match bad {
+        Ok(_) => panic!("a proxy naming itself as a peer started"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("own \"listen\" address"), "{err}");
+}
