@@ -489,12 +489,17 @@ su_psql -d app -q -c "CREATE OR REPLACE FUNCTION demo_seen_org() RETURNS text LA
     -c "SELECT 'a statement on acme: the cloud saw ' || demo_seen_org() FROM notes WHERE organization_id = 'acme' LIMIT 1" \
     -c "SELECT 'a statement on every organization: the cloud saw ' || demo_seen_org() FROM notes LIMIT 1" |
     sed 's/^/    /' || die "reading lokadb.statement_org through the proxy failed"
-say "a migration through the proxy, as app (the table's owner): acme's own database follows (docs/migrations.md)"
-"$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$PROXY_DSN" <<'SQL' || die "the migration through the proxy failed"
+say "migrations through the proxy, as app (the table's owner), written as Django writes them: acme's own database follows (docs/migrations.md)"
+# A NOT NULL column added with a default that fills the rows and is dropped again, an index;
+# then a type change with Django's USING; then the default back for the demo's writers.
+"$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$PROXY_DSN" <<'SQL' || die "the migrations through the proxy failed"
 BEGIN;
-ALTER TABLE notes ADD COLUMN priority int NOT NULL DEFAULT 0;
+ALTER TABLE notes ADD COLUMN priority int DEFAULT 0 NOT NULL;
+ALTER TABLE notes ALTER COLUMN priority DROP DEFAULT;
 CREATE INDEX notes_priority_idx ON notes (priority);
 COMMIT;
+ALTER TABLE notes ALTER COLUMN priority TYPE bigint USING priority::bigint;
+ALTER TABLE notes ALTER COLUMN priority SET DEFAULT 0;
 SQL
 # The proxy commits the transaction prepared in acme's database once the cloud committed.
 for _ in $(seq 100); do

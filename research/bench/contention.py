@@ -186,14 +186,17 @@ def main() -> int:
         if ctx.log is not None:
             ctx.log.close()
         safe_cleanup()
-        meta["wall_seconds"] = round(time.time() - t_start, 1)
-        meta["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
-        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-        (outdir / "summary.md").write_text(summary(raw))
-        if raw["cells"] and rc == 0:
-            common.summary_to_charts_data(f"contention {mode.name}", summary(raw))
-        log(f"wrote {outdir}/summary.md")
+        common.finish_run(raw, outdir, t_start, render, rc == 0)
     return rc
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    """summary.md and (for a whole run) the charts-data.md section."""
+    md = summary(raw)
+    (outdir / "summary.md").write_text(md)
+    if raw["cells"] and charts_data:
+        common.summary_to_charts_data(f"contention {raw['meta']['mode']}", md)
+    return md
 
 
 if __name__ == "__main__":

@@ -182,6 +182,13 @@ impl Guard {
         } else {
             String::new()
         };
+        let old_match = keys
+            .iter()
+            .zip(&self.columns)
+            .map(|(k, c)| format!("{k} = OLD.{}", ident(c)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let new_vals = Self::vals("NEW", &self.columns);
         format!(
             "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql {DEFINER} AS $lokadb$
 -- LokaDB: foreign key {con_plain} of {table_plain} for the rows of partitions other than the
@@ -216,12 +223,7 @@ $lokadb$",
                     "\n            DELETE FROM {c} WHERE ctid = (SELECT ctid FROM {c}
                 WHERE {m} AND org = OLD.{org} LIMIT 1 FOR UPDATE);",
                     c = self.checks(),
-                    m = keys
-                        .iter()
-                        .zip(&self.columns)
-                        .map(|(k, c)| format!("{k} = OLD.{}", ident(c)))
-                        .collect::<Vec<_>>()
-                        .join(" AND ")
+                    m = old_match,
                 )
             } else {
                 String::new()
@@ -229,36 +231,22 @@ $lokadb$",
             check = if self.deferrable {
                 // Checked when the constraint's time comes ([`Guard::check_sql`]).
                 format!(
-                    "INSERT INTO {} ({}, org) VALUES ({}, NEW.{org});",
+                    "INSERT INTO {} ({}, org) VALUES ({new_vals}, NEW.{org});",
                     self.checks(),
                     keys.join(", "),
-                    Self::vals("NEW", &self.columns)
                 )
             } else {
-                self.parent_check("NEW")
+                self.parent_check(&self.columns)
             },
             old_present = self.present("OLD"),
-            old_match = keys
-                .iter()
-                .zip(&self.columns)
-                .map(|(k, c)| format!("{k} = OLD.{}", ident(c)))
-                .collect::<Vec<_>>()
-                .join(" AND "),
             new_present = self.present("NEW"),
-            new_vals = Self::vals("NEW", &self.columns),
             keys = keys.join(", "),
         )
     }
 
-    /// The check that `rec`'s key (a row of the table, or of the checks queue with its
-    /// keys in `k1…`) is in the referenced table, raising Postgres's own error if not.
-    fn parent_check(&self, rec: &str) -> String {
-        let queued = rec != "NEW";
-        let cols: Vec<String> = if queued {
-            self.keys()
-        } else {
-            self.columns.clone()
-        };
+    /// The check that the key in NEW's `cols` (the table's own columns, or the checks
+    /// queue's `k1…`) is in the referenced table, raising Postgres's own error if not.
+    fn parent_check(&self, cols: &[String]) -> String {
         format!(
             "PERFORM 1 FROM {target} t WHERE {target_match} FOR KEY SHARE;
         IF NOT FOUND THEN
@@ -271,15 +259,15 @@ $lokadb$",
             target_match = self
                 .target_columns
                 .iter()
-                .zip(&cols)
-                .map(|(t, c)| format!("t.{} = {rec}.{}", ident(t), ident(c)))
+                .zip(cols)
+                .map(|(t, c)| format!("t.{} = NEW.{}", ident(t), ident(c)))
                 .collect::<Vec<_>>()
                 .join(" AND "),
             tname = literal(&self.table),
             con = literal(&self.name),
             sname = literal(&self.schema),
             names = self.columns.join(", ").replace('\'', "''"),
-            vals = Self::vals(rec, &cols),
+            vals = Self::vals("NEW", cols),
             target_name = literal(&self.target_display),
         )
     }
@@ -326,7 +314,7 @@ $lokadb$",
                     .map(|k| format!("{k} = NEW.{k}"))
                     .collect::<Vec<_>>()
                     .join(" AND "),
-                check = self.parent_check("NEW_QUEUED").replace("NEW_QUEUED.", "NEW."),
+                check = self.parent_check(&keys),
             ),
             format!(
                 "DROP TRIGGER IF EXISTS {} ON {checks}",

@@ -609,6 +609,15 @@ impl ClientFrames<'_> {
         placement
     }
 
+    /// Whether the statement a Query, Parse or Bind runs ends or unwinds the transaction
+    /// ([`unwinds_transaction`]).
+    fn unwinds(&self, tag: u8, frame: &[u8]) -> bool {
+        matches!(tag, FE_QUERY | FE_PARSE | FE_BIND)
+            && self
+                .statement_text(tag, Some(frame))
+                .is_some_and(unwinds_transaction)
+    }
+
     /// The SQL of the statement a message runs: a Query's, a Parse's, a Bind's prepared
     /// statement's.
     fn statement_text<'f>(&'f self, tag: u8, frame: Option<&'f [u8]>) -> Option<&'f str> {
@@ -938,15 +947,11 @@ impl ClientFrames<'_> {
         }
         let org = router.direct_org.clone();
         // COMMIT, ROLLBACK, ROLLBACK TO and RELEASE go where the transaction (or the batch)
-        // runs, in either protocol; a Bind with its statement's text.
-        let unwinds = matches!(tag, FE_QUERY | FE_PARSE | FE_BIND)
-            && self
-                .statement_text(tag, Some(frame))
-                .is_some_and(unwinds_transaction);
-        let (ex, router) = (&*self.exchanges, &mut *self.router);
-        if ex.direct.unsynced {
+        // runs, in either protocol; a Bind with its statement's text. Looked at only where
+        // it decides (not for the statements of an open batch or of the direct organization).
+        if self.exchanges.direct.unsynced {
             return match org {
-                Some(org) if unwinds => TxStep::To(Dest::Direct(org)),
+                Some(org) if self.unwinds(tag, frame) => TxStep::To(Dest::Direct(org)),
                 _ => TxStep::Go,
             };
         }
@@ -955,14 +960,16 @@ impl ClientFrames<'_> {
         if same_org {
             return TxStep::Go;
         }
-        if !ex.direct.is_settled() {
+        if !self.exchanges.direct.is_settled() {
             // Whether a direct transaction is open is known once its answers are in.
-            router.want = Some(Want::Settle);
+            self.router.want = Some(Want::Settle);
             return TxStep::Done(Action::Hold);
         }
         let Some(org) = org else {
             return TxStep::Go;
         };
+        let unwinds = self.exchanges.direct.status != TX_IDLE && self.unwinds(tag, frame);
+        let (ex, router) = (&*self.exchanges, &mut *self.router);
         match ex.direct.status {
             TX_IDLE => TxStep::Go,
             // Its end (or what unwinds part of it) runs where it runs.
