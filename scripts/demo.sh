@@ -317,18 +317,22 @@ echo "  -> 4 sessions through LokaDB used $distinct backend(s); each core keeps 
 echo
 
 say "step 6/6: the tunnel — an agent beside acme's database dials out to the relay"
-: >"$DEMO/agent.log"
-LOKADB_LOG=info LOKADB_TOKEN="$ACME_TOKEN" setsid "$AGENT" --relay "127.0.0.1:$RELAY_AGENTS_PORT" \
-    --postgres "127.0.0.1:$ORG_PORT" --ca "$DEMO/certs/ca.crt" --max-conns 50 \
-    >>"$DEMO/agent.log" 2>&1 </dev/null &
-AGENT_PID=$!
-echo "$AGENT_PID" >"$DEMO/agent.pid"
-for _ in $(seq 100); do
-    grep -q '^lokadb-agent connected to' "$DEMO/agent.log" && break
-    kill -0 "$AGENT_PID" 2>/dev/null || die "the agent exited (see .demo/agent.log)"
-    sleep 0.1
-done
-grep -q '^lokadb-agent connected to' "$DEMO/agent.log" || die "the agent did not connect within 10 s"
+# Starts acme's agent and waits for its tunnel (the log is truncated first).
+start_agent() {
+    : >"$DEMO/agent.log"
+    LOKADB_LOG=info LOKADB_TOKEN="$ACME_TOKEN" setsid "$AGENT" --relay "127.0.0.1:$RELAY_AGENTS_PORT" \
+        --postgres "127.0.0.1:$ORG_PORT" --ca "$DEMO/certs/ca.crt" --max-conns 50 \
+        >>"$DEMO/agent.log" 2>&1 </dev/null &
+    AGENT_PID=$!
+    echo "$AGENT_PID" >"$DEMO/agent.pid"
+    for _ in $(seq 100); do
+        grep -q '^lokadb-agent connected to' "$DEMO/agent.log" && break
+        kill -0 "$AGENT_PID" 2>/dev/null || die "the agent exited (see .demo/agent.log)"
+        sleep 0.1
+    done
+    grep -q '^lokadb-agent connected to' "$DEMO/agent.log" || die "the agent did not connect within 10 s"
+}
+start_agent
 say "agent connected (pid $AGENT_PID, log .demo/agent.log; $(du -h "$AGENT" | cut -f1) binary, $(awk '/VmRSS/ {print $2 " kB"}' "/proc/$AGENT_PID/status") resident)"
 CLOUD_DSN="host=$DEMO/run port=$PG_PORT dbname=app user=postgres"
 say "lokadb init: the lokadb schema in the cloud (versioned migrations; idempotent)"
@@ -508,6 +512,31 @@ for _ in $(seq 100); do
 done
 echo "    acme's notes now: $(org_psql -d acme -At -c "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'notes'::regclass AND attnum > 0 AND NOT attisdropped"); index notes_priority_idx: $(org_psql -d acme -At -c "SELECT CASE WHEN to_regclass('notes_priority_idx') IS NULL THEN 'missing' ELSE 'built' END")"
 echo "    through the proxy: $(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'acme' AND priority = 0") acme notes with priority 0"
+say "a deploy while acme's database cannot be reached (its agent stopped), with lokadb.migration_offline = defer"
+kill "$AGENT_PID" 2>/dev/null; wait "$AGENT_PID" 2>/dev/null || true
+"$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$PROXY_DSN" 2>&1 <<'SQL' | sed 's/^/    /' || die "the deferred migration failed"
+SET lokadb.migration_offline = defer;
+ALTER TABLE notes ADD COLUMN pinned boolean NOT NULL DEFAULT false;
+SQL
+echo "    owed: $(su_psql -d app -At -c "SELECT org || ' owes ' || count(*) || ' migration(s)' FROM lokadb.ddl_owed GROUP BY org")"
+refused=""
+for _ in $(seq 100); do
+    refused="$("$PG_BIN/psql" -X -At "$PROXY_DSN" -c "SELECT count(*) FROM notes WHERE organization_id = 'acme'" 2>&1 || true)"
+    [[ "$refused" == *"has not received"* ]] && break
+    sleep 0.1
+done
+[[ "$refused" == *"has not received"* ]] || die "acme's statements were not refused while it owed a migration: $refused"
+echo "    acme's statements meanwhile: $(head -1 <<<"$refused")"
+echo "    globex's: $(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'globex' AND NOT pinned") notes, served"
+start_agent
+served=""
+for _ in $(seq 300); do
+    served="$("$PG_BIN/psql" -X -At "$PROXY_DSN" -c "SELECT count(*) FROM notes WHERE organization_id = 'acme' AND NOT pinned" 2>/dev/null || true)"
+    [[ -n "$served" ]] && break
+    sleep 0.1
+done
+[[ -n "$served" ]] || die "acme did not get the migration it owed within 30 s of its agent's return (see .demo/proxy.log)"
+echo "    agent back: the proxy applied what acme owed; $served acme notes, none pinned (lokadb org sync acme does it by hand)"
 echo "  acme's point reads, fdw against fdw+direct (pgbench, 1 client, 3 s each, simple protocol):"
 cat >"$DEMO/acme-read.sql" <<'SQL'
 \set id random(1, 10000)

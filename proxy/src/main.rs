@@ -267,6 +267,13 @@ enum OrgCommand {
         #[command(flatten)]
         cloud: Cloud,
     },
+    /// Apply the migrations an organization owes (it could not be reached when they ran,
+    /// with lokadb.migration_offline = defer), in order; its statements are served again.
+    Sync {
+        id: String,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
     /// Unregister an organization whose rows are in the cloud.
     Remove {
         id: String,
@@ -513,6 +520,7 @@ fn org(command: OrgCommand) -> ExitCode {
         }
         OrgCommand::List { cloud } => admin(org::list(&cloud.dsn)),
         OrgCommand::Show { id, cloud } => admin(org::show(&cloud.dsn, &id)),
+        OrgCommand::Sync { id, cloud } => admin(org::sync(&cloud.dsn, &id)),
         OrgCommand::Remove { id, cloud } => {
             admin(org::remove(&cloud.dsn, &id).map(|()| format!("organization {id} removed")))
         }

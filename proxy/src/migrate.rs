@@ -15,7 +15,11 @@
 //!   cloud crashed. Prepared transactions of a cloud transaction still running are left and
 //!   looked at again a second later.
 //!
-//! `lokadb resolve` does the same sweep by hand (no proxy running).
+//! - every few seconds while some organization owes migrations (it could not be reached,
+//!   `lokadb.migration_offline = defer`): [`sync`] applies them once it can be reached.
+//!
+//! `lokadb resolve` does the same sweep by hand (no proxy running), `lokadb org sync` the
+//! sync.
 
 use postgres::fallible_iterator::FallibleIterator;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,11 +64,64 @@ pub fn resolve(client: &mut postgres::Client, sweep: bool) -> Result<Resolved, p
     })
 }
 
+/// What one call of `lokadb.ddl_sync` applied in an organization.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Synced {
+    /// Migrations it owed (0: it owed nothing).
+    pub migrations: i32,
+    /// Their statements.
+    pub statements: i32,
+}
+
+/// Applies what organization `org` owes (migrations it could not be reached for, with
+/// `lokadb.migration_offline = defer`), in order, in one transaction there, and commits it
+/// there as a migration's second phase does.
+///
+/// # Errors
+///
+/// The organization still cannot take them (the organization's error, named), its rows are
+/// locked by another sync or a migration (55P03), or the cloud's query failed. Nothing
+/// changed then.
+pub fn sync(client: &mut postgres::Client, org: &str) -> Result<Synced, postgres::Error> {
+    let mut tx = client.transaction()?;
+    let row = tx.query_one(
+        "SELECT migrations, statements FROM lokadb.ddl_sync($1)",
+        &[&org],
+    )?;
+    tx.commit()?;
+    let synced = Synced {
+        migrations: row.get(0),
+        statements: row.get(1),
+    };
+    if synced.migrations > 0 {
+        resolve(client, false)?;
+    }
+    Ok(synced)
+}
+
+/// The organizations that owe migrations, when the cloud's schema knows of owing (15+).
+///
+/// # Errors
+///
+/// The cloud's query failed.
+pub fn owing(client: &mut postgres::Client) -> Result<Vec<String>, postgres::Error> {
+    let rows = client.query("SELECT DISTINCT org FROM lokadb.ddl_owed ORDER BY 1", &[]);
+    match rows {
+        Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
+        // An older schema: nobody owes.
+        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
 /// How long a wait for notifications lasts before the shutdown flag and the attempt
 /// counter are looked at again.
 const POLL: Duration = Duration::from_secs(1);
 /// How often organizations that could not be reached are asked again.
 const UNREACHABLE_RETRY: Duration = Duration::from_secs(30);
+/// How often an organization that owes migrations is tried (a connection the relay refuses
+/// at once while its agent is away; the organization's statements are refused until then).
+const OWED_RETRY: Duration = Duration::from_secs(5);
 const RECONNECT: Duration = Duration::from_secs(5);
 
 /// Starts the resolver of `database`.
@@ -125,6 +182,9 @@ fn run(
     let mut swept_at = attempts(&mut client)?;
     let mut last = sweep_logged(database, &mut client)?;
     let mut last_sweep = Instant::now();
+    let mut last_owed = Instant::now()
+        .checked_sub(OWED_RETRY)
+        .unwrap_or_else(Instant::now);
     loop {
         // Woken by the first announcement (or POLL without one); those that came with it
         // are taken along without waiting: a prepared transaction holds its locks in the
@@ -154,7 +214,37 @@ fn run(
             last = sweep_logged(database, &mut client)?;
             last_sweep = Instant::now();
         }
+        if last_owed.elapsed() >= OWED_RETRY {
+            last_owed = Instant::now();
+            sync_owing(database, &mut client)?;
+        }
     }
+}
+
+/// Tries every organization that owes migrations: one that can be reached again gets them.
+fn sync_owing(database: &str, client: &mut postgres::Client) -> Result<(), postgres::Error> {
+    for org in owing(client)? {
+        match sync(client, &org) {
+            Ok(s) if s.migrations > 0 => tracing::info!(
+                database,
+                org,
+                migrations = s.migrations,
+                statements = s.statements,
+                "migration resolver: an organization that owed migrations has them now"
+            ),
+            Ok(_) => {}
+            // Still away, or a conflict there: its statements stay refused; said once per
+            // try at debug, the operator sees it with lokadb org sync.
+            Err(e) if e.as_db_error().is_some() => tracing::debug!(
+                database,
+                org,
+                error = %crate::admin::db::describe(&e),
+                "migration resolver: an organization still owes migrations"
+            ),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn sweep_logged(

@@ -77,6 +77,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "migrations open their connections to organizations before the cloud's locks, and keep them",
         include_str!("sql/0014_ddl_connections.sql"),
     ),
+    (
+        15,
+        "an organization that cannot be reached may owe a migration (lokadb.migration_offline = defer) until it is synced",
+        include_str!("sql/0015_owed_migrations.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

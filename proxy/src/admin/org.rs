@@ -149,8 +149,9 @@ pub fn list(dsn: &str) -> Result<String, AdminError> {
     let rows = client.query(
         "SELECT id, coalesce(name, ''), state, profile,
                 coalesce(relay_host || ':' || relay_port, ''), coalesce(dbname, ''),
-                coalesce(pg_version, ''), generation
-         FROM lokadb.org ORDER BY id",
+                coalesce(pg_version, ''), generation,
+                (SELECT count(*) FROM lokadb.ddl_owed w WHERE w.org = o.id)
+         FROM lokadb.org o ORDER BY id",
         &[],
     )?;
     let mut table = vec![[
@@ -162,10 +163,12 @@ pub fn list(dsn: &str) -> Result<String, AdminError> {
         "dbname",
         "postgres",
         "generation",
+        "owes",
     ]
     .map(str::to_owned)];
     for r in &rows {
         let g: i64 = r.get(7);
+        let owes: i64 = r.get(8);
         table.push([
             r.get(0),
             r.get(1),
@@ -175,6 +178,10 @@ pub fn list(dsn: &str) -> Result<String, AdminError> {
             r.get(5),
             r.get(6),
             g.to_string(),
+            match owes {
+                0 => String::new(),
+                n => format!("{n} migration{}", if n == 1 { "" } else { "s" }),
+            },
         ]);
     }
     Ok(format_table(&table))
@@ -230,6 +237,21 @@ pub fn show(dsn: &str, id: &str) -> Result<String, AdminError> {
             p.get::<_, String>(2)
         )),
         None => out.push_str(&format!("{:<11} no\n", "paused")),
+    }
+    let owed = client.query_one(
+        "SELECT count(*), min(at)::text, (array_agg(reason ORDER BY seq DESC))[1]
+         FROM lokadb.ddl_owed WHERE org = $1",
+        &[&id],
+    )?;
+    match owed.get::<_, i64>(0) {
+        0 => out.push_str(&format!("{:<11} nothing\n", "owes")),
+        n => out.push_str(&format!(
+            "{:<11} {n} migration{} since {} (statements refused until lokadb org sync {id}); last: {}\n",
+            "owes",
+            if n == 1 { "" } else { "s" },
+            owed.get::<_, String>(1),
+            owed.get::<_, String>(2)
+        )),
     }
     Ok(out)
 }
@@ -293,6 +315,35 @@ pub fn remove(dsn: &str, id: &str) -> Result<(), AdminError> {
     tx.execute("DELETE FROM lokadb.org WHERE id = $1", &[&id])?;
     tx.commit()?;
     Ok(())
+}
+
+/// `lokadb org sync ID`: applies the migrations the organization owes (it could not be
+/// reached when they ran, with `lokadb.migration_offline = defer`), in order, in one
+/// transaction in its database; its statements are served again.
+///
+/// # Errors
+///
+/// Unknown organization (usage), or it still cannot take them: nothing is changed.
+pub fn sync(dsn: &str, id: &str) -> Result<String, AdminError> {
+    let mut client = connect(dsn)?;
+    require_current(&mut client)?;
+    let known = client
+        .query_opt("SELECT 1 FROM lokadb.org WHERE id = $1", &[&id])?
+        .is_some();
+    if !known {
+        return Err(unknown(id));
+    }
+    let s = crate::migrate::sync(&mut client, id)
+        .map_err(|e| AdminError::failed(format!("organization {id}: {}", describe(&e))))?;
+    Ok(match s.migrations {
+        0 => format!("organization {id} owes no migration"),
+        n => format!(
+            "organization {id}: {n} owed migration{} applied ({} statement{}); its statements are served again",
+            if n == 1 { "" } else { "s" },
+            s.statements,
+            if s.statements == 1 { "" } else { "s" },
+        ),
+    })
 }
 
 fn unknown(id: &str) -> AdminError {

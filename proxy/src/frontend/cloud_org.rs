@@ -252,7 +252,7 @@ impl ClientFrames<'_> {
     /// (`""` for a statement on LokaDB tables the analysis could not place in one), and
     /// whether the analysis placed it; `None` for one on no LokaDB table (the setting stays
     /// as it is), or one Postgres runs only alone.
-    fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<(Cow<'_, str>, bool)> {
+    pub(super) fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<(Cow<'_, str>, bool)> {
         let meta = self.meta?;
         let mut f = Fields::new(&frame[5..], "message");
         let org = match tag {
@@ -306,7 +306,11 @@ impl ClientFrames<'_> {
     /// change it (names it, or resets settings), and remembers a Parse's analysis for its
     /// Binds when routing does not.
     pub(super) fn note_for_cloud_org(&mut self, tag: u8, frame: &[u8]) {
-        let Some(meta) = self.meta.filter(|_| self.router.cloud_org.tell) else {
+        // Also when some organization owes migrations: its Binds are refused by analysis.
+        let Some(meta) = self
+            .meta
+            .filter(|m| self.router.cloud_org.tell || m.has_owing())
+        else {
             return;
         };
         let Some((name, sql, _)) = statement_of(tag, &frame[5..]) else {

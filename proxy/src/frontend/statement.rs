@@ -289,6 +289,7 @@ impl Inspect for ClientFrames<'_> {
                 self.route_log
                     || self.router.org_ever_set
                     || (self.router.cloud_org.tell && self.meta.is_some_and(|m| m.has_tables()))
+                    || self.meta.is_some_and(|m| m.has_owing())
             }
             FE_CLOSE => self.route_log || !self.router.marks.is_empty(),
             _ => false,
@@ -325,7 +326,11 @@ impl Inspect for ClientFrames<'_> {
                     let reported = self.router.path_reported();
                     self.router.names.note_statement(sql, reported);
                 }
-                match self.org_step(header.tag, &f[5..]) {
+                match self
+                    .owing_refusal(header.tag, f)
+                    .map(OrgStep::Refused)
+                    .or_else(|| self.org_step(header.tag, &f[5..]))
+                {
                     Some(OrgStep::Scoped(frame)) => {
                         scoped = true;
                         (Some(frame), false)
@@ -348,6 +353,9 @@ impl Inspect for ClientFrames<'_> {
                 }
             }
             Some(f) if header.tag == FE_BIND => {
+                if let Some(action) = self.owing_bind(f) {
+                    return action;
+                }
                 if let Some(action) = self.check_bind(f) {
                     return action;
                 }
@@ -439,7 +447,50 @@ pub(super) fn statement_frame(tag: u8, name: Option<&str>, sql: &str, rest: &[u8
     frame
 }
 
+/// The refusal of a statement of an organization that owes migrations.
+fn owing_error(org: &str) -> (String, String) {
+    (
+        format!(
+            "organization {org} has not received the application's latest migrations (it could not be reached when they ran): its statements are refused until it has them"
+        ),
+        format!(
+            "The proxy applies them once the organization's database can be reached again (its agent connected); an operator can run lokadb org sync {org}"
+        ),
+    )
+}
+
 impl ClientFrames<'_> {
+    /// A Query whose statement is placed in an organization that owes migrations
+    /// (`lokadb.migration_offline = defer`, docs/migrations.md), as a Query that raises
+    /// 55000: its database's tables lack the cloud's latest changes, and neither path may
+    /// reach them. A Parse is looked at by its Binds (the debt may be paid meanwhile).
+    fn owing_refusal(&self, tag: u8, frame: &[u8]) -> Option<Vec<u8>> {
+        if tag != FE_QUERY || !self.meta?.has_owing() {
+            return None;
+        }
+        let (org, _) = self.statement_org(tag, frame)?;
+        if !self.meta?.owes(&org) {
+            return None;
+        }
+        let (message, hint) = owing_error(&org);
+        Some(refusal_frame(tag, None, "55000", &message, &hint))
+    }
+
+    /// A Bind of a statement placed in an organization that owes migrations: refused as
+    /// [`Self::owing_refusal`] refuses a Query.
+    fn owing_bind(&mut self, frame: &[u8]) -> Option<Action> {
+        if !self.meta?.has_owing() {
+            return None;
+        }
+        let (org, _) = self.statement_org(FE_BIND, frame)?;
+        if !self.meta?.owes(&org) {
+            return None;
+        }
+        let (message, hint) = owing_error(&org);
+        let portal = Fields::new(&frame[5..], "Bind").cstr().ok()?.to_owned();
+        Some(self.refuse_here(FE_BIND, &portal, "55000", &message, &hint))
+    }
+
     /// A Query or Parse the proxy does not forward, as the same message with a statement
     /// that makes the cloud raise the refusal: the error comes in the stream's order, behind
     /// the answers to whatever the client pipelined before it, with no state in the proxy

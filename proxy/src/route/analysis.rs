@@ -1501,6 +1501,7 @@ pub(crate) mod tests {
             orgs: HashMap::new(),
             writes: Vec::new(),
             direct_orgs: 0,
+            owing_orgs: 0,
             set_normalized: true,
         }))
     }

@@ -22,13 +22,16 @@ pub struct OrgMeta {
     /// Where the direct path reaches its database: the relay's Postgres listener (as
     /// `lokadb.org` gives it, resolved at load) and the database name there, `ORG/DBNAME`.
     pub direct: Option<(SocketAddr, String)>,
+    /// It owes migrations (it could not be reached when they ran, with
+    /// `lokadb.migration_offline = defer`): its statements are refused until it has them.
+    pub owes: bool,
 }
 
 impl OrgMeta {
     /// Whether statements of this organization may take the direct path: moved, with the
     /// fdw+direct profile, and a relay address that resolved.
     pub fn is_direct(&self) -> bool {
-        self.state == "moved" && self.profile == "fdw+direct" && self.direct.is_some()
+        self.state == "moved" && self.profile == "fdw+direct" && self.direct.is_some() && !self.owes
     }
 }
 
@@ -47,6 +50,8 @@ pub struct Meta {
     /// How many organizations take the direct path (counted once per generation, so no
     /// statement scans the organizations).
     pub direct_orgs: usize,
+    /// How many organizations owe migrations (their statements are refused).
+    pub owing_orgs: usize,
     /// The cloud's pg_stat_statements counts `SET x = '…'` of every value as one statement
     /// (PostgreSQL 18+; 17 and older keep the value in the statement's identity): the proxy
     /// may set `lokadb.statement_org` with a SET in front of a Query's text without filling
@@ -154,6 +159,7 @@ impl Meta {
                             state,
                             profile,
                             direct,
+                            owes: false,
                         },
                     );
                 }
@@ -166,11 +172,19 @@ impl Meta {
         let versions = client.query_one(
             "SELECT to_regprocedure('lokadb.direct_meta()') IS NOT NULL, \
                     to_regprocedure('lokadb.join_meta()') IS NOT NULL, \
-                    to_regprocedure('lokadb.key_meta()') IS NOT NULL",
+                    to_regprocedure('lokadb.key_meta()') IS NOT NULL, \
+                    to_regclass('lokadb.ddl_owed') IS NOT NULL",
             &[],
         )?;
         let (has_direct_meta, has_join_meta, has_key_meta): (bool, bool, bool) =
             (versions.get(0), versions.get(1), versions.get(2));
+        if versions.get::<_, bool>(3) {
+            for row in client.query("SELECT DISTINCT org FROM lokadb.ddl_owed", &[])? {
+                if let Some(o) = orgs.get_mut(row.get::<_, &str>(0)) {
+                    o.owes = true;
+                }
+            }
+        }
         let mut writes = Vec::new();
         if has_direct_meta {
             writes = vec![DirectWrites::default(); tables.len()];
@@ -220,6 +234,7 @@ impl Meta {
                 .with_join_keys(join_keys)
                 .with_key_maps(key_maps),
             direct_orgs: orgs.values().filter(|o| o.is_direct()).count(),
+            owing_orgs: orgs.values().filter(|o| o.owes).count(),
             orgs,
             writes,
             set_normalized: version >= 180_000,
@@ -412,6 +427,16 @@ impl CoreMeta {
         self.meta.direct_orgs > 0
     }
 
+    /// Whether some organization owes migrations.
+    pub fn has_owing(&self) -> bool {
+        self.meta.owing_orgs > 0
+    }
+
+    /// Whether organization `org` owes migrations: its statements are refused.
+    pub fn owes(&self, org: &str) -> bool {
+        self.has_owing() && self.meta.orgs.get(org).is_some_and(|o| o.owes)
+    }
+
     /// Whether the database has LokaDB tables at all.
     pub fn has_tables(&self) -> bool {
         !self.meta.catalog.tables().is_empty()
@@ -439,6 +464,7 @@ mod tests {
             orgs: HashMap::new(),
             writes: Vec::new(),
             direct_orgs: 0,
+            owing_orgs: 0,
             set_normalized: true,
         }))
     }
@@ -468,6 +494,7 @@ mod tests {
                 state: "moved".into(),
                 profile: "fdw".into(),
                 direct: None,
+                owes: false,
             },
         );
         let moved = m.next(Arc::new(Meta {
@@ -476,6 +503,7 @@ mod tests {
             orgs,
             writes: Vec::new(),
             direct_orgs: 0,
+            owing_orgs: 0,
             set_normalized: true,
         }));
         assert_eq!(moved.cached(), 1);
@@ -495,6 +523,7 @@ mod tests {
             orgs: HashMap::new(),
             writes: Vec::new(),
             direct_orgs: 0,
+            owing_orgs: 0,
             set_normalized: true,
         }));
         assert_eq!(enabled.cached(), 0);

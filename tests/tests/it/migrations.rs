@@ -4,7 +4,7 @@
 //! through the proxy; every moved organization's table follows the cloud's, or nothing
 //! changes anywhere.
 
-use crate::admin_cli::{lokadb, ok, stdout};
+use crate::admin_cli::{lokadb, ok, stderr, stdout};
 use crate::admin_enable::SCHEMA;
 use crate::moves::org_db;
 use crate::tunnel_world::{
@@ -1098,4 +1098,253 @@ async fn a_sessions_migrations_keep_their_connections_and_survive_their_loss() {
         .await
         .unwrap();
     assert_same_shape(&w, "another session");
+}
+
+/// A client of the proxy that keeps the notices (warnings) the server sends it.
+async fn app_with_notices(
+    w: &World,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::error::DbError>,
+) {
+    use futures_util::StreamExt;
+    let port = w.proxy.as_ref().expect("a proxy").port();
+    let (client, mut conn) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user={APP_USER} password={APP_PASSWORD} dbname=app"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = m {
+                let _ = tx.send(n);
+            }
+        }
+    });
+    (client, rx)
+}
+
+/// The error of `sql` through the proxy, asserted to be the owing organization's refusal.
+#[track_caller]
+fn assert_owing(e: &tokio_postgres::Error, org: &str) {
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db.code().code(), "55000", "{db:?}");
+    assert!(
+        db.message().starts_with(&format!(
+            "organization {org} has not received the application's latest migrations"
+        )),
+        "{db:?}"
+    );
+    assert!(
+        db.hint()
+            .unwrap_or_default()
+            .contains(&format!("lokadb org sync {org}")),
+        "{db:?}"
+    );
+}
+
+/// With `lokadb.migration_offline = defer` a migration goes on without an organization that
+/// cannot be reached; the organization owes it, its statements are refused (both paths, the
+/// simple and the extended protocol) while the others are served, and it gets what it owes
+/// in order: from the proxy's resolver when its agent is back, or `lokadb org sync`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_organization_may_owe_a_migration_until_it_is_synced() {
+    let mut w = world(true);
+    let (app, mut notices) = app_with_notices(&w).await;
+    let org3_before = w.org_q(1, COLUMNS);
+    w.agents[1].take().unwrap().kill();
+
+    // A bad value is refused, and the migration with it.
+    app.batch_execute("SET lokadb.migration_offline = 'later'")
+        .await
+        .unwrap();
+    let e = migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
+    )
+    .await
+    .unwrap_err();
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db.code().code(), "22023", "{db:?}");
+    assert!(db.message().contains("lokadb.migration_offline"), "{db:?}");
+
+    app.batch_execute("SET lokadb.migration_offline = defer")
+        .await
+        .unwrap();
+    migrate(
+        &app,
+        "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
+    )
+    .await
+    .unwrap();
+    let warning = tokio::time::timeout(Duration::from_secs(30), notices.recv())
+        .await
+        .expect("a warning")
+        .expect("a warning");
+    assert_eq!(warning.severity(), "WARNING", "{warning:?}");
+    assert!(
+        warning
+            .message()
+            .contains("organization 3 could not be reached and owes it"),
+        "{warning:?}"
+    );
+    assert!(
+        warning
+            .detail()
+            .unwrap_or_default()
+            .contains("organization 3: "),
+        "{warning:?}"
+    );
+    migrate(&app, "ALTER TABLE documents RENAME COLUMN title TO heading")
+        .await
+        .unwrap();
+    // Organization 2 has both; organization 3 neither.
+    w.settled();
+    assert_eq!(w.org_q(0, COLUMNS), w.cloud_q(COLUMNS));
+    assert_eq!(w.org_q(1, COLUMNS), org3_before);
+    let listed = ok(&lokadb(&w.dsn, &["org", "list"]));
+    assert!(listed.contains("2 migrations"), "{listed}");
+
+    // Organization 3's statements are refused, in both protocols; the others are served.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        // The proxy learns of the debt with the metadata's next generation.
+        // Until then they fail in postgres_fdw (the organization cannot be reached).
+        match app
+            .simple_query("SELECT count(*) FROM documents WHERE organization_id = 3")
+            .await
+        {
+            Err(e) if e.code().is_some_and(|c| c.code() == "55000") => break e,
+            r if Instant::now() < deadline => {
+                let _ = r;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            r => panic!("organization 3's statements are not refused: {r:?}"),
+        }
+    };
+    assert_owing(&e, "3");
+    let e = app
+        .query(
+            "SELECT heading FROM documents WHERE organization_id = $1",
+            &[&3i64],
+        )
+        .await
+        .unwrap_err();
+    assert_owing(&e, "3");
+    let e = app
+        .execute(
+            "UPDATE documents SET heading = 'x' WHERE organization_id = $1",
+            &[&3i64],
+        )
+        .await
+        .unwrap_err();
+    assert_owing(&e, "3");
+    for org in [1i64, 2] {
+        let row = app
+            .query_one(
+                "SELECT count(*), count(*) FILTER (WHERE priority = 0), count(heading)
+                 FROM documents WHERE organization_id = $1",
+                &[&org],
+            )
+            .await
+            .unwrap();
+        let (all, zero, named): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        assert!(
+            all > 0 && zero == all && named == all,
+            "organization {org}: {all} {zero} {named}"
+        );
+    }
+
+    // Without defer, a migration still fails on it, and changes nothing.
+    app.batch_execute("RESET lokadb.migration_offline")
+        .await
+        .unwrap();
+    let e = migrate(&app, "ALTER TABLE documents ADD COLUMN later int")
+        .await
+        .unwrap_err();
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db.code().code(), "08001", "{db:?}");
+    assert!(
+        db.hint()
+            .unwrap_or_default()
+            .contains("lokadb.migration_offline = defer"),
+        "{db:?}"
+    );
+    // Nor can it be synced or moved back while it cannot be reached.
+    let o = lokadb(&w.dsn, &["org", "sync", "3"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("owed migrations not applied (2)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = lokadb(&w.dsn, &["move-back", "3"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("owes 2 migrations"), "{}", stderr(&o));
+
+    // Its agent is back: the proxy's resolver applies what it owes, in order.
+    w.agents[1] = Some(start_agent(&w.certs, &w.orgs[1], addrs(&w.relay).agents, &[]).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match app
+            .simple_query("SELECT count(heading) FROM documents WHERE organization_id = 3")
+            .await
+        {
+            Ok(rows) => {
+                assert_eq!(one(&rows), "100");
+                break;
+            }
+            Err(e) if Instant::now() < deadline => {
+                assert_owing(&e, "3");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!(
+                "organization 3 still refused: {e:?}\n{}",
+                w.proxy.as_ref().unwrap().output()
+            ),
+        }
+    }
+    assert_same_shape(&w, "after the resolver applied what organization 3 owed");
+    assert_eq!(
+        w.org_q(1, "SELECT count(*) FROM documents WHERE priority = 0"),
+        "100"
+    );
+    let shown = ok(&lokadb(&w.dsn, &["org", "show", "3"]));
+    assert!(shown.contains("owes        nothing"), "{shown}");
+
+    // With no proxy running, `lokadb org sync` pays the debt.
+    drop(w.proxy.take());
+    let cloud_app = w.cloud.client(APP_USER, APP_PASSWORD, "app").await.unwrap();
+    w.agents[1].take().unwrap().kill();
+    cloud_app
+        .batch_execute("SET lokadb.migration_offline = defer")
+        .await
+        .unwrap();
+    migrate(&cloud_app, "ALTER TABLE documents DROP COLUMN priority")
+        .await
+        .unwrap();
+    ok(&lokadb(&w.dsn, &["resolve"]));
+    let verified = lokadb(&w.dsn, &["verify", "2"]);
+    assert!(verified.status.success(), "{}", stdout(&verified));
+    w.agents[1] = Some(start_agent(&w.certs, &w.orgs[1], addrs(&w.relay).agents, &[]).unwrap());
+    w.agents[1]
+        .as_ref()
+        .unwrap()
+        .wait_connected(Duration::from_secs(10))
+        .unwrap();
+    let synced = ok(&lokadb(&w.dsn, &["org", "sync", "3"]));
+    assert!(
+        synced.contains("organization 3: 1 owed migration applied (1 statement)"),
+        "{synced}"
+    );
+    assert_same_shape(&w, "after lokadb org sync");
+    let again = ok(&lokadb(&w.dsn, &["org", "sync", "3"]));
+    assert!(
+        again.contains("organization 3 owes no migration"),
+        "{again}"
+    );
+    ok(&lokadb(&w.dsn, &["verify", "3"]));
 }

@@ -532,6 +532,22 @@ fn start(
         };
         return Err(AdminError::usage(format!("{why}; nothing was changed")));
     }
+    // Its database's tables lack migrations the cloud's have: moving its rows would copy
+    // between different shapes.
+    let owed: i64 = cloud
+        .query_one(
+            "SELECT count(*) FROM lokadb.ddl_owed WHERE org = $1",
+            &[&org.id],
+        )?
+        .get(0);
+    if owed > 0 {
+        return Err(AdminError::usage(format!(
+            "organization {} owes {owed} migration{} (it could not be reached when they ran): run lokadb org sync {} first; nothing was changed",
+            org.id,
+            if owed == 1 { "" } else { "s" },
+            org.id
+        )));
+    }
     if direction == Direction::Back && opts.mode == Mode::Logical {
         return Err(AdminError::usage(
             "move-back runs in trigger mode (logical mode would need a publication in the organization's database); drop --mode logical",
@@ -1306,6 +1322,20 @@ pub fn verify_org(
         };
         ok &= good;
         out.push(line);
+    }
+    let owed: i64 = cloud
+        .query_one(
+            "SELECT count(*) FROM lokadb.ddl_owed WHERE org = $1",
+            &[&org.id],
+        )?
+        .get(0);
+    if owed > 0 {
+        ok = false;
+        out.push(format!(
+            "owes {owed} migration{} it could not be reached for (its statements are refused): lokadb org sync {} applies them",
+            if owed == 1 { "" } else { "s" },
+            org.id
+        ));
     }
     let summary = format!(
         "organization {} ({}): {}",
