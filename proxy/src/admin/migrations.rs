@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "an organization that cannot be reached may owe a migration (lokadb.migration_offline = defer) until it is synced",
         include_str!("sql/0015_owed_migrations.sql"),
     ),
+    (
+        16,
+        "ALTER TYPE … ADD VALUE and RENAME VALUE of a LokaDB table's enum reach moved organizations",
+        include_str!("sql/0016_enum_values.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

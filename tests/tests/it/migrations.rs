@@ -1348,3 +1348,64 @@ async fn an_unreachable_organization_may_owe_a_migration_until_it_is_synced() {
     );
     ok(&lokadb(&w.dsn, &["verify", "3"]));
 }
+
+/// The labels of enum `mood`, in order.
+const MOOD: &str = "SELECT string_agg(enumlabel, ',' ORDER BY enumsortorder) FROM pg_enum WHERE enumtypid = 'mood'::regtype";
+
+/// `ALTER TYPE … ADD VALUE` and `RENAME VALUE` of an enum a LokaDB table's column uses run in
+/// every moved organization's database with the migration, and its rows can take the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enum_values_added_and_renamed_reach_every_organization() {
+    let w = world(true);
+    let app = w.app().await;
+    let create =
+        format!("CREATE TYPE mood AS ENUM ('sad', 'ok'); ALTER TYPE mood OWNER TO {APP_USER}");
+    w.cloud_q(&create);
+    for i in 0..w.orgs.len() {
+        w.org_q(i, &create);
+    }
+    migrate(&app, "ALTER TABLE documents ADD COLUMN mood mood")
+        .await
+        .unwrap();
+    assert_same_shape(&w, "an enum column");
+
+    // One value at the end, one at the front, in one transaction; then a rename and another
+    // in the middle, outside any transaction block (as a migration tool may send them).
+    migrate(
+        &app,
+        "ALTER TYPE mood ADD VALUE 'happy' AFTER 'ok';
+         ALTER TYPE mood ADD VALUE 'awful' BEFORE 'sad'",
+    )
+    .await
+    .unwrap();
+    app.batch_execute("ALTER TYPE mood RENAME VALUE 'ok' TO 'fine'")
+        .await
+        .unwrap();
+    app.batch_execute("ALTER TYPE mood ADD VALUE 'meh' BEFORE 'fine'")
+        .await
+        .unwrap();
+    w.settled();
+    let cloud = w.cloud_q(MOOD);
+    assert_eq!(cloud, "awful,sad,meh,fine,happy");
+    for i in 0..w.orgs.len() {
+        assert_eq!(w.org_q(i, MOOD), cloud, "organization {}", w.orgs[i].id);
+    }
+    // The organizations' rows take the new values, through either path.
+    for org in 1..=3 {
+        app.batch_execute(&format!(
+            "UPDATE documents SET mood = 'happy' WHERE organization_id = {org} AND id IN
+               (SELECT id FROM documents WHERE organization_id = {org} ORDER BY id LIMIT 2)"
+        ))
+        .await
+        .unwrap();
+        let sql = format!(
+            "SELECT count(*) FROM documents WHERE organization_id = {org} AND mood = 'happy'"
+        );
+        assert_eq!(
+            one(&app.simple_query(&sql).await.unwrap()),
+            "2",
+            "organization {org}"
+        );
+    }
+    ok(&lokadb(&w.dsn, &["verify"]));
+}
