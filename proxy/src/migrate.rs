@@ -105,11 +105,14 @@ pub fn sync(client: &mut postgres::Client, org: &str) -> Result<Synced, postgres
 ///
 /// The cloud's query failed.
 pub fn owing(client: &mut postgres::Client) -> Result<Vec<String>, postgres::Error> {
-    let rows = client.query("SELECT DISTINCT org FROM lokadb.ddl_owed ORDER BY 1", &[]);
+    let rows = client.query("SELECT * FROM lokadb.owed_orgs()", &[]);
     match rows {
         Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
-        // An older schema: nobody owes.
-        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => Ok(Vec::new()),
+        // An older schema: nobody owes (15 and 16 did not have the function; their owing
+        // organizations are found once the schema is upgraded).
+        Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_FUNCTION) => {
+            Ok(Vec::new())
+        }
         Err(e) => Err(e),
     }
 }
@@ -162,22 +165,24 @@ fn run(
     shutdown: &AtomicBool,
 ) -> Result<(), postgres::Error> {
     let mut client = config.connect(postgres::NoTls)?;
-    let present: bool = client
-        .query_one(
-            "SELECT to_regprocedure('lokadb.ddl_resolve(boolean)') IS NOT NULL",
-            &[],
-        )?
-        .get(0);
-    if !present {
+    let schema = client.query_one(
+        "SELECT to_regprocedure('lokadb.ddl_resolve(boolean)') IS NOT NULL, \
+                to_regprocedure('lokadb.ddl_attempts()') IS NOT NULL",
+        &[],
+    )?;
+    if !schema.get::<_, bool>(0) {
         return Ok(());
     }
+    // Before version 17 the counter is read as the sequence (a plain auth_user needs a grant).
+    let attempts_sql = if schema.get::<_, bool>(1) {
+        "SELECT lokadb.ddl_attempts()"
+    } else {
+        "SELECT last_value FROM lokadb.ddl_attempt"
+    };
     // LISTEN first: a migration committed after it is announced; one before it is swept.
     client.batch_execute("LISTEN lokadb_ddl")?;
     let attempts = |c: &mut postgres::Client| -> Result<i64, postgres::Error> {
-        Ok(
-            c.query_one("SELECT last_value FROM lokadb.ddl_attempt", &[])?
-                .get(0),
-        )
+        Ok(c.query_one(attempts_sql, &[])?.get(0))
     };
     let mut swept_at = attempts(&mut client)?;
     let mut last = sweep_logged(database, &mut client)?;

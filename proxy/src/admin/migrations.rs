@@ -87,6 +87,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "ALTER TYPE … ADD VALUE and RENAME VALUE of a LokaDB table's enum reach moved organizations",
         include_str!("sql/0016_enum_values.sql"),
     ),
+    (
+        17,
+        "the watcher and the resolver read the migration tables through SECURITY DEFINER functions (a plain auth_user needs no more grants)",
+        include_str!("sql/0017_metadata_for_plain_roles.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

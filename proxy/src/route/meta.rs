@@ -173,13 +173,13 @@ impl Meta {
             "SELECT to_regprocedure('lokadb.direct_meta()') IS NOT NULL, \
                     to_regprocedure('lokadb.join_meta()') IS NOT NULL, \
                     to_regprocedure('lokadb.key_meta()') IS NOT NULL, \
-                    to_regclass('lokadb.ddl_owed') IS NOT NULL",
+                    to_regprocedure('lokadb.owed_orgs()') IS NOT NULL",
             &[],
         )?;
         let (has_direct_meta, has_join_meta, has_key_meta): (bool, bool, bool) =
             (versions.get(0), versions.get(1), versions.get(2));
         if versions.get::<_, bool>(3) {
-            for row in client.query("SELECT DISTINCT org FROM lokadb.ddl_owed", &[])? {
+            for row in client.query("SELECT * FROM lokadb.owed_orgs()", &[])? {
                 if let Some(o) = orgs.get_mut(row.get::<_, &str>(0)) {
                     o.owes = true;
                 }

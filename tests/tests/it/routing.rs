@@ -229,6 +229,17 @@ async fn a_plain_auth_role_needs_the_documented_grants_to_read_the_metadata() {
         "org=1 ",
     )
     .await;
+    // Nor do the watcher and the migration resolver need more than those grants: neither
+    // logs a refusal once they are given (both retry within 5 s of one).
+    let denied = || w.proxy.output().matches("permission denied").count();
+    let before = denied();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        denied(),
+        before,
+        "refused after the documented grants:\n{}",
+        w.proxy.output()
+    );
 }
 
 /// Runs `sql` (marked `/*soonN*/`) until its route line contains `want`, for up to 5 s: a
