@@ -89,8 +89,8 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
     (
         17,
-        "the watcher and the resolver read the migration tables through SECURITY DEFINER functions (a plain auth_user needs no more grants)",
-        include_str!("sql/0017_metadata_for_plain_roles.sql"),
+        "the watcher and the resolver read the migration tables through SECURITY DEFINER functions; the resolver forgets only the prepared rows it read before listing an organization",
+        include_str!("sql/0017_resolver_fixes.sql"),
     ),
 ];
 
