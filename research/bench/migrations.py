@@ -9,7 +9,8 @@ organization. The cloud's database `app` holds `notes` (id bigserial, organizati
 text; ROWS rows per organization, owned by the application's role `app`), made a LokaDB table
 (`lokadb enable notes`); organizations o1…oN are registered (`lokadb org add`, each its own
 database in the organization cluster, behind its own agent) and moved one after another
-(`lokadb move-org --profile fdw`), c0 stays in the cloud. The cloud cluster's database `plain`
+(`lokadb move-org --profile fdw+direct`: the migrations go through dblink from the cloud either
+way; the profile matters only to the data migration below), c0 stays in the cloud. The cloud cluster's database `plain`
 holds the same table and rows without LokaDB: the baseline.
 
 For each number of moved organizations (quick 0, 1, 10; full 0, 1, 10, 100) and each distance of
@@ -21,7 +22,12 @@ the LokaDB run, straight at `plain` for the baseline) reads and inserts c0's not
 longest of its statements that overlapped the migration is how long another organization waited.
 After each migration, `settled` is when no prepared transaction is left in the organization
 cluster (the proxy's resolver commits them after the cloud's COMMIT), and every moved
-organization's table is checked to have the new column and index.
+organization's table is checked to have the new column and index. Then, once per cell, a data
+migration over every organization (issue 27, item 6): `UPDATE notes SET cK = 1` as one statement
+through the proxy (the cloud updates DEFAULT, then each moved organization's foreign partition
+through postgres_fdw), against one statement per organization (c0 and all of o1…oN, moved or
+not) through the proxy on 8 connections at once (a moved organization's goes straight to its
+database on the direct path), and the one statement straight at `plain`.
 
 Writes raw.json, summary.md and migrations.png into research/bench/results/<UTC ts>-migrations
 [-quick]/. Builds nothing ($LOKADB_BENCH_TARGET).
@@ -224,11 +230,58 @@ def check_orgs(ctx, moved: list[str], column: str, index: str) -> list[str]:
     return missing
 
 
+PER_ORG_CONNS = 8
+
+
+def data_migration(ctx, col: str, proxy_c, plain_c, pool: list) -> dict:
+    """A data migration over every organization (issue 27, item 6): `UPDATE notes SET col = v`
+    as one statement (through the proxy: the cloud updates DEFAULT and each moved organization's
+    foreign partition through postgres_fdw, one after another), and as one statement per
+    organization (`… WHERE organization_id = %s`, every organization with rows) sent through
+    the proxy on PER_ORG_CONNS connections at once; plain: the one statement straight at
+    `plain`."""
+    orgs = [CLOUD_ORG, *org_ids(max(ctx.mode.counts))]
+    rec = {}
+    t = time.perf_counter()
+    plain_c.execute(f"UPDATE notes SET {col} = 1")
+    rec["plain_ms"] = round((time.perf_counter() - t) * 1e3, 1)
+    t = time.perf_counter()
+    proxy_c.execute(f"UPDATE notes SET {col} = 1")
+    rec["one_statement_ms"] = round((time.perf_counter() - t) * 1e3, 1)
+    todo = list(orgs)
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def worker(conn):
+        while True:
+            with lock:
+                if not todo:
+                    return
+                o = todo.pop()
+            try:
+                conn.execute(f"UPDATE notes SET {col} = 2 WHERE organization_id = %s", (o,))
+            except psycopg.Error as e:
+                errors.append(f"{o}: {e.sqlstate}: {str(e).strip()[:200]}")
+    t = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(c,)) for c in pool]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    rec["per_org_ms"] = round((time.perf_counter() - t) * 1e3, 1)
+    rec["per_org_errors"] = errors[:5]
+    # Every organization's rows have the per-organization value.
+    rec["rows_not_updated"] = proxy_c.execute(
+        f"SELECT count(*) FROM notes WHERE {col} IS DISTINCT FROM 2").fetchone()[0]
+    return rec
+
+
 def cell(ctx, moved: list[str], rtt_ms: float, k0: int) -> dict:
     mode = ctx.mode
     reps = []
     proxy_c = app_conn(ctx.proxy.port, "app")
     plain_c = app_conn(ctx.cloud.port, "plain")
+    pool = [app_conn(ctx.proxy.port, "app") for _ in range(PER_ORG_CONNS)]
     try:
         for r in range(mode.reps):
             k = k0 + r
@@ -248,10 +301,15 @@ def cell(ctx, moved: list[str], rtt_ms: float, k0: int) -> dict:
                     w.close()
                 rep[side]["waiter_errors"] = w.errors
             rep["orgs_missing_change"] = check_orgs(ctx, moved, col, idx)
+            if r == 0:
+                # Once per cell: through postgres_fdw it costs a round trip per moved row.
+                rep["data"] = data_migration(ctx, col, proxy_c, plain_c, pool)
             reps.append(rep)
     finally:
         proxy_c.close()
         plain_c.close()
+        for c in pool:
+            c.close()
 
     def med(side, stmt, key):
         v = [x[side][stmt].get(key) for x in reps if x[side][stmt].get(key) is not None]
@@ -264,6 +322,8 @@ def cell(ctx, moved: list[str], rtt_ms: float, k0: int) -> dict:
                      "settled_ms": med("lokadb", stmt, "settled_ms"),
                      "other_org_longest_ms_plain": med("plain", stmt, "other_org_longest_ms"),
                      "other_org_longest_ms_lokadb": med("lokadb", stmt, "other_org_longest_ms")}
+    d = reps[0]["data"]
+    rec["data"] = d
     missing = sorted({o for x in reps for o in x["orgs_missing_change"]})
     rec["orgs_missing_change"] = missing
     a, i = rec["add_column"], rec["create_index"]
@@ -271,6 +331,9 @@ def cell(ctx, moved: list[str], rtt_ms: float, k0: int) -> dict:
         f"×{a['ratio']}), CREATE INDEX {i['lokadb_ms']} ms (plain {i['plain_ms']}, ×{i['ratio']}); other org "
         f"waited up to {a['other_org_longest_ms_lokadb']} / {i['other_org_longest_ms_lokadb']} ms"
         + (f"; MISSING in {missing}" if missing else ""))
+    log(f"      data migration over every organization: one statement {d['one_statement_ms']} ms, per "
+        f"organization on {PER_ORG_CONNS} connections {d['per_org_ms']} ms (plain {d['plain_ms']} ms)"
+        + (f"; {d['rows_not_updated']} rows NOT UPDATED" if d["rows_not_updated"] else ""))
     return rec
 
 
@@ -296,6 +359,24 @@ def summary(raw: dict) -> str:
             L.append(f"| {c['moved']} | {c['rtt_ms']:g} | {label} | {s['plain_ms']} | {s['lokadb_ms']} | "
                      f"{s['ratio']} | {first} | {s['settled_ms']} | {s['other_org_longest_ms_plain']} / "
                      f"{s['other_org_longest_ms_lokadb']} |")
+    n_orgs = max(m["mode_settings"]["counts"]) + 1
+    per = m["mode_settings"]["rows"]
+    L += ["", "Data migration over every organization (`UPDATE notes SET cK = v` after its ADD COLUMN, once per "
+          "cell; issue 27, item 6): one statement through the proxy (the cloud updates DEFAULT, then each moved "
+          "organization's foreign partition through postgres_fdw, row by row: the LokaDB row triggers on the "
+          "partitions keep postgres_fdw from sending the UPDATE whole), against one statement per organization "
+          f"(`… WHERE organization_id = $1`, all {n_orgs}) through the proxy on {PER_ORG_CONNS} connections at "
+          "once (a moved organization's straight to its database on the direct path); plain: the one statement "
+          f"straight at a database without LokaDB. {n_orgs * per} rows in all, {per} per organization.", "",
+          "| moved orgs | RTT ms | rows moved | plain ms | one statement ms | per organization ms | one ÷ per org | rows not updated |",
+          "|---|---|---|---|---|---|---|---|"]
+    for c in raw["cells"]:
+        d = c.get("data")
+        if not d:
+            continue
+        ratio = round(d["one_statement_ms"] / d["per_org_ms"], 1) if d["per_org_ms"] else None
+        L.append(f"| {c['moved']} | {c['rtt_ms']:g} | {c['moved'] * per} | {d['plain_ms']} | "
+                 f"{d['one_statement_ms']} | {d['per_org_ms']} | {ratio} | {d['rows_not_updated']} |")
     bad = [c for c in raw["cells"] if c["orgs_missing_change"]]
     L += ["", "Every moved organization's table had each new column and index after its migration."
           if not bad else f"Organizations missing a change: {[(c['moved'], c['rtt_ms'], c['orgs_missing_change']) for c in bad]}",
@@ -358,7 +439,7 @@ def main() -> int:
             start_agents(ctx, 0.0)
             t = time.time()
             for o in org_ids(count)[len(moved):]:
-                lokadb(ctx, ["move-org", o, "--profile", "fdw"], ctx.cloud.dsn(), timeout=900)
+                lokadb(ctx, ["move-org", o, "--profile", "fdw+direct"], ctx.cloud.dsn(), timeout=900)
                 moved.append(o)
             if count:
                 log(f"  {count} organizations moved ({round(time.time() - t, 1)} s for the last ones)")
