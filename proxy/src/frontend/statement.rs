@@ -49,6 +49,9 @@ pub struct Exchange {
     pub silenced_failed: std::collections::VecDeque<u64>,
     /// ErrorResponses received.
     pub errors: u64,
+    /// The backend said why it ends (a FATAL error reached the client): its end needs no
+    /// message of the proxy's.
+    pub ended_with_fatal: bool,
     /// Syncs sent since the last Execute: ignored by the backend if that Execute began a
     /// COPY FROM STDIN.
     pub syncs_after_execute: u32,
@@ -130,6 +133,7 @@ impl Default for Exchange {
             silenced: std::collections::VecDeque::new(),
             silenced_failed: std::collections::VecDeque::new(),
             errors: 0,
+            ended_with_fatal: false,
             syncs_after_execute: 0,
             sent_in_batch: 0,
             binds_in_batch: 0,
@@ -860,6 +864,9 @@ impl Inspect for ServerFrames<'_> {
             (false, _, Some(frame))
                 if header.tag == BE_ERROR_RESPONSE && action == Action::Forward =>
             {
+                if super::refusal::is_fatal(frame) {
+                    self.exchange.ended_with_fatal = true;
+                }
                 // A refusal's error as the proxy meant it; a refusal has no position.
                 match plain_refusal(frame) {
                     Some(plain) => Action::Replace(plain),

@@ -25,6 +25,8 @@ mod proxy_pool;
 mod proxy_limits;
 // psql, pgbench and psycopg 3 through the proxy.
 mod proxy_tools;
+// asyncpg's own test suite straight at the cloud and through the proxy: the same passes.
+mod driver_suite;
 // SIGTERM drain.
 mod proxy_shutdown;
 // Organization databases behind agents and the relay: the fixture of the tunnel tests.
