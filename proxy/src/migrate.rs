@@ -18,6 +18,9 @@
 //! - every few seconds while some organization owes migrations (it could not be reached,
 //!   `lokadb.migration_offline = defer`): [`sync`] applies them once it can be reached.
 //!
+//! The thread's session keeps `lokadb.ddl_resolve()`'s connections to organizations (one
+//! each, schema 17), so a pass opens none and settles every organization at once.
+//!
 //! `lokadb resolve` does the same sweep by hand (no proxy running), `lokadb org sync` the
 //! sync.
 

@@ -1077,7 +1077,8 @@ async fn a_sessions_migrations_keep_their_connections_and_survive_their_loss() {
         .unwrap();
     assert_same_shape(&w, "a second migration on kept connections");
 
-    // Organization 2's database ends every other backend: the kept connection is dead.
+    // Organization 2's database ends every other backend: the session's kept connection
+    // and the resolver's are dead; both are opened again (settled() needs the resolver).
     w.org_q(
         0,
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
