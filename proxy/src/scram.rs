@@ -28,6 +28,8 @@ pub enum ScramError {
     BadProof,
     /// The server's signature does not match: the cloud does not hold this verifier.
     BadServerSignature,
+    /// The server asks for more PBKDF2 iterations than [`MAX_SERVER_ITERATIONS`].
+    TooManyIterations(u32),
 }
 
 impl fmt::Display for ScramError {
@@ -37,6 +39,11 @@ impl fmt::Display for ScramError {
             ScramError::Unsupported(what) => write!(f, "unsupported SCRAM option: {what}"),
             ScramError::BadProof => f.write_str("SCRAM proof does not match"),
             ScramError::BadServerSignature => f.write_str("SCRAM server signature does not match"),
+            ScramError::TooManyIterations(n) => write!(
+                f,
+                "the server asks for {n} SCRAM iterations, more than the {MAX_SERVER_ITERATIONS} \
+                 LokaDB computes (set the role's password again with a lower scram_iterations)"
+            ),
         }
     }
 }
@@ -262,6 +269,40 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// The most PBKDF2 iterations a server may ask the proxy to compute for a password login.
+/// The derivation runs on the core's thread, so a server (an organization's database is
+/// not the proxy's to trust) asking for millions would stall every session of that core:
+/// 100,000 cost about 40 ms once per salt (PostgreSQL's default is 4,096).
+pub const MAX_SERVER_ITERATIONS: u32 = 100_000;
+
+/// Keys derived from a password, per core: a server keeps its salt, so each login after the
+/// first on a core costs no PBKDF2 at all.
+fn derived_keys(password: &str, salt: &[u8], iterations: u32) -> ScramKeys {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    /// Entries kept before the cache starts over (servers × logins of the proxy's own).
+    const KEPT: usize = 256;
+    /// SHA-256 of the password, salt, iterations.
+    type Derivation = ([u8; 32], Vec<u8>, u32);
+    thread_local! {
+        static CACHE: RefCell<HashMap<Derivation, ScramKeys>> = RefCell::new(HashMap::new());
+    }
+    // The password itself is not kept as a key.
+    let key = (sha256(password.as_bytes()), salt.to_vec(), iterations);
+    if let Some(k) = CACHE.with(|c| c.borrow().get(&key).cloned()) {
+        return k;
+    }
+    let keys = ScramKeys::from_password(password, salt, iterations);
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() >= KEPT {
+            c.clear();
+        }
+        c.insert(key, keys.clone());
+    });
+    keys
+}
+
 /// Client side of an exchange with the cloud.
 pub struct ClientExchange {
     client_first_bare: String,
@@ -306,10 +347,16 @@ impl ClientExchange {
             .ok_or(ScramError::Malformed("salt"))?;
         let iterations: u32 = attr(msg, 'i')
             .and_then(|i| i.parse().ok())
+            .filter(|&i| i > 0)
             .ok_or(ScramError::Malformed("iterations"))?;
         let keys = match creds {
             Credentials::Keys(k) => k.clone(),
-            Credentials::Password(p) => ScramKeys::from_password(&p.0, &salt, iterations),
+            Credentials::Password(p) => {
+                if iterations > MAX_SERVER_ITERATIONS {
+                    return Err(ScramError::TooManyIterations(iterations));
+                }
+                derived_keys(&p.0, &salt, iterations)
+            }
         };
         let without_proof = format!("c=biws,r={nonce}");
         let auth_message = format!("{},{},{}", self.client_first_bare, msg, without_proof);
@@ -423,6 +470,52 @@ mod tests {
             exchange(&Credentials::Keys(keys.clone()), &verifier).unwrap(),
             keys
         );
+    }
+
+    /// A server-first-message answering `first` with `iterations`.
+    fn server_first(first: &str, iterations: &str) -> String {
+        let nonce = first.rsplit("r=").next().unwrap();
+        format!("r={nonce}server,s={},i={iterations}", B64.encode(b"salt"))
+    }
+
+    #[test]
+    fn a_servers_iteration_count_is_bounded() {
+        let (client, first) = ClientExchange::start();
+        let too_many = server_first(&first, "100001");
+        assert_eq!(
+            client.respond(too_many.as_bytes(), &password("p")).err(),
+            Some(ScramError::TooManyIterations(100_001))
+        );
+        for bad in ["0", "-1", "x"] {
+            let (client, first) = ClientExchange::start();
+            let msg = server_first(&first, bad);
+            assert_eq!(
+                client.respond(msg.as_bytes(), &password("p")).err(),
+                Some(ScramError::Malformed("iterations")),
+                "i={bad}"
+            );
+        }
+        // Passthrough keys need no derivation: any count.
+        let keys = ScramKeys::from_password("p", b"salt", 4096);
+        let (client, first) = ClientExchange::start();
+        let msg = server_first(&first, "4000000");
+        assert!(client
+            .respond(msg.as_bytes(), &Credentials::Keys(keys))
+            .is_ok());
+    }
+
+    #[test]
+    fn derived_keys_are_the_passwords_and_kept_per_salt() {
+        let direct = ScramKeys::from_password("secret", b"salt-a", 4096);
+        assert_eq!(derived_keys("secret", b"salt-a", 4096), direct);
+        assert_eq!(
+            derived_keys("secret", b"salt-a", 4096),
+            direct,
+            "from the cache"
+        );
+        assert_ne!(derived_keys("secret", b"salt-b", 4096), direct);
+        assert_ne!(derived_keys("other", b"salt-a", 4096), direct);
+        assert_ne!(derived_keys("secret", b"salt-a", 4097), direct);
     }
 
     #[test]

@@ -277,7 +277,10 @@ impl Pipe {
         self.end = new_end;
     }
 
-    /// Grows or compacts the buffer so a frame of `frame_len` starting at `scanned` fits.
+    /// Grows or compacts the buffer towards a frame of `frame_len` starting at `scanned`.
+    /// Memory follows the bytes received, not the length the peer declared: the room for the
+    /// frame at most doubles what it has brought so far, so a header declaring 4 GiB
+    /// followed by a few bytes costs a few kilobytes (it grows again as the bytes come).
     fn reserve_frame(&mut self, frame_len: usize) {
         if self.buf.len() - self.scanned >= frame_len {
             return;
@@ -288,8 +291,10 @@ impl Pipe {
             self.scanned -= self.start;
             self.start = 0;
         }
-        if self.buf.len() - self.scanned < frame_len {
-            self.buf.resize(self.scanned + frame_len, 0);
+        let have = self.end - self.scanned;
+        let room = frame_len.min((2 * have).max(PIPE_BUFFER));
+        if self.buf.len() - self.scanned < room {
+            self.buf.resize(self.scanned + room, 0);
         }
     }
 }
@@ -579,6 +584,50 @@ mod proptests {
             FE_EXECUTE,
         ]);
         prop::collection::vec((tag, prop::collection::vec(any::<u8>(), 0..3000)), 0..40)
+    }
+
+    /// A frame whose header declares far more than arrives.
+    fn declared(len: u32, sent: usize) -> Vec<u8> {
+        let mut input = vec![FE_QUERY];
+        input.extend_from_slice(&len.to_be_bytes());
+        input.extend(std::iter::repeat_n(b'x', sent));
+        input
+    }
+
+    /// Runs `pipe` over `input` until the reader is exhausted; the pipe's buffer size.
+    fn buffered(pipe: &mut Pipe, input: Vec<u8>) -> usize {
+        let mut reader = Script::new(input, vec![4096]);
+        let mut writer = Slow {
+            out: Vec::new(),
+            limit: usize::MAX,
+        };
+        let mut counter = Counter {
+            frames: 0,
+            inspected: 0,
+        };
+        block_on(futures_lite::future::poll_fn(|cx| loop {
+            match pipe.poll_step(
+                cx,
+                Pin::new(&mut reader),
+                Pin::new(&mut writer),
+                &mut counter,
+            ) {
+                Poll::Ready(Ok(_)) if !pipe.read_closed => continue,
+                _ => return Poll::Ready(()),
+            }
+        }));
+        pipe.buf.len()
+    }
+
+    #[test]
+    fn memory_follows_the_bytes_received_not_the_declared_length() {
+        // 4 GiB declared, a few bytes sent: a buffer of the usual size.
+        let mut pipe = Pipe::new(u32::MAX);
+        assert_eq!(buffered(&mut pipe, declared(u32::MAX, 10)), PIPE_BUFFER);
+        // 1 GiB declared, 1 MiB sent: at most about twice what came.
+        let mut pipe = Pipe::new(u32::MAX);
+        let len = buffered(&mut pipe, declared(1 << 30, 1 << 20));
+        assert!(len <= 3 << 20, "{len} bytes buffered for 1 MiB received");
     }
 
     proptest! {
