@@ -1203,7 +1203,7 @@ async fn direct_connections_are_shared_between_transactions_under_direct_max() {
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
              AND backend_type = 'client backend' AND pid <> pg_backend_pid() \
-             AND application_name <> 'postgres_fdw'",
+             AND application_name NOT IN ('postgres_fdw', 'lokadb resolver')",
             &[],
         )
         .await

@@ -73,6 +73,8 @@ BEGIN
             BEGIN
                 PERFORM lokadb.ddl_disconnect(c);
                 PERFORM dblink_connect(c, o.server);
+                -- Kept: named for the organization's operators (pg_stat_activity).
+                PERFORM dblink_exec(c, 'SET application_name = ''lokadb resolver''');
                 sent := dblink_send_query(c, list);
             EXCEPTION WHEN OTHERS THEN
                 sent := 0;
