@@ -265,6 +265,12 @@ fn assert_same_shape(w: &World, step: &str) {
     }
 }
 
+/// The server's error that `sql`, as one migration transaction, fails with.
+async fn migration_error(c: &tokio_postgres::Client, sql: &str) -> tokio_postgres::error::DbError {
+    let e = migrate(c, sql).await.unwrap_err();
+    e.as_db_error().unwrap_or_else(|| panic!("{e:?}")).clone()
+}
+
 /// `sql` as one transaction of the application's role through the proxy.
 async fn migrate(c: &tokio_postgres::Client, sql: &str) -> Result<(), tokio_postgres::Error> {
     c.batch_execute("BEGIN").await?;
@@ -474,13 +480,11 @@ async fn an_unreachable_organization_fails_the_migration_and_nothing_changes() {
     let before = (w.cloud_q(COLUMNS), w.org_q(0, COLUMNS), w.org_q(1, COLUMNS));
     w.agents[1].take().unwrap().kill();
 
-    let e = migrate(
+    let db = migration_error(
         &app,
         "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
     )
-    .await
-    .unwrap_err();
-    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    .await;
     assert_eq!(db.code().code(), "08001", "{db:?}");
     assert!(
         db.message()
@@ -519,13 +523,11 @@ async fn an_unreachable_organization_fails_the_migration_and_nothing_changes() {
         .wait_connected(Duration::from_secs(10))
         .unwrap();
     w.org_q(1, "ALTER TABLE documents ADD COLUMN priority text");
-    let e = migrate(
+    let db = migration_error(
         &app,
         "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
     )
-    .await
-    .unwrap_err();
-    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    .await;
     assert_eq!(db.code().code(), "42701", "{db:?}");
     assert!(db.message().contains("organization 3"), "{db:?}");
     assert!(
@@ -1163,13 +1165,11 @@ async fn an_unreachable_organization_may_owe_a_migration_until_it_is_synced() {
     app.batch_execute("SET lokadb.migration_offline = 'later'")
         .await
         .unwrap();
-    let e = migrate(
+    let db = migration_error(
         &app,
         "ALTER TABLE documents ADD COLUMN priority int NOT NULL DEFAULT 0",
     )
-    .await
-    .unwrap_err();
-    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    .await;
     assert_eq!(db.code().code(), "22023", "{db:?}");
     assert!(db.message().contains("lokadb.migration_offline"), "{db:?}");
 
@@ -1264,10 +1264,7 @@ async fn an_unreachable_organization_may_owe_a_migration_until_it_is_synced() {
     app.batch_execute("RESET lokadb.migration_offline")
         .await
         .unwrap();
-    let e = migrate(&app, "ALTER TABLE documents ADD COLUMN later int")
-        .await
-        .unwrap_err();
-    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    let db = migration_error(&app, "ALTER TABLE documents ADD COLUMN later int").await;
     assert_eq!(db.code().code(), "08001", "{db:?}");
     assert!(
         db.hint()
