@@ -274,8 +274,24 @@ fn resolve(relay: &str) -> Option<SocketAddr> {
 const MAX_CACHED: usize = 10_000;
 
 /// The longest statement text kept in the cache: longer ones (bulk inserts, mostly) are
-/// rarely sent twice, and 10,000 of them would hold gigabytes.
+/// rarely sent twice.
 const MAX_CACHED_BYTES: usize = 16 << 10;
+
+/// The most bytes a core's analyses of one database may hold (texts and an estimate of each
+/// entry's own size); past it the cache starts over. Without it 10,000 texts of 16 KiB
+/// would hold 160 MB per core and database.
+const MAX_CACHE_BYTES: usize = 8 << 20;
+
+/// What an entry costs besides its text: the map's slot and the analysis (its organization
+/// and table names are short).
+const ENTRY_BYTES: usize = std::mem::size_of::<(Box<str>, Analysis)>() + 64;
+
+/// A core's analyses by statement text, bounded in entries and in bytes.
+#[derive(Default)]
+struct Analyses {
+    map: HashMap<Box<str>, Analysis>,
+    bytes: usize,
+}
 
 /// Where the analysis placed a statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,7 +317,7 @@ impl Placement {
 /// A core's copy of one database's metadata and its analyses by statement text.
 pub struct CoreMeta {
     pub meta: Arc<Meta>,
-    analyses: RefCell<HashMap<Box<str>, Analysis>>,
+    analyses: RefCell<Analyses>,
     /// Statements that opened a direct transaction which then had to move to the cloud,
     /// and until when the next such transaction starts on the cloud instead
     /// ([`CoreMeta::opens_on_cloud`]).
@@ -319,7 +335,7 @@ impl CoreMeta {
     pub fn new(meta: Arc<Meta>) -> CoreMeta {
         CoreMeta {
             meta,
-            analyses: RefCell::new(HashMap::new()),
+            analyses: RefCell::new(Analyses::default()),
             moved_openers: RefCell::new(HashMap::new()),
         }
     }
@@ -353,7 +369,7 @@ impl CoreMeta {
             // Taken, not copied: the old generation is being replaced.
             std::mem::take(&mut *self.analyses.borrow_mut())
         } else {
-            HashMap::new()
+            Analyses::default()
         };
         CoreMeta {
             meta,
@@ -368,18 +384,20 @@ impl CoreMeta {
         if !self.meta.catalog.may_touch(sql) {
             return Analysis::NoLokaTable;
         }
-        if let Some(a) = self.analyses.borrow().get(sql) {
+        if let Some(a) = self.analyses.borrow().map.get(sql) {
             return a.clone();
         }
         let a = analyze(sql, &self.meta.catalog);
         if sql.len() > MAX_CACHED_BYTES {
             return a;
         }
+        let cost = sql.len() + ENTRY_BYTES;
         let mut cache = self.analyses.borrow_mut();
-        if cache.len() >= MAX_CACHED {
-            cache.clear();
+        if cache.map.len() >= MAX_CACHED || cache.bytes + cost > MAX_CACHE_BYTES {
+            *cache = Analyses::default();
         }
-        cache.insert(sql.into(), a.clone());
+        cache.map.insert(sql.into(), a.clone());
+        cache.bytes += cost;
         a
     }
 
@@ -444,7 +462,12 @@ impl CoreMeta {
 
     /// How many analyses are cached (tests, metrics).
     pub fn cached(&self) -> usize {
-        self.analyses.borrow().len()
+        self.analyses.borrow().map.len()
+    }
+
+    /// What the cached analyses are counted to hold (tests, metrics).
+    pub fn cached_bytes(&self) -> usize {
+        self.analyses.borrow().bytes
     }
 }
 
@@ -467,6 +490,20 @@ mod tests {
             owing_orgs: 0,
             set_normalized: true,
         }))
+    }
+
+    #[test]
+    fn the_cache_is_bounded_in_bytes() {
+        let m = meta();
+        let pad = "x".repeat(10_000);
+        for i in 0..2_000 {
+            let sql =
+                format!("SELECT * FROM documents WHERE organization_id = $1 AND body = '{pad}{i}'");
+            m.analyze(&sql);
+            assert!(m.cached_bytes() <= MAX_CACHE_BYTES, "{}", m.cached_bytes());
+        }
+        // 2,000 texts of 10 kB were analysed; the cache holds what fits in its bytes.
+        assert!(m.cached() > 100 && m.cached() < 1_000, "{}", m.cached());
     }
 
     #[test]
