@@ -90,8 +90,10 @@ def build_world(ctx) -> dict:
     root = cluster_root(ctx.tmp / "world")
     ctx.org = org = PgCluster(root, "org", ctx.commands)
     # Each moved organization's migration holds one prepared transaction until the resolver
-    # commits it; every organization's postgres_fdw, dblink and move sessions need connections.
-    org.create({**ORG_PG, "max_connections": str(3 * n + 50), "max_prepared_transactions": str(n + 10)})
+    # commits it; every organization's postgres_fdw, dblink (a migrating session's and the
+    # resolver's, kept), direct-path and move sessions need connections, all in this one
+    # cluster (3 per organization ran out at 100 once the resolver kept its own).
+    org.create({**ORG_PG, "max_connections": str(5 * n + 50), "max_prepared_transactions": str(n + 10)})
     with org.conn() as c:
         c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
         for o in orgs:
