@@ -47,9 +47,11 @@ pub struct Shared {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Users from `users_file`, if configured.
     pub users: Option<UsersFile>,
-    /// Client connections open now over all cores (checked per connection, not per
-    /// statement).
+    /// Authenticated client sessions now over all cores (`max_connections`; checked per
+    /// connection, not per statement).
     pub connections: AtomicU32,
+    /// Clients in the handshake now over all cores (`max_handshakes`).
+    pub handshakes: AtomicU32,
     /// Set by the signal thread on SIGTERM/SIGINT.
     pub shutdown: Arc<AtomicBool>,
     /// Salts the mock verifiers of unknown roles.
@@ -90,6 +92,7 @@ impl Shared {
             tls,
             users,
             connections: AtomicU32::new(0),
+            handshakes: AtomicU32::new(0),
             shutdown: Arc::new(AtomicBool::new(false)),
             mock_secret: rand::random(),
             env_auth_password,
@@ -167,6 +170,8 @@ pub struct Core {
     pub shutdown: Notify,
     /// Sessions running on this core.
     pub sessions: Cell<usize>,
+    /// Clients of this core in the handshake, by address (`max_handshakes_per_address`).
+    pub handshaking: RefCell<HashMap<std::net::IpAddr, u32>>,
     /// Each database's routing metadata, as the watcher last sent it (absent until the
     /// first load, and for databases without an `auth_user`).
     pub meta: RefCell<HashMap<String, Rc<CoreMeta>>>,
@@ -224,6 +229,7 @@ impl Core {
             peers,
             shutdown: Notify::default(),
             sessions: Cell::new(0),
+            handshaking: RefCell::new(HashMap::new()),
             meta: RefCell::new(HashMap::new()),
             meta_version: Cell::new(0),
             checks: RefCell::new(HashMap::new()),

@@ -21,9 +21,16 @@ pub struct Config {
     /// TLS for client connections; without it, SSLRequest is answered `N`.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
-    /// Client connections accepted at once over all cores; past it, SQLSTATE 53300.
+    /// Authenticated client sessions at once over all cores; past it, SQLSTATE 53300.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: u32,
+    /// Clients in the handshake (connected, not yet authenticated) at once over all cores;
+    /// past it a new connection is closed at once. They do not count in `max_connections`.
+    #[serde(default = "defaults::max_handshakes")]
+    pub max_handshakes: u32,
+    /// Clients in the handshake at once from one address, on each core.
+    #[serde(default = "defaults::max_handshakes_per_address")]
+    pub max_handshakes_per_address: u32,
     /// Largest protocol message accepted from a client, in bytes.
     #[serde(default = "defaults::max_message_bytes")]
     pub max_message_bytes: u32,
@@ -181,6 +188,12 @@ mod defaults {
     pub fn max_connections() -> u32 {
         1000
     }
+    pub fn max_handshakes() -> u32 {
+        512
+    }
+    pub fn max_handshakes_per_address() -> u32 {
+        64
+    }
     pub fn max_message_bytes() -> u32 {
         256 << 20
     }
@@ -316,6 +329,11 @@ impl Config {
         }
         if self.max_connections == 0 {
             return bad("\"max_connections\" must be at least 1".into());
+        }
+        if self.max_handshakes == 0 || self.max_handshakes_per_address == 0 {
+            return bad(
+                "\"max_handshakes\" and \"max_handshakes_per_address\" must be at least 1".into(),
+            );
         }
         if self.max_message_bytes < 1024 {
             return bad("\"max_message_bytes\" must be at least 1024".into());
@@ -479,6 +497,7 @@ mod tests {
     fn defaults_apply() {
         let c = Config::from_json(MIN).unwrap();
         assert_eq!(c.max_connections, 1000);
+        assert_eq!((c.max_handshakes, c.max_handshakes_per_address), (512, 64));
         assert_eq!(c.max_message_bytes, 256 << 20);
         assert_eq!(c.auth_timeout, Duration::from_secs(30));
         assert!(!c.route_log);
@@ -522,6 +541,15 @@ mod tests {
             ))
             .unwrap_err();
             assert!(e.to_string().contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn handshake_limits_must_admit_someone() {
+        for key in ["max_handshakes", "max_handshakes_per_address"] {
+            let e =
+                Config::from_json(&MIN.replacen('{', &format!("{{\"{key}\": 0, "), 1)).unwrap_err();
+            assert!(e.to_string().contains("must be at least 1"), "{key}: {e}");
         }
     }
 

@@ -30,18 +30,20 @@ use tracing::Instrument;
 /// Serves one client connection to the end. Never panics on client input; every
 /// failure ends only this session.
 pub async fn serve(core: Rc<Core>, tcp: TcpStream) {
-    let subnet = tcp
-        .peer_addr()
-        .map(|a| crate::net::subnet(a.ip()))
-        .unwrap_or_else(|_| "?".into());
+    let peer = tcp.peer_addr().ok().map(|a| a.ip());
+    let subnet = peer.map_or_else(|| "?".into(), crate::net::subnet);
     let span = tracing::debug_span!("session", core = core.id, client = %subnet);
-    let count = SessionCount::new(&core);
-    serve_inner(&core, tcp, count.over_limit)
-        .instrument(span)
-        .await
+    let _count = SessionCount::new(&core);
+    // Past the handshake limits the connection is closed before a byte is read: a flood
+    // of idle or slow sockets costs a socket each, and authenticated clients are not
+    // refused for it (they count in max_connections only once authenticated).
+    let Some(handshake) = Handshake::begin(&core, peer) else {
+        return tracing::debug!(client = %subnet, "handshake limit reached: connection closed");
+    };
+    serve_inner(&core, tcp, handshake).instrument(span).await
 }
 
-async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, over_limit: bool) {
+async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>) {
     let _ = tcp.set_nodelay(true);
     let auth_timeout = core.shared.config.auth_timeout;
     let started = Instant::now();
@@ -52,21 +54,15 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, over_limit: bool) {
         Some(Ok(Negotiated::Cancelled)) => return,
         Some(Ok(Negotiated::Startup(stream, startup))) => (stream, startup),
     };
-    let refusal = if over_limit {
-        Some(SessionError::TooManyConnections)
-    } else if core.shutdown.is_fired() {
-        Some(SessionError::Shutdown)
-    } else {
-        None
-    };
-    if let Some(e) = refusal {
-        return report(&mut stream, e).await;
+    if core.shutdown.is_fired() {
+        return report(&mut stream, SessionError::Shutdown).await;
     }
     let remaining = auth_timeout.saturating_sub(started.elapsed());
     let attached = match with_timeout(remaining, attach(core, &mut stream, &startup)).await {
         None => Err(SessionError::AuthTimeout),
         Some(r) => r,
     };
+    drop(handshake);
     match attached {
         Ok((key, backend)) => forward(core, stream, key, backend).await,
         Err(e) => report(&mut stream, e).await,
@@ -99,6 +95,8 @@ async fn attach(
         credentials,
         server_final,
     } = authenticate(stream, core, db, user).await?;
+    // Counted from here, once the client has proved who it is.
+    let admitted = Admitted::new(&core.shared).ok_or(SessionError::TooManyConnections)?;
 
     let mut params: Vec<(String, String)> = startup
         .params
@@ -180,6 +178,7 @@ async fn attach(
     backend::backend_key_data(&mut out, cancel.pid, cancel.secret);
     backend::ready_for_query(&mut out, backend.status);
     let attached = Attached {
+        _admitted: admitted,
         backend,
         session,
         db: db.clone(),
@@ -227,6 +226,8 @@ async fn connect_backend(
 
 /// A backend attached to a session, with the session's handle in the cancel registry.
 struct Attached {
+    /// Its slot of `max_connections`, for the session's life.
+    _admitted: Admitted,
     backend: BackendConn,
     session: SessionId,
     db: Rc<Database>,
@@ -257,6 +258,7 @@ enum End {
 
 async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attached: Attached) {
     let Attached {
+        _admitted,
         mut backend,
         session,
         db,
@@ -593,27 +595,86 @@ fn log_error(e: &SessionError) {
     }
 }
 
-/// Counts a connection on its core (so shutdown knows when sessions are gone) and
-/// over all cores (`max_connections`), for as long as it lives.
+/// Counts a connection on its core, so shutdown knows when sessions are gone.
 struct SessionCount<'a> {
     core: &'a Core,
-    over_limit: bool,
 }
 
 impl<'a> SessionCount<'a> {
     fn new(core: &'a Core) -> Self {
         core.sessions.set(core.sessions.get() + 1);
-        let open = core.shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
-        SessionCount {
-            core,
-            over_limit: open > core.shared.config.max_connections,
-        }
+        SessionCount { core }
     }
 }
 
 impl Drop for SessionCount<'_> {
     fn drop(&mut self) {
         self.core.sessions.set(self.core.sessions.get() - 1);
-        self.core.shared.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An authenticated session's slot of `max_connections` over all cores.
+struct Admitted {
+    shared: std::sync::Arc<crate::core::Shared>,
+}
+
+impl Admitted {
+    fn new(shared: &std::sync::Arc<crate::core::Shared>) -> Option<Admitted> {
+        let open = shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let slot = Admitted {
+            shared: shared.clone(),
+        };
+        // Over the limit, the slot is given back as it drops.
+        (open <= shared.config.max_connections).then_some(slot)
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.shared.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A client in the handshake (accepted, not yet authenticated): counted over all cores
+/// (`max_handshakes`) and by address on its core (`max_handshakes_per_address`).
+struct Handshake<'a> {
+    core: &'a Core,
+    peer: Option<std::net::IpAddr>,
+}
+
+impl<'a> Handshake<'a> {
+    fn begin(core: &'a Core, peer: Option<std::net::IpAddr>) -> Option<Handshake<'a>> {
+        let config = &core.shared.config;
+        let all = core.shared.handshakes.fetch_add(1, Ordering::Relaxed) + 1;
+        // From here on, dropping it gives back what it took.
+        let mut h = Handshake { core, peer: None };
+        if all > config.max_handshakes {
+            return None;
+        }
+        let ip = peer?;
+        let mut by_address = core.handshaking.borrow_mut();
+        let n = by_address.entry(ip).or_insert(0);
+        if *n >= config.max_handshakes_per_address {
+            return None;
+        }
+        *n += 1;
+        drop(by_address);
+        h.peer = Some(ip);
+        Some(h)
+    }
+}
+
+impl Drop for Handshake<'_> {
+    fn drop(&mut self) {
+        self.core.shared.handshakes.fetch_sub(1, Ordering::Relaxed);
+        if let Some(ip) = self.peer {
+            let mut by_address = self.core.handshaking.borrow_mut();
+            if let Some(n) = by_address.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    by_address.remove(&ip);
+                }
+            }
+        }
     }
 }

@@ -68,6 +68,47 @@ async fn max_connections_gives_53300_not_a_hang() {
     assert_proxy_serves(&w).await;
 }
 
+/// Idle sockets that never authenticate are limited by the handshake limits, not by
+/// max_connections: they cannot lock authenticated clients out.
+#[tokio::test]
+async fn idle_sockets_do_not_lock_out_authenticated_clients() {
+    let w = World::start(
+        json!({ "max_connections": 2, "max_handshakes_per_address": 3, "auth_timeout": "60s" }),
+        &[],
+    )
+    .unwrap();
+    // Forty idle sockets from another address: at most three per core stay open, the rest
+    // are closed at once.
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        idle.push(sock.connect(w.proxy.addr()).await.unwrap());
+    }
+    let mut closed = 0;
+    for s in &mut idle {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(
+        (34..40).contains(&closed),
+        "{closed} of 40 idle sockets closed at once (3 kept per core)"
+    );
+    // Authenticated clients from another address: max_connections counts only them.
+    let held: Vec<_> = futures_util::future::join_all((0..2).map(|_| w.client())).await;
+    assert!(held.iter().all(Result::is_ok), "{held:?}");
+    let e = connect(&w.dsn()).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "53300", "{e:?}");
+    drop(held);
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_proxy_serves(&w).await;
+}
+
 #[tokio::test]
 async fn an_oversized_message_is_refused_without_allocating_it() {
     let w = World::start(json!({ "max_message_bytes": 1_048_576 }), &[]).unwrap();
