@@ -189,10 +189,10 @@ mod defaults {
         1000
     }
     pub fn max_handshakes() -> u32 {
-        512
+        1024
     }
     pub fn max_handshakes_per_address() -> u32 {
-        64
+        256
     }
     pub fn max_message_bytes() -> u32 {
         256 << 20
@@ -497,7 +497,7 @@ mod tests {
     fn defaults_apply() {
         let c = Config::from_json(MIN).unwrap();
         assert_eq!(c.max_connections, 1000);
-        assert_eq!((c.max_handshakes, c.max_handshakes_per_address), (512, 64));
+        assert_eq!((c.max_handshakes, c.max_handshakes_per_address), (1024, 256));
         assert_eq!(c.max_message_bytes, 256 << 20);
         assert_eq!(c.auth_timeout, Duration::from_secs(30));
         assert!(!c.route_log);
