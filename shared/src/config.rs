@@ -497,7 +497,10 @@ mod tests {
     fn defaults_apply() {
         let c = Config::from_json(MIN).unwrap();
         assert_eq!(c.max_connections, 1000);
-        assert_eq!((c.max_handshakes, c.max_handshakes_per_address), (1024, 256));
+        assert_eq!(
+            (c.max_handshakes, c.max_handshakes_per_address),
+            (1024, 256)
+        );
         assert_eq!(c.max_message_bytes, 256 << 20);
         assert_eq!(c.auth_timeout, Duration::from_secs(30));
         assert!(!c.route_log);
