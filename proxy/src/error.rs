@@ -57,6 +57,8 @@ pub enum SessionError {
     UnknownDatabase(String),
     /// `max_connections` reached.
     TooManyConnections,
+    /// `max_handshakes` (or, when `per_address`, `max_handshakes_per_address`) reached.
+    TooManyHandshakes { per_address: bool },
     /// `auth_timeout` passed before the client authenticated.
     AuthTimeout,
     /// Could not reach or log in to the cloud database (detail is for the log).
@@ -95,7 +97,7 @@ impl SessionError {
             | AuthTimeout
             | Unsupported(_)
             | StartupOrgUnlimited(_) => ErrorKind::User,
-            TooManyConnections => ErrorKind::Limit,
+            TooManyConnections | TooManyHandshakes { .. } => ErrorKind::Limit,
             UpstreamConnect(_) | UpstreamRejected(_) | UpstreamLost(_) | DirectLost(..)
             | AuthLookup(_) => ErrorKind::Upstream,
             Client(_) => ErrorKind::ClientDisconnect,
@@ -168,6 +170,16 @@ impl SessionError {
                 "sorry, too many clients already",
                 Some("The LokaDB proxy's max_connections was reached."),
             ),
+            TooManyHandshakes { per_address } => fatal(
+                out,
+                sqlstate::TOO_MANY_CONNECTIONS,
+                "sorry, too many clients already",
+                Some(if *per_address {
+                    "Too many connections from this address are logging in at once (the LokaDB proxy's max_handshakes_per_address)."
+                } else {
+                    "Too many connections are logging in at once (the LokaDB proxy's max_handshakes)."
+                }),
+            ),
             AuthTimeout => fatal(
                 out,
                 sqlstate::QUERY_CANCELED,
@@ -236,6 +248,10 @@ impl fmt::Display for SessionError {
             Scram(e) => write!(f, "{e}"),
             UnknownDatabase(db) => write!(f, "unknown database {db:?}"),
             TooManyConnections => f.write_str("max_connections reached"),
+            TooManyHandshakes { per_address: false } => f.write_str("max_handshakes reached"),
+            TooManyHandshakes { per_address: true } => {
+                f.write_str("max_handshakes_per_address reached")
+            }
             AuthTimeout => f.write_str("auth_timeout reached"),
             UpstreamConnect(e) => write!(f, "cloud connect failed: {e}"),
             UpstreamRejected(_) => f.write_str("cloud rejected the login"),

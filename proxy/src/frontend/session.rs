@@ -34,11 +34,22 @@ pub async fn serve(core: Rc<Core>, tcp: TcpStream) {
     let subnet = peer.map_or_else(|| "?".into(), crate::net::subnet);
     let span = tracing::debug_span!("session", core = core.id, client = %subnet);
     let _count = SessionCount::new(&core);
-    // Past the handshake limits the connection is closed before a byte is read: a flood
-    // of idle or slow sockets costs a socket each, and authenticated clients are not
-    // refused for it (they count in max_connections only once authenticated).
-    let Some(handshake) = Handshake::begin(&core, peer) else {
-        return tracing::debug!(client = %subnet, "handshake limit reached: connection closed");
+    // Past the handshake limits the connection gets its error and is closed before a byte
+    // is read (as Postgres's postmaster does when it cannot start a backend): a flood of
+    // idle or slow sockets costs a socket each, and authenticated clients are not refused
+    // for it (they count in max_connections only once authenticated).
+    let handshake = match Handshake::begin(&core, peer) {
+        Ok(h) => h,
+        Err(e) => {
+            // At debug: a flood must not flood the log.
+            tracing::debug!(client = %subnet, error = %e, "connection refused");
+            let mut out = Vec::new();
+            e.to_client(&mut out);
+            let mut stream = ClientStream::Plain(tcp);
+            let _ = with_timeout(REFUSAL_WRITE, stream.write_all(&out)).await;
+            let _ = stream.close().await;
+            return;
+        }
     };
     serve_inner(&core, tcp, handshake).instrument(span).await
 }
@@ -635,6 +646,9 @@ impl Drop for Admitted {
     }
 }
 
+/// How long a refused connection's error may take to be written before it is closed.
+const REFUSAL_WRITE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A client in the handshake (accepted, not yet authenticated): counted over all cores
 /// (`max_handshakes`) and by address on its core (`max_handshakes_per_address`).
 struct Handshake<'a> {
@@ -643,24 +657,29 @@ struct Handshake<'a> {
 }
 
 impl<'a> Handshake<'a> {
-    fn begin(core: &'a Core, peer: Option<std::net::IpAddr>) -> Option<Handshake<'a>> {
+    /// Counts a new connection from `peer` (not counted by address when it has none), or
+    /// says which limit it is over.
+    fn begin(
+        core: &'a Core,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Handshake<'a>, SessionError> {
         let config = &core.shared.config;
         let all = core.shared.handshakes.fetch_add(1, Ordering::Relaxed) + 1;
         // From here on, dropping it gives back what it took.
         let mut h = Handshake { core, peer: None };
         if all > config.max_handshakes {
-            return None;
+            return Err(SessionError::TooManyHandshakes { per_address: false });
         }
-        let ip = peer?;
+        let Some(ip) = peer else { return Ok(h) };
         let mut by_address = core.handshaking.borrow_mut();
         let n = by_address.entry(ip).or_insert(0);
         if *n >= config.max_handshakes_per_address {
-            return None;
+            return Err(SessionError::TooManyHandshakes { per_address: true });
         }
         *n += 1;
         drop(by_address);
         h.peer = Some(ip);
-        Some(h)
+        Ok(h)
     }
 }
 

@@ -78,7 +78,7 @@ async fn idle_sockets_do_not_lock_out_authenticated_clients() {
     )
     .unwrap();
     // Forty idle sockets from another address: at most three per core stay open, the rest
-    // are closed at once.
+    // get 53300 naming the limit and are closed at once.
     let mut idle = Vec::new();
     for _ in 0..40 {
         let sock = tokio::net::TcpSocket::new_v4().unwrap();
@@ -87,10 +87,14 @@ async fn idle_sockets_do_not_lock_out_authenticated_clients() {
     }
     let mut closed = 0;
     for s in &mut idle {
-        let mut b = [0u8; 1];
-        if let Ok(Ok(0) | Err(_)) =
-            tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await
+        let mut out = Vec::new();
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(Duration::from_millis(500), s.read_to_end(&mut out)).await
         {
+            let e = first_error(&out);
+            assert_eq!(e.code, "53300", "{e:?}");
+            let text = String::from_utf8_lossy(&out);
+            assert!(text.contains("max_handshakes_per_address"), "{text}");
             closed += 1;
         }
     }
