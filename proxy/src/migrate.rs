@@ -102,13 +102,16 @@ pub fn sync(client: &mut postgres::Client, org: &str) -> Result<Synced, postgres
     Ok(synced)
 }
 
+/// The organizations that owe migrations (schema 17+), in order.
+pub const OWED_ORGS_SQL: &str = "SELECT * FROM lokadb.owed_orgs()";
+
 /// The organizations that owe migrations, when the cloud's schema knows of owing (15+).
 ///
 /// # Errors
 ///
 /// The cloud's query failed.
 pub fn owing(client: &mut postgres::Client) -> Result<Vec<String>, postgres::Error> {
-    let rows = client.query("SELECT * FROM lokadb.owed_orgs()", &[]);
+    let rows = client.query(OWED_ORGS_SQL, &[]);
     match rows {
         Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
         // An older schema: nobody owes (15 and 16 did not have the function; their owing

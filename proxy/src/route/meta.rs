@@ -179,7 +179,7 @@ impl Meta {
         let (has_direct_meta, has_join_meta, has_key_meta): (bool, bool, bool) =
             (versions.get(0), versions.get(1), versions.get(2));
         if versions.get::<_, bool>(3) {
-            for row in client.query("SELECT * FROM lokadb.owed_orgs()", &[])? {
+            for row in client.query(crate::migrate::OWED_ORGS_SQL, &[])? {
                 if let Some(o) = orgs.get_mut(row.get::<_, &str>(0)) {
                     o.owes = true;
                 }
