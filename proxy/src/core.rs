@@ -5,6 +5,7 @@
 use crate::backend::auth_query::{AuthQuery, UsersFile};
 use crate::backend::pool::Pool;
 use crate::cancel::{CancelRegistry, Peer};
+use crate::net::cloud_tls::CloudTls;
 use crate::record::Recorder;
 use crate::route::meta::CoreMeta;
 use crate::scram::Secret;
@@ -35,8 +36,40 @@ pub struct Database {
     pub addr: SocketAddr,
     /// The database name in the cloud.
     pub dbname: String,
+    /// TLS to the cloud (`None`: plain).
+    pub tls: Option<Arc<CloudTls>>,
     /// The configuration block.
     pub config: DatabaseConfig,
+}
+
+/// A configured database's cloud, resolved once at start (DNS, certificates).
+pub struct Resolved {
+    /// The name clients ask for.
+    pub name: String,
+    /// The cloud's host as configured (for TLS names and the `postgres` crate).
+    pub host: String,
+    /// Its address.
+    pub addr: SocketAddr,
+    /// The database name in the cloud.
+    pub dbname: String,
+    /// TLS to the cloud (`None`: plain).
+    pub tls: Option<Arc<CloudTls>>,
+}
+
+impl Resolved {
+    /// A `postgres` crate configuration for the cloud as `user` (the address resolved at
+    /// start, the host name kept for TLS).
+    pub fn postgres_config(&self, user: &str, password: String) -> postgres::Config {
+        let mut pg = postgres::Config::new();
+        pg.host(&self.host)
+            .hostaddr(self.addr.ip())
+            .port(self.addr.port())
+            .dbname(&self.dbname)
+            .user(user)
+            .password(password)
+            .connect_timeout(std::time::Duration::from_secs(10));
+        pg
+    }
 }
 
 /// Everything the cores share, fixed at start.
@@ -60,6 +93,8 @@ pub struct Shared {
     pub env_auth_password: Option<String>,
     /// The direct path's password from `LOKADB_DIRECT_PASSWORD`, for databases without one.
     pub env_direct_password: Option<String>,
+    /// What the cores and the relay published last, for `GET /metrics`.
+    pub published: crate::metrics::Published,
 }
 
 impl Shared {
@@ -97,6 +132,7 @@ impl Shared {
             mock_secret: rand::random(),
             env_auth_password,
             env_direct_password,
+            published: crate::metrics::Published::default(),
         })
     }
 
@@ -117,30 +153,39 @@ impl Shared {
             .or_else(|| self.env_direct_password.clone())
     }
 
-    /// Resolves the databases (DNS happens here, once, never on an executor).
+    /// Resolves the databases (DNS happens here, once, never on an executor) and reads
+    /// their TLS files.
     ///
     /// # Errors
     ///
-    /// A cloud host that does not resolve.
-    pub fn resolve_databases(&self) -> anyhow::Result<Vec<(String, SocketAddr, String)>> {
+    /// A cloud host that does not resolve, a certificate or key that cannot be used.
+    pub fn resolve_databases(&self) -> anyhow::Result<Vec<Resolved>> {
         let mut out = Vec::new();
         for (name, db) in &self.config.databases {
             let cs = ConnString::parse(&db.cloud)
                 .map_err(|e| anyhow::anyhow!("databases.{name}.cloud: {e}"))?;
-            let addr = (cs.host.as_str(), cs.port)
-                .to_socket_addrs()
-                .map_err(|e| {
-                    anyhow::anyhow!("databases.{name}.cloud: cannot resolve {:?}: {e}", cs.host)
-                })?
-                .next()
-                .ok_or_else(|| {
-                    anyhow::anyhow!("databases.{name}.cloud: {:?} resolves to nothing", cs.host)
-                })?;
-            out.push((
-                name.clone(),
+            let addr = match cs.hostaddr {
+                Some(ip) => SocketAddr::new(ip, cs.port),
+                None => (cs.host.as_str(), cs.port)
+                    .to_socket_addrs()
+                    .map_err(|e| {
+                        anyhow::anyhow!("databases.{name}.cloud: cannot resolve {:?}: {e}", cs.host)
+                    })?
+                    .next()
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("databases.{name}.cloud: {:?} resolves to nothing", cs.host)
+                    })?,
+            };
+            let tls = CloudTls::new(&cs.tls, &cs.host)
+                .map_err(|e| anyhow::anyhow!("databases.{name}.cloud: {e:#}"))?
+                .map(Arc::new);
+            out.push(Resolved {
+                name: name.clone(),
+                dbname: cs.dbname.unwrap_or_else(|| name.clone()),
+                host: cs.host,
                 addr,
-                cs.dbname.unwrap_or_else(|| name.clone()),
-            ));
+                tls,
+            });
         }
         Ok(out)
     }
@@ -170,6 +215,8 @@ pub struct Core {
     pub shutdown: Notify,
     /// Sessions running on this core.
     pub sessions: Cell<usize>,
+    /// Counters for `GET /metrics` ([`crate::metrics`]).
+    pub stats: crate::metrics::CoreStats,
     /// Clients of this core in the handshake, by address (`max_handshakes_per_address`).
     pub handshaking: RefCell<HashMap<std::net::IpAddr, u32>>,
     /// Each database's routing metadata, as the watcher last sent it (absent until the
@@ -189,12 +236,19 @@ impl Core {
     pub fn new(
         id: usize,
         shared: Arc<Shared>,
-        resolved: &[(String, SocketAddr, String)],
+        resolved: &[Resolved],
         peers: Arc<Vec<Peer>>,
     ) -> Core {
         let mut databases = HashMap::new();
         let mut auth = HashMap::new();
-        for (name, addr, dbname) in resolved {
+        for Resolved {
+            name,
+            addr,
+            dbname,
+            tls,
+            ..
+        } in resolved
+        {
             let config = shared.config.databases[name].clone();
             if let Some(user) = &config.auth_user {
                 let password = shared.auth_password(&config);
@@ -206,6 +260,7 @@ impl Core {
                         user.clone(),
                         Secret(password),
                         config.auth_query.clone(),
+                        tls.clone(),
                     ),
                 );
             }
@@ -213,6 +268,7 @@ impl Core {
                 name: Rc::from(name.as_str()),
                 addr: *addr,
                 dbname: dbname.clone(),
+                tls: tls.clone(),
                 config,
             };
             databases.insert(name.clone(), Rc::new(db));
@@ -229,6 +285,7 @@ impl Core {
             peers,
             shutdown: Notify::default(),
             sessions: Cell::new(0),
+            stats: crate::metrics::CoreStats::default(),
             handshaking: RefCell::new(HashMap::new()),
             meta: RefCell::new(HashMap::new()),
             meta_version: Cell::new(0),

@@ -30,7 +30,8 @@
 //!   organizations' databases (COMMIT PREPARED once the cloud committed).
 //! - [`scram`]: SCRAM-SHA-256 for both sides, including passthrough.
 //! - [`cancel`]: per-session cancel keys and cross-core forwarding.
-//! - [`net`]: client streams, TLS, listening sockets.
+//! - [`net`]: client and cloud streams, TLS both ways, listening sockets.
+//! - [`metrics`]: `GET /metrics`, from counters each core keeps and publishes once a second.
 //! - [`error`]: classified session errors and what the client sees.
 //! - [`signals`], [`time`]: SIGTERM handling, timeouts.
 //!
@@ -45,6 +46,7 @@ pub mod core;
 pub mod error;
 pub mod failpoint;
 pub mod frontend;
+pub mod metrics;
 pub mod migrate;
 pub mod net;
 pub mod record;

@@ -140,7 +140,7 @@ const RECONNECT: Duration = Duration::from_secs(5);
 /// The thread could not be spawned.
 pub fn spawn(
     database: String,
-    config: postgres::Config,
+    config: crate::net::cloud_tls::PgLogin,
     shutdown: Arc<AtomicBool>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
@@ -167,10 +167,10 @@ pub fn spawn(
 /// support (an older LokaDB schema: it is looked for again after a reconnect delay).
 fn run(
     database: &str,
-    config: &postgres::Config,
+    config: &crate::net::cloud_tls::PgLogin,
     shutdown: &AtomicBool,
 ) -> Result<(), postgres::Error> {
-    let mut client = config.connect(postgres::NoTls)?;
+    let mut client = config.connect()?;
     let schema = client.query_one(
         "SELECT to_regprocedure('lokadb.ddl_resolve(boolean)') IS NOT NULL, \
                 to_regprocedure('lokadb.ddl_attempts()') IS NOT NULL",

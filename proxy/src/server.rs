@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(100);
 /// Reap idle pooled backends every this many ticks.
 const REAP_EVERY: u32 = 50;
+/// Publish the core's counters for `GET /metrics` every this many ticks.
+const PUBLISH_TICKS: u32 = (crate::metrics::PUBLISH_EVERY.as_millis() / TICK.as_millis()) as u32;
 
 /// Runs the proxy until SIGTERM/SIGINT and the drain that follows.
 ///
@@ -51,12 +53,22 @@ pub fn run(
     let sockets = crate::net::listener::bind_reuseport(shared.config.listen, cores)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
     crate::signals::install(shared.shutdown.clone())?;
+    if let Some(addr) = shared.config.metrics {
+        let bound = crate::metrics::serve(addr, shared.clone())?;
+        tracing::info!(addr = %bound, "metrics listening (GET /metrics)");
+    }
     let relay = match shared.config.relay.clone() {
         Some(relay_config) => {
             let flag = shared.shutdown.clone();
-            Some(crate::relay::start(relay_config, move || {
-                flag.load(Ordering::Relaxed)
-            })?)
+            let publish: Option<crate::relay::Publish> = shared.config.metrics.map(|_| {
+                let shared = shared.clone();
+                Box::new(move |counters| shared.published.relay(counters)) as _
+            });
+            Some(crate::relay::start(
+                relay_config,
+                move || flag.load(Ordering::Relaxed),
+                publish,
+            )?)
         }
         None => None,
     };
@@ -67,24 +79,25 @@ pub fn run(
     // Each core's inbox for metadata generations, and one watcher per database that has
     // a role to read them with.
     let (meta_peers, meta_inboxes) = mailbox::per_core::<MetaUpdate>(cores)?;
-    for (name, addr, dbname) in resolved.iter() {
+    for cloud in resolved.iter() {
+        let name = &cloud.name;
         let db = &shared.config.databases[name];
         let Some(user) = &db.auth_user else {
             tracing::info!(database = %name, "no auth_user: no routing metadata for this database");
             continue;
         };
         let password = shared.auth_password(db);
-        let mut pg = postgres::Config::new();
-        pg.host(&addr.ip().to_string())
-            .port(addr.port())
-            .dbname(dbname)
-            .user(user)
-            .password(password)
-            .application_name("lokadb meta")
-            .connect_timeout(Duration::from_secs(10));
-        // Migrations' second phase in organizations' databases (docs/migrations.md).
+        let mut pg = cloud.postgres_config(user, password);
+        pg.application_name("lokadb meta");
         let mut resolver = pg.clone();
         resolver.application_name("lokadb migrations");
+        let (pg, resolver) = [pg, resolver]
+            .map(|config| crate::net::cloud_tls::PgLogin {
+                config,
+                tls: cloud.tls.clone(),
+            })
+            .into();
+        // Migrations' second phase in organizations' databases (docs/migrations.md).
         crate::migrate::spawn(name.clone(), resolver, shared.shutdown.clone())?;
         watch::spawn(
             name.clone(),
@@ -170,7 +183,7 @@ pub fn run_relay(
         .ok_or_else(|| anyhow::anyhow!("the config has no \"relay\" section"))?;
     let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
     crate::signals::install(flag.clone())?;
-    let relay = crate::relay::start(relay_config, move || flag.load(Ordering::Relaxed))?;
+    let relay = crate::relay::start(relay_config, move || flag.load(Ordering::Relaxed), None)?;
     on_listening(relay.agents, relay.postgres);
     relay.join()
 }
@@ -209,7 +222,7 @@ struct CoreStart {
 async fn run_core(
     own: CoreStart,
     shared: Arc<Shared>,
-    resolved: Arc<Vec<(String, SocketAddr, String)>>,
+    resolved: Arc<Vec<crate::core::Resolved>>,
     peers: Arc<Vec<Peer>>,
 ) {
     let CoreStart {
@@ -287,6 +300,14 @@ async fn watch(core: Rc<Core>) {
             return;
         }
         ticks += 1;
+        if core.shared.config.metrics.is_some() && ticks.is_multiple_of(PUBLISH_TICKS) {
+            core.shared.published.core(
+                core.id,
+                &core.stats,
+                core.sessions.get(),
+                core.pool.borrow().idle_count(),
+            );
+        }
         if let Some(rec) = &core.record {
             // A recording is at most a tick behind, whatever the sessions do.
             rec.flush();

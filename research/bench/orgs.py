@@ -540,10 +540,11 @@ def start_cloud(ctx) -> str:
 # The proxy
 
 
-def start_proxy(ctx, db_extra: dict | None = None, name: str = "lokadb") -> LineProc:
-    """A proxy serving every world; `db_extra` is added to each `databases` entry (another
-    script's variant: statement_org.py)."""
-    dbs = {db_of(n): {"cloud": f"host=127.0.0.1 port={ctx.cloud.port} dbname={db_of(n)}",
+def start_proxy(ctx, db_extra: dict | None = None, name: str = "lokadb", cloud_options: str = "") -> LineProc:
+    """A proxy serving every world; `db_extra` is added to each `databases` entry and
+    `cloud_options` to each `cloud` connection string (another script's variant:
+    statement_org.py, cloud_tls.py)."""
+    dbs = {db_of(n): {"cloud": f"host=127.0.0.1 port={ctx.cloud.port} dbname={db_of(n)} {cloud_options}".strip(),
                       "auth_user": "lokadb_auth", "auth_password": AUTH_PASSWORD, **(db_extra or {})}
            for n in ctx.mode.orgs}
     cfg = {"listen": "127.0.0.1:0", "databases": dbs}

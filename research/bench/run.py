@@ -38,7 +38,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-PG_BIN = REPO / ".pg" / "bin"
+# LOKADB_BENCH_PG_BIN: another build (cloud_tls.py needs one with TLS: Debian's postgresql-15).
+PG_BIN = Path(os.environ.get("LOKADB_BENCH_PG_BIN", REPO / ".pg" / "bin"))
 LOKADB_BIN = Path(os.environ.get("LOKADB_BENCH_TARGET", REPO / "target" / "release")) / "lokadb"
 PGBOUNCER_BIN = Path("/usr/sbin/pgbouncer")
 PG_USER = "lokadb-pg"

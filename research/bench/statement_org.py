@@ -16,6 +16,7 @@ Writes raw.json and summary.md into research/bench/results/<UTC ts>-statement-or
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -32,30 +33,38 @@ import orgs  # noqa: E402  (the worlds, the proxy, pgbench with the proxy's and 
 from moves import fmt, med  # noqa: E402
 from tunnel import LOKADB_BIN, binary_info  # noqa: E402
 
-VARIANTS = {"on": None, "off": {"statement_org": False}}
+VARIANTS = {"on": {"db_extra": None}, "off": {"db_extra": {"statement_org": False}}}
 
 
-def render(raw: dict, outdir: Path, charts_data: bool) -> str:
-    del charts_data  # no charts-data.md section: a cost check, not a chart
+def ratio_rows(raw: dict) -> list[str]:
+    """The table of a side-by-side run: per script, protocol and N, the first variant's tps
+    ÷ the second's (per repetition, median) and both variants' CPU per statement."""
     runs = [r for r in raw["runs"] if r["phase"] == "measure"]
-    if not runs:
-        return write_empty_summary(raw, outdir, "statement_org benchmark", "measured run")
-    m = raw["meta"]
-    rows = ["| script | mode | N | tps with ÷ without | proxy µs/stmt with / without | "
-            "cloud µs/stmt with / without |", "|---|---|---:|---:|---:|---:|"]
+    first, second = list(raw["meta"]["variants"])
+    rows = [f"| script | mode | N | tps {first} ÷ {second} | proxy µs/stmt {first} / {second} | "
+            f"cloud µs/stmt {first} / {second} |", "|---|---|---:|---:|---:|---:|"]
     cells = sorted({(r["script"], r["query_mode"], r["orgs"]) for r in runs},
                    key=lambda c: (orgs.SCRIPTS.index(c[0]), orgs.QUERY_MODES.index(c[1]), c[2]))
     for script, qm, n in cells:
         by = {v: [r for r in runs if (r["script"], r["query_mode"], r["orgs"], r["variant"]) == (script, qm, n, v)]
-              for v in VARIANTS}
-        ratios = [a["tps"] / b["tps"] for a, b in zip(by["on"], by["off"]) if a.get("tps") and b.get("tps")]
+              for v in (first, second)}
+        ratios = [a["tps"] / b["tps"] for a, b in zip(by[first], by[second]) if a.get("tps") and b.get("tps")]
 
         def m_of(v, key):
             xs = [r[key] for r in by[v] if r.get(key) is not None]
             return med(xs) if xs else None
         rows.append(f"| {script} | {qm} | {n:,} | {fmt(med(ratios), 3) if ratios else '—'} | "
-                    f"{fmt(m_of('on', 'proxy_us_per_stmt'), 1)} / {fmt(m_of('off', 'proxy_us_per_stmt'), 1)} | "
-                    f"{fmt(m_of('on', 'cloud_us_per_stmt'), 0)} / {fmt(m_of('off', 'cloud_us_per_stmt'), 0)} |")
+                    f"{fmt(m_of(first, 'proxy_us_per_stmt'), 1)} / {fmt(m_of(second, 'proxy_us_per_stmt'), 1)} | "
+                    f"{fmt(m_of(first, 'cloud_us_per_stmt'), 0)} / {fmt(m_of(second, 'cloud_us_per_stmt'), 0)} |")
+    return rows
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    del charts_data  # no charts-data.md section: a cost check, not a chart
+    if not [r for r in raw["runs"] if r["phase"] == "measure"]:
+        return write_empty_summary(raw, outdir, "statement_org benchmark", "measured run")
+    m = raw["meta"]
+    rows = ratio_rows(raw)
     md = (f"# statement_org benchmark — run {m['run_id']}\n\n"
           f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
           f"{m['wall_seconds']} s, load average at the end {m.get('loadavg_at_end')}. "
@@ -70,69 +79,68 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     return write_summary(outdir, md, m["errors"])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="N = 1000 only, 3 s runs, R = 2 (≈ 2.5 min)")
-    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-statement-org[-quick])")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
-    ap.add_argument("--orgs", help="comma-separated organization counts (default: 1000 quick, 1,1000 full)")
-    ap.add_argument("--query-modes", default="simple,extended,prepared",
-                    help="comma-separated pgbench protocols (default: all three)")
-    args = ap.parse_args()
+def side_by_side(args, ap, *, script: str, tag: str, variants: dict, render, prepare_cloud=None) -> int:
+    """Two proxies over the same worlds, one per variant (`db_extra` added to each database,
+    `cloud_options` to each `cloud` string), pgbench through each in turn, the order
+    alternating; `prepare_cloud(ctx)` runs once the cloud is up."""
     if args.render:
         return rerender(args.render, render, False)
-    preflight("statement_org.py", (common.PG_BIN / "postgres", common.PG_BIN / "pgbench", LOKADB_BIN))
+    preflight(script, (common.PG_BIN / "postgres", common.PG_BIN / "pgbench", LOKADB_BIN))
     mode = orgs.Mode(args.quick)
     mode.orgs = [1000] if args.quick else [1, 1000]
     if args.orgs:
         mode.orgs = [int(n) for n in args.orgs.split(",")]
     mode.reps = 2 if args.quick else 3
-    mode.scripts = ["read", "update", "insert"]
+    mode.scripts = args.scripts.split(",")
     mode.query_modes = args.query_modes.split(",")
     if any(qm not in orgs.QUERY_MODES for qm in mode.query_modes):
         ap.error(f"--query-modes: each one of {', '.join(orgs.QUERY_MODES)}")
-    started, run_id, outdir = result_dir(args.out, "-statement-org", mode.quick)
+    started, run_id, outdir = result_dir(args.out, tag, mode.quick)
     raise_fd_limit()
     catch_signals()
     ctx = Ctx(mode)
     ctx.runs = []
     ctx.proxy = None
+    pg_env = f"LOKADB_BENCH_PG_BIN={common.PG_BIN} " if "LOKADB_BENCH_PG_BIN" in os.environ else ""
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
-            "command": "LOKADB_BENCH_TARGET=" + str(orgs.BIN_DIR) + " .venv/bin/python "
-                       "research/bench/statement_org.py " + shlex.join(sys.argv[1:]),
+            "command": pg_env + "LOKADB_BENCH_TARGET=" + str(orgs.BIN_DIR) + " .venv/bin/python "
+                       f"research/bench/{script} " + shlex.join(sys.argv[1:]),
             "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
-            "binaries": {LOKADB_BIN.name: binary_info(LOKADB_BIN)}, "variants": VARIANTS,
+            "binaries": {LOKADB_BIN.name: binary_info(LOKADB_BIN)}, "variants": variants,
             "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta, "worlds": [], "runs": ctx.runs}
     t_start = time.time()
     rc = 0
     proxies = {}
     try:
-        ctx.tmp = temp_dir("lokadb-statement-org-bench-")
+        ctx.tmp = temp_dir("lokadb-" + tag.strip("-") + "-bench-")
         meta["postgres_version"] = orgs.start_cloud(ctx)
+        if prepare_cloud:
+            prepare_cloud(ctx)
         for n in mode.orgs:
             log(f"building the world of {n} organizations")
             raw["worlds"].append(orgs.build_world(ctx, n))
-        for v, extra in VARIANTS.items():
-            ctx.proxy = proxies[v] = orgs.start_proxy(ctx, extra, name=f"lokadb-{v}")
+        for v, how in variants.items():
+            ctx.proxy = proxies[v] = orgs.start_proxy(ctx, how.get("db_extra"), name=f"lokadb-{v}",
+                                                      cloud_options=how.get("cloud_options", ""))
             orgs.wait_metadata(ctx)
             for n in mode.orgs:
                 orgs.pgbench(ctx, phase="warmup", script="warm", qmode="simple", n=n, target="lokadb",
                              transactions=1)
         k = 0
         for rep in range(mode.reps):
-            for script in mode.scripts:
+            for script_name in mode.scripts:
                 for qm in mode.query_modes:
                     for n in mode.orgs:
-                        order = list(VARIANTS) if k % 2 == 0 else list(VARIANTS)[::-1]
+                        order = list(variants) if k % 2 == 0 else list(variants)[::-1]
                         k += 1
                         for v in order:
                             ctx.proxy = proxies[v]
-                            r = orgs.pgbench(ctx, phase="measure", script=script, qmode=qm, n=n,
+                            r = orgs.pgbench(ctx, phase="measure", script=script_name, qmode=qm, n=n,
                                              target="lokadb", seconds=mode.seconds, rep=rep)
                             r["variant"] = v
                             if not r["ok"]:
-                                ctx.errors.append(f"{script} {qm} N={n} {v}: {r.get('error')}")
+                                ctx.errors.append(f"{script_name} {qm} N={n} {v}: {r.get('error')}")
                                 rc = 1
             (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
     except KeyboardInterrupt as e:
@@ -145,6 +153,25 @@ def main() -> int:
         safe_cleanup()
         finish_run(raw, outdir, t_start, render, False)
     return rc
+
+
+def arguments(doc: str, quick_help: str) -> tuple:
+    """The command line of a side-by-side benchmark: (args, parser)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-<name>[-quick])")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
+    ap.add_argument("--orgs", help="comma-separated organization counts (default: 1000 quick, 1,1000 full)")
+    ap.add_argument("--scripts", default="read,update,insert", help="comma-separated orgs.py scripts")
+    ap.add_argument("--query-modes", default="simple,extended,prepared",
+                    help="comma-separated pgbench protocols (default: all three)")
+    return ap.parse_args(), ap
+
+
+def main() -> int:
+    args, ap = arguments(__doc__, "N = 1000 only, 3 s runs, R = 2 (≈ 2.5 min)")
+    return side_by_side(args, ap, script="statement_org.py", tag="-statement-org", variants=VARIANTS,
+                        render=render)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::conninfo::ConnString;
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,6 +64,9 @@ pub struct Config {
     /// (which hand it to no one else), so a client's cancel works whichever proxy it lands on.
     #[serde(default)]
     pub peers: Vec<SocketAddr>,
+    /// Where `GET /metrics` answers in Prometheus' text format (plain HTTP).
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
 }
 
 /// The relay: where agents connect, where Postgres clients (postgres_fdw, the
@@ -401,92 +406,6 @@ pub fn parse_token_hash(s: &str) -> Result<[u8; 32], String> {
     Ok(out)
 }
 
-/// A parsed libpq keyword/value connection string (`host=… port=… dbname=…`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnString {
-    /// Host name or address.
-    pub host: String,
-    /// Port.
-    pub port: u16,
-    /// Database name.
-    pub dbname: Option<String>,
-    /// User, if given.
-    pub user: Option<String>,
-    /// Password, if given.
-    pub password: Option<String>,
-}
-
-impl ConnString {
-    /// Parses `key=value` pairs separated by spaces; values may be single-quoted with
-    /// `\'` and `\\` escapes, as libpq accepts.
-    ///
-    /// # Errors
-    ///
-    /// A message naming the bad key or value.
-    pub fn parse(s: &str) -> Result<ConnString, String> {
-        let mut out = ConnString {
-            host: "127.0.0.1".into(),
-            port: 5432,
-            dbname: None,
-            user: None,
-            password: None,
-        };
-        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
-            return Err("use the keyword form \"host=… port=… dbname=…\", not a URL".into());
-        }
-        let mut chars = s.chars().peekable();
-        loop {
-            while chars.peek().is_some_and(|c| c.is_whitespace()) {
-                chars.next();
-            }
-            if chars.peek().is_none() {
-                break;
-            }
-            let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
-            let key = key.trim().to_owned();
-            while chars.peek().is_some_and(|c| c.is_whitespace()) {
-                chars.next();
-            }
-            let mut value = String::new();
-            if chars.peek() == Some(&'\'') {
-                chars.next();
-                loop {
-                    match chars.next() {
-                        None => return Err(format!("unterminated quoted value for {key:?}")),
-                        Some('\\') => value.extend(chars.next()),
-                        Some('\'') => break,
-                        Some(c) => value.push(c),
-                    }
-                }
-            } else {
-                while let Some(&c) = chars.peek() {
-                    if c.is_whitespace() {
-                        break;
-                    }
-                    value.push(c);
-                    chars.next();
-                }
-            }
-            match key.as_str() {
-                "host" | "hostaddr" => out.host = value,
-                "port" => {
-                    out.port = value
-                        .parse()
-                        .map_err(|_| format!("invalid port {value:?}"))?
-                }
-                "dbname" => out.dbname = Some(value),
-                "user" => out.user = Some(value),
-                "password" => out.password = Some(value),
-                "sslmode" if value == "disable" || value == "prefer" || value == "allow" => {}
-                "application_name" | "connect_timeout" => {}
-                "" => return Err("missing key before '='".into()),
-                other => return Err(format!("unsupported connection option {other:?}")),
-            }
-        }
-        Ok(out)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,26 +536,5 @@ mod tests {
     fn a_database_needs_a_way_to_authenticate() {
         let e = Config::from_json(r#"{"databases": {"app": {"cloud": "host=x"}}}"#).unwrap_err();
         assert!(e.to_string().contains("auth_user"), "{e}");
-    }
-
-    #[test]
-    fn conn_string_forms() {
-        let c = ConnString::parse("host=10.1.2.3 port=6000 dbname='my db' user=u").unwrap();
-        assert_eq!(c.host, "10.1.2.3");
-        assert_eq!(c.port, 6000);
-        assert_eq!(c.dbname.as_deref(), Some("my db"));
-        assert_eq!(c.user.as_deref(), Some("u"));
-        assert!(ConnString::parse("host=x port=abc")
-            .unwrap_err()
-            .contains("invalid port"));
-        assert!(ConnString::parse("postgres://x/y")
-            .unwrap_err()
-            .contains("keyword form"));
-        assert!(ConnString::parse("host=x sslcert=y")
-            .unwrap_err()
-            .contains("sslcert"));
-        assert!(ConnString::parse("host='x")
-            .unwrap_err()
-            .contains("unterminated"));
     }
 }

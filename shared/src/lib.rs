@@ -21,5 +21,6 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod conninfo;
 pub mod tunnel;
 pub mod wire;

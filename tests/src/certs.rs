@@ -43,3 +43,42 @@ impl TestCerts {
         Ok(certs)
     }
 }
+
+/// A throwaway CA that issues certificates for any names, as PEM text.
+pub struct TestCa {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl TestCa {
+    /// A fresh self-signed CA named `name`.
+    pub fn new(name: &str) -> Result<TestCa> {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key)?;
+        Ok(TestCa { cert, key })
+    }
+
+    /// The CA's certificate (PEM).
+    pub fn pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    /// A certificate for the DNS `names` with common name `cn`, and its key (PEM).
+    pub fn issue(&self, cn: &str, names: &[&str]) -> Result<(String, String)> {
+        use rcgen::{CertificateParams, KeyPair};
+        let key = KeyPair::generate()?;
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let cert = params.signed_by(&key, &self.cert, &self.key)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}

@@ -404,6 +404,21 @@ impl Cluster {
         read_from(&self.log_path(), 0)
     }
 
+    /// Writes `name` into the data directory, owned by the server's OS user with `mode`
+    /// (a TLS key must be 0600 and the server's), and returns its path.
+    pub fn put_file(&self, name: &str, contents: &[u8], mode: u32) -> Result<PathBuf> {
+        let path = self.data_dir().join(name);
+        std::fs::write(&path, contents).with_context(|| format!("write {}", path.display()))?;
+        crate::set_mode(&path, mode)?;
+        chown(&path, os_owner()?)?;
+        Ok(path)
+    }
+
+    /// Whether this build of the server has TLS (the PostgreSQL 18 wheel has not).
+    pub fn has_tls(&self) -> Result<bool> {
+        Ok(!self.psql("postgres", "SHOW ssl_library")?.trim().is_empty())
+    }
+
     /// Immediate shutdown (SIGQUIT), SIGKILL if still running after a timeout. Idempotent.
     fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {

@@ -1,5 +1,7 @@
 //! Connecting to the cloud database for an admin command.
 
+use crate::net::cloud_tls::{connect_postgres, CloudTls};
+use lokadb_shared::conninfo::{split_tls, TlsOptions};
 use std::fmt;
 
 /// What an admin command reports when it fails: a message for the operator, and
@@ -59,21 +61,39 @@ pub fn describe(e: &postgres::Error) -> String {
     }
 }
 
-/// Connects to `dsn` (libpq keyword form or a `postgresql://` URL).
+/// Parses `dsn` (libpq keyword form or a `postgresql://` URL), TLS words included.
 ///
 /// # Errors
 ///
-/// A DSN that does not parse (usage), or a connection that fails.
+/// A DSN that does not parse (usage).
+pub fn parse(dsn: &str) -> Result<(postgres::Config, TlsOptions), AdminError> {
+    let invalid =
+        |e: &dyn fmt::Display| AdminError::usage(format!("invalid connection string: {e}"));
+    let (rest, tls) = split_tls(dsn).map_err(|e| invalid(&e))?;
+    let config: postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
+    Ok((config, tls))
+}
+
+/// Connects to `dsn` (libpq keyword form or a `postgresql://` URL), with TLS as its
+/// `sslmode`, `sslrootcert`, `sslcert` and `sslkey` say.
+///
+/// # Errors
+///
+/// A DSN that does not parse or TLS files that cannot be used (usage), or a connection
+/// that fails.
 pub fn connect(dsn: &str) -> Result<postgres::Client, AdminError> {
-    let config: postgres::Config = dsn
-        .parse()
-        .map_err(|e| AdminError::usage(format!("invalid connection string: {e}")))?;
-    let mut config = config;
+    let (mut config, tls) = parse(dsn)?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(std::time::Duration::from_secs(10));
     }
     config.application_name("lokadb admin");
-    config.connect(postgres::NoTls).map_err(|e| {
+    let host = match config.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "localhost".to_owned(),
+    };
+    let tls = CloudTls::new(&tls, &host)
+        .map_err(|e| AdminError::usage(format!("connection string: {e:#}")))?;
+    connect_postgres(&config, tls.as_ref()).map_err(|e| {
         AdminError::failed(format!("cannot connect to the database: {}", describe(&e)))
     })
 }

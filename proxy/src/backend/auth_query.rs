@@ -71,6 +71,7 @@ pub struct AuthQuery {
     user: String,
     password: Secret,
     query: String,
+    tls: Option<std::sync::Arc<crate::net::cloud_tls::CloudTls>>,
     /// Idle connections, with whether the query is prepared on each.
     idle: RefCell<Vec<(BackendConn, bool)>>,
 }
@@ -89,6 +90,7 @@ impl AuthQuery {
         user: String,
         password: Secret,
         query: String,
+        tls: Option<std::sync::Arc<crate::net::cloud_tls::CloudTls>>,
     ) -> AuthQuery {
         AuthQuery {
             addr,
@@ -96,6 +98,7 @@ impl AuthQuery {
             user,
             password,
             query,
+            tls,
             idle: RefCell::new(Vec::new()),
         }
     }
@@ -112,8 +115,15 @@ impl AuthQuery {
             Some((c, prepared)) if c.is_idle_and_open() => (c, prepared),
             _ => {
                 let creds = Credentials::Password(self.password.clone());
-                let conn =
-                    BackendConn::connect(self.addr, &self.user, &self.dbname, &[], &creds).await?;
+                let conn = BackendConn::connect(
+                    self.addr,
+                    &self.user,
+                    &self.dbname,
+                    &[],
+                    &creds,
+                    self.tls.as_deref(),
+                )
+                .await?;
                 (conn, false)
             }
         };

@@ -2,6 +2,8 @@
 //! the backend reported at startup, and run the few statements the proxy sends on its
 //! own account (the auth query, the pool reset).
 
+use crate::net::cloud_tls::{CloudTls, TlsError};
+use crate::net::stream::{send, ServerStream, Stream};
 use crate::rt::net::TcpStream;
 use crate::scram::{ClientExchange, Credentials, MECHANISM};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -23,6 +25,8 @@ const MAX_CONTROL_MESSAGE: u32 = 1 << 20;
 pub enum ConnError {
     /// TCP or socket error.
     Io(io::Error),
+    /// TLS could not be set up (`sslmode` in `cloud`).
+    Tls(TlsError),
     /// The cloud answered with an ErrorResponse (the whole frame, to forward).
     Rejected {
         /// The parsed fields.
@@ -42,6 +46,7 @@ impl fmt::Display for ConnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConnError::Io(e) => write!(f, "{e}"),
+            ConnError::Tls(e) => write!(f, "{e}"),
             ConnError::Rejected { notice, .. } => write!(
                 f,
                 "{}: {} ({})",
@@ -72,8 +77,8 @@ impl From<FrameError> for ConnError {
 
 /// A logged-in connection to the cloud database.
 pub struct BackendConn {
-    /// The socket.
-    pub stream: TcpStream,
+    /// The socket, TLS or plain.
+    pub stream: ServerStream,
     /// Bytes read but not consumed yet (handed to the session's pump).
     pub rbuf: Vec<u8>,
     /// ParameterStatus values, as they stand now.
@@ -98,7 +103,8 @@ pub struct BackendConn {
 }
 
 impl BackendConn {
-    /// Connects and logs in as `user` to `dbname`, sending `params` in the startup packet.
+    /// Connects and logs in as `user` to `dbname`, sending `params` in the startup packet,
+    /// over TLS as `tls` says (`None`: plain).
     ///
     /// # Errors
     ///
@@ -110,9 +116,14 @@ impl BackendConn {
         dbname: &str,
         params: &[(String, String)],
         creds: &Credentials,
+        tls: Option<&CloudTls>,
     ) -> Result<BackendConn, ConnError> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let stream = match tls {
+            Some(tls) => tls.negotiate(tcp).await.map_err(ConnError::Tls)?,
+            None => Stream::Plain(tcp),
+        };
         let mut conn = BackendConn {
             stream,
             rbuf: Vec::with_capacity(4096),
@@ -129,7 +140,7 @@ impl BackendConn {
         let mut startup_params: Vec<(&str, &str)> = vec![("user", user), ("database", dbname)];
         startup_params.extend(params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         startup::encode_startup(&startup_params, &mut out);
-        conn.stream.write_all(&out).await?;
+        send(&mut conn.stream, &out).await?;
         conn.login(creds).await?;
         Ok(conn)
     }
@@ -161,7 +172,7 @@ impl BackendConn {
                             scram = Some(exchange);
                             let mut out = Vec::new();
                             frontend::sasl_initial_response(&mut out, MECHANISM, first.as_bytes());
-                            self.stream.write_all(&out).await?;
+                            send(&mut self.stream, &out).await?;
                         }
                         AUTH_SASL_CONTINUE => {
                             let exchange = scram.take().ok_or_else(|| {
@@ -173,7 +184,7 @@ impl BackendConn {
                             expected_sig = Some(sig);
                             let mut out = Vec::new();
                             frontend::sasl_response(&mut out, fin.as_bytes());
-                            self.stream.write_all(&out).await?;
+                            send(&mut self.stream, &out).await?;
                         }
                         AUTH_SASL_FINAL => {
                             let sig = expected_sig.take().ok_or_else(|| {
@@ -188,7 +199,7 @@ impl BackendConn {
                                 backend::write_frame(&mut out, FE_PASSWORD, |b| {
                                     backend::put_cstr(b, &p.0)
                                 });
-                                self.stream.write_all(&out).await?;
+                                send(&mut self.stream, &out).await?;
                             }
                             Credentials::Keys(_) => {
                                 return Err(ConnError::UnsupportedAuth("password"))
@@ -280,7 +291,7 @@ impl BackendConn {
         for sql in sqls {
             frontend::query(&mut out, sql);
         }
-        self.stream.write_all(&out).await?;
+        send(&mut self.stream, &out).await?;
         let mut first_error = None;
         let mut result = None;
         let mut remaining = sqls.len();
@@ -322,7 +333,7 @@ impl BackendConn {
         frontend::bind_text(&mut out, name, &[Some(param)]);
         frontend::execute(&mut out);
         frontend::sync(&mut out);
-        self.stream.write_all(&out).await?;
+        send(&mut self.stream, &out).await?;
         let mut result = None;
         let mut error = None;
         loop {
@@ -363,7 +374,7 @@ impl BackendConn {
     pub async fn terminate(mut self) {
         let mut out = Vec::new();
         frontend::terminate(&mut out);
-        let _ = self.stream.write_all(&out).await;
+        let _ = send(&mut self.stream, &out).await;
         let _ = self.stream.close().await;
     }
 }

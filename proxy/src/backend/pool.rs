@@ -98,6 +98,11 @@ impl Pool {
         });
     }
 
+    /// How many connections wait in the pool.
+    pub fn idle_count(&self) -> usize {
+        self.idle.values().map(Vec::len).sum()
+    }
+
     /// Removes every idle backend (shutdown).
     pub fn drain(&mut self) -> Vec<BackendConn> {
         self.idle

@@ -3,9 +3,9 @@
 use crate::backend::auth_query::UserSecret;
 use crate::core::{Core, Database};
 use crate::error::SessionError;
-use crate::net::stream::ClientStream;
+use crate::net::stream::{send, ClientStream};
 use crate::scram::{Credentials, ServerExchange, Verifier, MECHANISM};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncReadExt;
 use lokadb_shared::wire::fields::Fields;
 use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::{backend, Header};
@@ -42,7 +42,7 @@ pub async fn authenticate(
 
     let mut out = Vec::new();
     backend::auth_sasl(&mut out, &[MECHANISM]);
-    stream.write_all(&out).await.map_err(SessionError::Client)?;
+    send(stream, &out).await.map_err(SessionError::Client)?;
 
     let initial = read_password_message(stream).await?;
     let mut f = Fields::new(&initial, "SASLInitialResponse");
@@ -63,7 +63,7 @@ pub async fn authenticate(
 
     out.clear();
     backend::auth_sasl_data(&mut out, AUTH_SASL_CONTINUE, server_first.as_bytes());
-    stream.write_all(&out).await.map_err(SessionError::Client)?;
+    send(stream, &out).await.map_err(SessionError::Client)?;
 
     let response = read_password_message(stream).await?;
     let (keys, server_final) = exchange.finish(&response, &verifier).map_err(|e| match e {

@@ -261,6 +261,7 @@ fn replay(
                     .borrow_mut()
                     .retarget(ctx.session, cancel_target(cloud));
                 tracing::debug!(org = ?router.direct_org, requests, "a transaction that wrote directly moves to the cloud");
+                crate::metrics::CoreStats::add(&ctx.core.stats.transactions_moved, 1);
                 router.replay = Replay::Sending {
                     bytes,
                     written: 0,
@@ -290,6 +291,9 @@ fn replay(
                         Poll::Ready(_) => break,
                     }
                 }
+                // TLS may hold the last records until flushed; a flush that cannot finish
+                // now wakes the session when it can (the pump flushes too).
+                let _ = Pin::new(&mut cloud.stream).poll_flush(cx);
                 crate::failpoint::proxy("replay-sent");
                 router.replay = Replay::Waiting { until, expected };
             }
@@ -535,6 +539,8 @@ pub fn send_own(
     match Pin::new(&mut conn.stream).poll_write(cx, &q) {
         Poll::Pending => Poll::Pending,
         Poll::Ready(Ok(n)) if n == q.len() => {
+            // TLS may hold records until flushed (see the replay above).
+            let _ = Pin::new(&mut conn.stream).poll_flush(cx);
             exchange.silence_next();
             exchange.pending += 1;
             Poll::Ready(Ok(()))
@@ -667,7 +673,9 @@ fn open(
         };
         let password = core.shared.direct_password(&db.config);
         let creds = Credentials::Password(Secret(password.unwrap_or_default()));
-        let connect = BackendConn::connect(addr, &login.user, &dbname, &direct_key.params, &creds);
+        // Plain: the relay's Postgres listener has no TLS yet (docs/security.md).
+        let connect =
+            BackendConn::connect(addr, &login.user, &dbname, &direct_key.params, &creds, None);
         let failed = |m: String| Err(OpenError::Failed(m));
         match with_timeout(timeout, connect).await {
             None => failed(format!(

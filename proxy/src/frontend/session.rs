@@ -13,6 +13,7 @@ use crate::backend::pool::{self, PoolKey};
 use crate::cancel::{CancelTarget, SessionId};
 use crate::core::{Core, Database};
 use crate::error::{ErrorKind, SessionError};
+use crate::metrics::{CoreStats, Seen};
 use crate::net::stream::ClientStream;
 use crate::rt::net::TcpStream;
 use crate::time::with_timeout;
@@ -220,7 +221,14 @@ async fn connect_backend(
     key: &PoolKey,
     creds: &crate::scram::Credentials,
 ) -> Result<BackendConn, SessionError> {
-    let connect = BackendConn::connect(db.addr, &key.user, &db.dbname, &key.params, creds);
+    let connect = BackendConn::connect(
+        db.addr,
+        &key.user,
+        &db.dbname,
+        &key.params,
+        creds,
+        db.tls.as_deref(),
+    );
     match with_timeout(db.config.connect_timeout, connect).await {
         None => Err(SessionError::UpstreamConnect(format!(
             "no answer within connect_timeout from {}",
@@ -280,6 +288,16 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     } = attached;
     let max = core.shared.config.max_message_bytes;
     let route_log = core.shared.config.route_log;
+    CoreStats::add(&core.stats.sessions, 1);
+    let mut seen = Seen::default();
+    let counts = |ex: &Exchanges| {
+        [
+            ex.cloud.answered,
+            ex.direct.answered,
+            ex.cloud.errors,
+            ex.direct.errors,
+        ]
+    };
     let mut exchanges = Exchanges {
         cloud: Exchange {
             status: backend.status,
@@ -495,6 +513,8 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             }
 
             if !progress {
+                // Idle until the next event: what was answered so far is counted now.
+                core.stats.follow(&mut seen, counts(&exchanges));
                 return Poll::Pending;
             }
         }
@@ -503,6 +523,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     })
     .await;
 
+    core.stats.follow(&mut seen, counts(&exchanges));
     core.shutdown.release(slot);
     core.cancels.borrow_mut().unregister(session);
     if let Some((rec, id)) = record {

@@ -92,7 +92,9 @@ async fn negotiate_in(
                     // We speak 3.0: tell the client, which then continues with 3.0.
                     let mut out = Vec::new();
                     backend::negotiate_protocol_version(&mut out, 0, &unrecognized);
-                    stream.write_all(&out).await.map_err(SessionError::Client)?;
+                    crate::net::stream::send(stream, &out)
+                        .await
+                        .map_err(SessionError::Client)?;
                 }
                 if m.param("user").is_none_or(str::is_empty) {
                     return Err(SessionError::NoUser);

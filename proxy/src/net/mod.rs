@@ -1,5 +1,6 @@
-//! Sockets: the client stream (plain or TLS), TLS setup, and the listeners.
+//! Sockets: client and cloud streams (plain or TLS), TLS setup both ways, the listeners.
 
+pub mod cloud_tls;
 pub mod listener;
 pub mod stream;
 pub mod tls;

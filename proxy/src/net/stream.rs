@@ -1,36 +1,65 @@
-//! A client connection, plain TCP or TLS, behind one `AsyncRead + AsyncWrite` type so
-//! the session code is written once.
+//! A connection, plain TCP or TLS, behind one `AsyncRead + AsyncWrite` type so the
+//! session code is written once: [`ClientStream`] for clients (the proxy is the TLS
+//! server), [`ServerStream`] for the cloud (the proxy is the TLS client).
 
 use crate::rt::net::TcpStream;
 use futures_lite::{AsyncRead, AsyncWrite};
-use futures_rustls::server::TlsStream;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// A client connection after SSL negotiation.
-pub enum ClientStream {
+/// A connection after SSL negotiation; `T` is the TLS stream over TCP.
+pub enum Stream<T> {
     /// Plain TCP.
     Plain(TcpStream),
     /// TLS over TCP (boxed: the rustls state is large and rare connections pay for it).
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<T>),
 }
 
-impl ClientStream {
+/// A client's connection.
+pub type ClientStream = Stream<futures_rustls::server::TlsStream<TcpStream>>;
+
+/// A connection to the cloud (or, without TLS, to an organization's database).
+pub type ServerStream = Stream<futures_rustls::client::TlsStream<TcpStream>>;
+
+/// Writes `bytes` and flushes: TLS holds records a write could not hand to the socket at
+/// once (a send still in flight) until it is flushed, and a reader waiting for the answer
+/// would wait forever.
+///
+/// # Errors
+///
+/// The socket's or TLS's.
+pub async fn send<S: AsyncWrite + Unpin + ?Sized>(stream: &mut S, bytes: &[u8]) -> io::Result<()> {
+    use futures_lite::AsyncWriteExt;
+    stream.write_all(bytes).await?;
+    stream.flush().await
+}
+
+impl<T> Stream<T> {
     /// Whether the connection is encrypted.
     pub fn is_tls(&self) -> bool {
-        matches!(self, ClientStream::Tls(_))
+        matches!(self, Stream::Tls(_))
+    }
+}
+
+impl AsRawFd for ServerStream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Plain(s) => s.as_raw_fd(),
+            Stream::Tls(s) => s.get_ref().0.as_raw_fd(),
+        }
     }
 }
 
 macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {
         match $self.get_mut() {
-            ClientStream::Plain($s) => {
+            Stream::Plain($s) => {
                 let $s = Pin::new($s);
                 $e
             }
-            ClientStream::Tls($s) => {
+            Stream::Tls($s) => {
                 let $s = Pin::new($s.as_mut());
                 $e
             }
@@ -38,7 +67,7 @@ macro_rules! delegate {
     };
 }
 
-impl AsyncRead for ClientStream {
+impl<T: AsyncRead + Unpin> AsyncRead for Stream<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -48,7 +77,7 @@ impl AsyncRead for ClientStream {
     }
 }
 
-impl AsyncWrite for ClientStream {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Stream<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -68,6 +68,7 @@ impl Handle {
 pub fn start(
     config: lokadb_shared::config::RelayConfig,
     shutdown: impl Fn() -> bool + Send + 'static,
+    publish: Option<Publish>,
 ) -> anyhow::Result<Handle> {
     let mut tls = (*crate::net::tls::server_config(&config.tls)?).clone();
     tls.alpn_protocols.clear();
@@ -113,7 +114,7 @@ pub fn start(
                     TcpListener::from_raw_fd(postgres_fd).expect("postgres listener"),
                 )
             };
-            crate::rt::block_on(run(relay, agents, postgres, shutdown));
+            crate::rt::block_on(run(relay, agents, postgres, shutdown, publish));
         })?;
     Ok(Handle {
         agents: agents_addr,
@@ -122,18 +123,29 @@ pub fn start(
     })
 }
 
+/// Where the relay hands its counters once a second (`GET /metrics`).
+pub type Publish = Box<dyn Fn(Vec<(&'static str, u64)>) + Send>;
+
 async fn run(
     relay: Rc<Relay>,
     agents: TcpListener,
     postgres: TcpListener,
     shutdown: impl Fn() -> bool,
+    publish: Option<Publish>,
 ) {
     let agents_task = spawn(accept_agents(relay.clone(), agents));
     let clients_task = spawn(accept_clients(relay.clone(), postgres));
     let mut last_stats = String::new();
     let mut next_stats = Instant::now() + STATS_EVERY;
+    let mut next_publish = Instant::now();
     while !shutdown() {
         sleep(TICK).await;
+        if let Some(publish) = &publish {
+            if Instant::now() >= next_publish {
+                next_publish += crate::metrics::PUBLISH_EVERY;
+                publish(counters(&relay));
+            }
+        }
         if Instant::now() >= next_stats {
             next_stats += STATS_EVERY;
             let line = stats_line(&relay);

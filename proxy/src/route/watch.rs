@@ -38,7 +38,7 @@ const BACKOFF: [Duration; 3] = [
 /// The thread could not be spawned.
 pub fn spawn(
     database: String,
-    config: postgres::Config,
+    config: crate::net::cloud_tls::PgLogin,
     cores: Vec<CoreInbox>,
     shutdown: Arc<AtomicBool>,
 ) -> std::io::Result<()> {
@@ -48,7 +48,12 @@ pub fn spawn(
     Ok(())
 }
 
-fn run(database: &str, config: &postgres::Config, cores: &[CoreInbox], shutdown: &AtomicBool) {
+fn run(
+    database: &str,
+    config: &crate::net::cloud_tls::PgLogin,
+    cores: &[CoreInbox],
+    shutdown: &AtomicBool,
+) {
     let mut published: Option<i64> = None;
     let mut failures = 0usize;
     while !shutdown.load(Ordering::Relaxed) {
@@ -83,13 +88,13 @@ fn run(database: &str, config: &postgres::Config, cores: &[CoreInbox], shutdown:
 /// Returns `Ok` at shutdown.
 fn watch(
     database: &str,
-    config: &postgres::Config,
+    config: &crate::net::cloud_tls::PgLogin,
     cores: &[CoreInbox],
     shutdown: &AtomicBool,
     published: &mut Option<i64>,
     failures: &mut usize,
 ) -> Result<(), postgres::Error> {
-    let mut client = config.connect(postgres::NoTls)?;
+    let mut client = config.connect()?;
     // LISTEN before the load: a change committed in between is then both seen by the
     // load or announced after it, never lost.
     client.batch_execute("LISTEN lokadb_meta")?;

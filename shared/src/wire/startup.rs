@@ -172,6 +172,12 @@ pub fn encode_startup_version(major: u16, minor: u16, params: &[(&str, &str)], o
     out[start..start + 4].copy_from_slice(&len.to_be_bytes());
 }
 
+/// Encodes an SSLRequest: the server answers one byte, `S` (TLS follows) or `N`.
+pub fn encode_ssl_request(out: &mut Vec<u8>) {
+    out.extend_from_slice(&8u32.to_be_bytes());
+    out.extend_from_slice(&SSL_REQUEST_CODE.to_be_bytes());
+}
+
 /// Encodes a CancelRequest.
 pub fn encode_cancel(pid: u32, secret: &[u8], out: &mut Vec<u8>) {
     encode_cancel_with(CANCEL_REQUEST_CODE, pid, secret, out);
@@ -193,6 +199,13 @@ fn encode_cancel_with(code: i32, pid: u32, secret: &[u8], out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ssl_request_reads_back() {
+        let mut out = Vec::new();
+        encode_ssl_request(&mut out);
+        assert_eq!(parse(&out).unwrap(), StartupPacket::SslRequest);
+    }
 
     #[test]
     fn a_peer_cancel_is_told_from_a_clients() {

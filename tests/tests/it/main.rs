@@ -19,6 +19,10 @@ mod proxy_protocol;
 mod proxy_cancel;
 // SCRAM with the cloud's own passwords, users_file, TLS.
 mod proxy_auth;
+// TLS to a cloud that accepts only hostssl: sslmode to verify-full, client certificates.
+mod cloud_tls;
+// GET /metrics: the counters follow the traffic; bad requests answered.
+mod metrics;
 // upstream_pool: reuse and the reset between clients.
 mod proxy_pool;
 // Limits and bad input.

@@ -112,9 +112,10 @@ fn subscriber_role(
             "--mode logical needs --cloud-from-org (or LOKADB_CLOUD_FROM_ORG): how the organization's database reaches the cloud, as a role with REPLICATION that is not a superuser (the connection string is stored in the organization's database). Nothing was changed",
         ));
     };
-    let config: postgres::Config = conninfo.parse().map_err(|e| {
+    let (config, _) = crate::admin::db::parse(conninfo).map_err(|e| {
         AdminError::usage(format!(
-            "--cloud-from-org is not a valid connection string: {e}. Nothing was changed"
+            "--cloud-from-org: {}. Nothing was changed",
+            e.message
         ))
     })?;
     let Some(user) = config.get_user().map(str::to_owned) else {

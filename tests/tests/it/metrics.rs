@@ -1,0 +1,134 @@
+//! `GET /metrics`: Prometheus' text format, every name prefixed `lokadb_`, counters that
+//! follow the traffic, the relay's counters when it runs inside the proxy, and bad requests
+//! answered without disturbing anything.
+
+use crate::tunnel_world::{relay_section, Certs};
+use crate::world::World;
+use serde_json::json;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// The raw answer to `request` sent to `addr`.
+fn http(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The samples of a scrape, by name with labels.
+fn scrape(addr: SocketAddr) -> HashMap<String, u64> {
+    let answer = http(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let mut samples = HashMap::new();
+    for line in body.lines().filter(|l| !l.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let name = rest.split_whitespace().nth(1).unwrap_or_default();
+            assert!(name.starts_with("lokadb_"), "{line}");
+            continue;
+        }
+        let (name, value) = line.rsplit_once(' ').unwrap();
+        assert!(name.starts_with("lokadb_"), "{line}");
+        samples.insert(name.to_owned(), value.parse().unwrap());
+    }
+    samples
+}
+
+/// Scrapes until `ok` holds (counters are published once a second).
+async fn scrape_until(
+    addr: SocketAddr,
+    ok: impl Fn(&HashMap<String, u64>) -> bool,
+) -> HashMap<String, u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let samples = scrape(addr);
+        if ok(&samples) {
+            return samples;
+        }
+        assert!(Instant::now() < deadline, "never reached: {samples:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_endpoint_follows_the_traffic() {
+    let certs = Certs::new().unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", lokadb_tests::free_port())
+        .parse()
+        .unwrap();
+    let w = World::start(
+        json!({ "metrics": addr, "relay": relay_section(&certs, &[], json!({})) }),
+        &[],
+    )
+    .unwrap();
+    let before = scrape(addr);
+    assert_eq!(before["lokadb_client_connections"], 0);
+    assert!(before
+        .keys()
+        .any(|k| k.starts_with("lokadb_build_info{version=")));
+
+    let c = w.client().await.unwrap();
+    for _ in 0..10 {
+        c.simple_query("SELECT 1").await.unwrap();
+    }
+    assert!(c.simple_query("SELECT 1/0").await.is_err());
+    let during = scrape_until(addr, |s| {
+        s["lokadb_requests_total{side=\"cloud\"}"] >= 11
+            && s["lokadb_backend_errors_total{side=\"cloud\"}"] >= 1
+    })
+    .await;
+    assert_eq!(during["lokadb_client_connections"], 1);
+    assert!(during["lokadb_sessions_total"] >= 1);
+    assert_eq!(during["lokadb_requests_total{side=\"direct\"}"], 0);
+    assert_eq!(
+        during
+            .iter()
+            .filter(|(k, _)| k.starts_with("lokadb_core_sessions{"))
+            .map(|(_, v)| v)
+            .sum::<u64>(),
+        1
+    );
+    assert_eq!(during["lokadb_relay_organizations_connected"], 0);
+    assert!(during.contains_key("lokadb_relay_agents_refused_total"));
+
+    drop(c);
+    scrape_until(addr, |s| {
+        s["lokadb_client_connections"] == 0 && s["lokadb_pool_idle_backends"] >= 1
+    })
+    .await;
+
+    // Anything else is answered and nothing else changes.
+    assert!(http(addr, b"GET /other HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+    assert!(http(addr, b"\x16\x03\x01garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
+    // Nine reads of the server's 1 KiB buffer, all taken before it answers (no reset).
+    let huge = vec![b'a'; 9 * 1024];
+    assert!(http(addr, &huge).starts_with("HTTP/1.1 431"));
+    // A scraper that connects and says nothing is given up on; the next one is served.
+    let silent = TcpStream::connect(addr).unwrap();
+    let after = scrape(addr);
+    drop(silent);
+    assert!(after["lokadb_requests_total{side=\"cloud\"}"] >= 11);
+    w.client()
+        .await
+        .unwrap()
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+
+    // An address that cannot be bound stops the start, naming it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let e = crate::world::start_proxy(
+        &w.cloud,
+        json!({ "metrics": taken.local_addr().unwrap() }),
+        &[],
+    )
+    .err()
+    .expect("a metrics address in use stops the start");
+    assert!(e.to_string().contains("metrics: cannot listen on"), "{e}");
+}
