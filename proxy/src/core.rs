@@ -136,6 +136,12 @@ impl Shared {
         })
     }
 
+    /// Whether the cores and the relay publish what they hold: for `metrics` and the
+    /// console (`admin_users`).
+    pub fn publishes(&self) -> bool {
+        self.config.metrics.is_some() || !self.config.admin_users.is_empty()
+    }
+
     /// The password of a database's `auth_user`: `auth_password`, else
     /// `LOKADB_AUTH_PASSWORD` (one of them exists: checked at start).
     pub fn auth_password(&self, db: &DatabaseConfig) -> String {
@@ -217,6 +223,8 @@ pub struct Core {
     pub sessions: Cell<usize>,
     /// Counters for `GET /metrics` ([`crate::metrics`]).
     pub stats: crate::metrics::CoreStats,
+    /// This core's sessions by id, for the console ([`crate::frontend::console`]).
+    pub clients: RefCell<HashMap<u32, crate::frontend::console::ClientInfo>>,
     /// Clients of this core in the handshake, by address (`max_handshakes_per_address`).
     pub handshaking: RefCell<HashMap<std::net::IpAddr, u32>>,
     /// Each database's routing metadata, as the watcher last sent it (absent until the
@@ -286,6 +294,7 @@ impl Core {
             shutdown: Notify::default(),
             sessions: Cell::new(0),
             stats: crate::metrics::CoreStats::default(),
+            clients: RefCell::new(HashMap::new()),
             handshaking: RefCell::new(HashMap::new()),
             meta: RefCell::new(HashMap::new()),
             meta_version: Cell::new(0),

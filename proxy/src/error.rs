@@ -78,6 +78,8 @@ pub enum SessionError {
     /// The startup `options` set `lokadb.org`, and the proxy has no LokaDB metadata for the
     /// database (no `auth_user`, or not loaded yet), so it could not limit the session.
     StartupOrgUnlimited(String),
+    /// An authenticated role asked for the console and is not in `admin_users`.
+    NotAdmin(String),
     /// The proxy is shutting down.
     Shutdown,
 }
@@ -96,7 +98,8 @@ impl SessionError {
             | UnknownDatabase(_)
             | AuthTimeout
             | Unsupported(_)
-            | StartupOrgUnlimited(_) => ErrorKind::User,
+            | StartupOrgUnlimited(_)
+            | NotAdmin(_) => ErrorKind::User,
             TooManyConnections | TooManyHandshakes { .. } => ErrorKind::Limit,
             UpstreamConnect(_) | UpstreamRejected(_) | UpstreamLost(_) | DirectLost(..)
             | AuthLookup(_) => ErrorKind::Upstream,
@@ -224,6 +227,12 @@ impl SessionError {
                 &format!("lokadb.org in the connection's options: the proxy has no LokaDB metadata for database \"{db}\" to limit the session with"),
                 Some("The database needs auth_user in the proxy's configuration (metadata loads at start: retry in a moment), or connect without lokadb.org in options"),
             ),
+            NotAdmin(user) => fatal(
+                out,
+                "28000",
+                &format!("role \"{user}\" may not use the console"),
+                Some("The console (database \"lokadb\") admits the roles listed in the proxy's admin_users."),
+            ),
             Shutdown => fatal(
                 out,
                 sqlstate::ADMIN_SHUTDOWN,
@@ -268,6 +277,7 @@ impl fmt::Display for SessionError {
                     "lokadb.org in startup options without metadata for {db:?}"
                 )
             }
+            NotAdmin(user) => write!(f, "role {user:?} is not in admin_users"),
             Shutdown => f.write_str("shutting down"),
         }
     }

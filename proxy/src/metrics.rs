@@ -7,6 +7,7 @@
 //! sockets, one request at a time with short timeouts: a scraper that stalls delays the
 //! next scrape, never a session.
 
+use crate::frontend::console::{ClientRow, ServerRow};
 use std::cell::Cell;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -92,46 +93,173 @@ pub struct CoreSnapshot {
     idle_backends: u64,
 }
 
-/// The counters every owner publishes, read by the endpoint.
+/// What every owner publishes, read by the endpoint and the console.
 #[derive(Debug, Default)]
 pub struct Published {
-    cores: Mutex<Vec<CoreSnapshot>>,
-    relay: Mutex<Vec<(&'static str, u64)>>,
+    cores: Mutex<Vec<CorePublished>>,
+    relay: Mutex<Option<RelayPublished>>,
+    /// Sessions the console asked to end, for their cores to take.
+    kills: Mutex<Vec<u32>>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct CorePublished {
+    stats: CoreSnapshot,
+    clients: Vec<ClientRow>,
+    servers: Vec<ServerRow>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct RelayPublished {
+    counters: Vec<(&'static str, u64)>,
+    tunnels: Vec<Vec<Option<String>>>,
+}
+
+/// One sample of the metrics page.
+pub struct Sample {
+    /// `lokadb_…`.
+    pub name: String,
+    /// `{side="cloud"}`, or empty.
+    pub labels: String,
+    /// `counter` or `gauge`.
+    pub kind: &'static str,
+    /// The `# HELP` text.
+    pub help: &'static str,
+    /// The value.
+    pub value: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Published {
-    /// Core `id` publishes its counters and gauges.
-    pub fn core(&self, id: usize, stats: &CoreStats, sessions_open: usize, idle_backends: usize) {
-        let mut snap = stats.snapshot();
-        snap.sessions_open = sessions_open as u64;
-        snap.idle_backends = idle_backends as u64;
-        let mut cores = self.cores.lock().unwrap_or_else(|p| p.into_inner());
-        if cores.len() <= id {
-            cores.resize(id + 1, CoreSnapshot::default());
+    /// A core publishes its counters, gauges, sessions and connections.
+    pub fn core(&self, core: &crate::core::Core) {
+        let mut stats = core.stats.snapshot();
+        stats.sessions_open = core.sessions.get() as u64;
+        let pool = core.pool.borrow();
+        stats.idle_backends = pool.idle_count() as u64;
+        let clients: Vec<ClientRow> = core
+            .clients
+            .borrow()
+            .iter()
+            .map(|(&id, info)| ClientRow::of(id, core.id, info))
+            .collect();
+        let mut servers: Vec<ServerRow> = clients
+            .iter()
+            .map(|c| ServerRow {
+                core: core.id,
+                side: "cloud",
+                database: c.database.clone(),
+                user: c.user.clone(),
+                org: None,
+                pid: c.backend_pid,
+                client_id: Some(c.id),
+            })
+            .collect();
+        servers.extend(pool.idle_keys().map(|(key, pid)| ServerRow {
+            core: core.id,
+            side: if key.org.is_some() { "direct" } else { "cloud" },
+            database: key.database.to_string(),
+            user: key.user.clone(),
+            org: key.org.as_deref().map(str::to_owned),
+            pid,
+            client_id: None,
+        }));
+        let mut cores = lock(&self.cores);
+        if cores.len() <= core.id {
+            cores.resize(core.id + 1, CorePublished::default());
         }
-        cores[id] = snap;
+        cores[core.id] = CorePublished {
+            stats,
+            clients,
+            servers,
+        };
     }
 
-    /// The relay publishes its counters ([`crate::relay::counters`]).
-    pub fn relay(&self, counters: Vec<(&'static str, u64)>) {
-        *self.relay.lock().unwrap_or_else(|p| p.into_inner()) = counters;
+    /// The relay publishes its counters ([`crate::relay::counters`]) and tunnels.
+    pub fn relay(&self, counters: Vec<(&'static str, u64)>, tunnels: Vec<Vec<Option<String>>>) {
+        *lock(&self.relay) = Some(RelayPublished { counters, tunnels });
+    }
+
+    /// Every core's sessions, as last published.
+    pub fn clients(&self) -> Vec<ClientRow> {
+        lock(&self.cores)
+            .iter()
+            .flat_map(|c| c.clients.clone())
+            .collect()
+    }
+
+    /// Every core's connections (used and idle), as last published.
+    pub fn servers(&self) -> Vec<ServerRow> {
+        lock(&self.cores)
+            .iter()
+            .flat_map(|c| c.servers.clone())
+            .collect()
+    }
+
+    /// The relay's tunnels, when a relay runs in this process.
+    pub fn tunnels(&self) -> Option<Vec<Vec<Option<String>>>> {
+        lock(&self.relay).as_ref().map(|r| r.tunnels.clone())
+    }
+
+    /// Asks session `id`'s core to end it.
+    pub fn kill(&self, id: u32) {
+        lock(&self.kills).push(id);
+    }
+
+    /// The sessions of core `core` the console asked to end (taken).
+    pub fn kills_for(&self, core: usize) -> Vec<u32> {
+        let mut kills = lock(&self.kills);
+        if kills.is_empty() {
+            return Vec::new();
+        }
+        let (mine, rest): (Vec<u32>, Vec<u32>) =
+            kills.iter().partition(|&&id| (id >> 24) as usize == core);
+        *kills = rest;
+        mine
     }
 
     /// The page: every name prefixed `lokadb_`.
     pub fn render(&self, shared: &crate::core::Shared) -> String {
-        let cores = self.cores.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let relay = self.relay.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let sum = |f: &dyn Fn(&CoreSnapshot) -> u64| cores.iter().map(f).sum::<u64>();
         let mut out = String::with_capacity(4096);
-        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
-            let _ = writeln!(
-                out,
-                "# HELP lokadb_{name} {help}\n# TYPE lokadb_{name} {kind}"
-            );
-            for (labels, value) in samples {
-                let _ = writeln!(out, "lokadb_{name}{labels} {value}");
+        let mut last = String::new();
+        for s in self.samples(shared) {
+            if s.name != last {
+                let _ = writeln!(
+                    out,
+                    "# HELP {} {}\n# TYPE {} {}",
+                    s.name, s.help, s.name, s.kind
+                );
+                last.clone_from(&s.name);
             }
-        };
+            let _ = writeln!(out, "{}{} {}", s.name, s.labels, s.value);
+        }
+        out
+    }
+
+    /// Every sample, grouped by name.
+    pub fn samples(&self, shared: &crate::core::Shared) -> Vec<Sample> {
+        let cores: Vec<CoreSnapshot> = lock(&self.cores).iter().map(|c| c.stats).collect();
+        let relay = lock(&self.relay)
+            .as_ref()
+            .map(|r| r.counters.clone())
+            .unwrap_or_default();
+        let sum = |f: &dyn Fn(&CoreSnapshot) -> u64| cores.iter().map(f).sum::<u64>();
+        let mut out = Vec::with_capacity(64);
+        let mut metric =
+            |name: &str, kind: &'static str, help: &'static str, samples: &[(&str, u64)]| {
+                for (labels, value) in samples {
+                    out.push(Sample {
+                        name: format!("lokadb_{name}"),
+                        labels: (*labels).to_owned(),
+                        kind,
+                        help,
+                        value: *value,
+                    });
+                }
+            };
         metric(
             "build_info",
             "gauge",

@@ -60,9 +60,9 @@ pub fn run(
     let relay = match shared.config.relay.clone() {
         Some(relay_config) => {
             let flag = shared.shutdown.clone();
-            let publish: Option<crate::relay::Publish> = shared.config.metrics.map(|_| {
+            let publish: Option<crate::relay::Publish> = shared.publishes().then(|| {
                 let shared = shared.clone();
-                Box::new(move |counters| shared.published.relay(counters)) as _
+                Box::new(move |counters, tunnels| shared.published.relay(counters, tunnels)) as _
             });
             Some(crate::relay::start(
                 relay_config,
@@ -300,13 +300,13 @@ async fn watch(core: Rc<Core>) {
             return;
         }
         ticks += 1;
-        if core.shared.config.metrics.is_some() && ticks.is_multiple_of(PUBLISH_TICKS) {
-            core.shared.published.core(
-                core.id,
-                &core.stats,
-                core.sessions.get(),
-                core.pool.borrow().idle_count(),
-            );
+        if core.shared.publishes() {
+            for id in core.shared.published.kills_for(core.id) {
+                crate::frontend::console::kill_local(&core, id);
+            }
+            if ticks.is_multiple_of(PUBLISH_TICKS) {
+                core.shared.published.core(&core);
+            }
         }
         if let Some(rec) = &core.record {
             // A recording is at most a tick behind, whatever the sessions do.

@@ -4,7 +4,7 @@
 //! `"30s"`, unknown keys are rejected by name. Every field's default is the one
 //! documented in `docs/configuration.md` and `tuning.md`.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -13,8 +13,11 @@ use std::time::Duration;
 
 pub use crate::conninfo::ConnString;
 
+/// The database name of the console (`admin_users`) on the client listener.
+pub const CONSOLE_DB: &str = "lokadb";
+
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Address the proxy listens on for applications.
@@ -67,11 +70,15 @@ pub struct Config {
     /// Where `GET /metrics` answers in Prometheus' text format (plain HTTP).
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
+    /// Roles that may connect to the console, database `lokadb` on the client listener
+    /// (authenticated as any client is).
+    #[serde(default)]
+    pub admin_users: Vec<String>,
 }
 
 /// The relay: where agents connect, where Postgres clients (postgres_fdw, the
 /// proxy's direct path) reach organizations, and who may connect.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelayConfig {
     /// Address agents dial (TLS).
@@ -97,7 +104,7 @@ pub struct RelayConfig {
 }
 
 /// TLS certificate and key for client connections (PEM files).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// Certificate chain, PEM.
@@ -107,7 +114,7 @@ pub struct TlsConfig {
 }
 
 /// One database clients can connect to.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// libpq keyword connection string of the cloud database, e.g.
@@ -162,7 +169,7 @@ pub struct DatabaseConfig {
 }
 
 /// `meta_cache`: how new connections check the routing metadata.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetaCacheConfig {
     /// A new connection of a role may reuse the check (the metadata generation and the
@@ -173,7 +180,7 @@ pub struct MetaCacheConfig {
 }
 
 /// The direct path's login in organizations' databases.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DirectConfig {
     /// The role; it needs SELECT on the organization's LokaDB tables there.
@@ -241,8 +248,12 @@ pub const DEFAULT_AUTH_QUERY: &str = "SELECT rolpassword FROM pg_catalog.pg_auth
 
 /// Durations written as `"30s"`, `"1m 30s"`, `"250ms"`.
 mod duration {
-    use serde::{Deserialize, Deserializer};
+    use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
@@ -253,8 +264,15 @@ mod duration {
 
 /// An optional duration, written as for [`duration`].
 mod opt_duration {
-    use serde::Deserializer;
+    use serde::{Deserializer, Serializer};
     use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::duration::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
         super::duration::deserialize(d).map(Some)
@@ -342,6 +360,11 @@ impl Config {
         }
         if self.max_message_bytes < 1024 {
             return bad("\"max_message_bytes\" must be at least 1024".into());
+        }
+        if !self.admin_users.is_empty() && self.databases.contains_key(CONSOLE_DB) {
+            return bad(format!(
+                "databases.{CONSOLE_DB}: with \"admin_users\" the name {CONSOLE_DB:?} is the console's; give the database another name (its cloud dbname may stay)"
+            ));
         }
         for (name, db) in &self.databases {
             ConnString::parse(&db.cloud)

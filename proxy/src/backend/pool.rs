@@ -103,6 +103,13 @@ impl Pool {
         self.idle.values().map(Vec::len).sum()
     }
 
+    /// Each idle connection's key and process ID.
+    pub fn idle_keys(&self) -> impl Iterator<Item = (&PoolKey, u32)> {
+        self.idle
+            .iter()
+            .flat_map(|(key, list)| list.iter().map(move |i| (key, i.conn.pid)))
+    }
+
     /// Removes every idle backend (shutdown).
     pub fn drain(&mut self) -> Vec<BackendConn> {
         self.idle

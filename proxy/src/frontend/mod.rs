@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod check;
 pub mod cloud_org;
+pub mod console;
 pub mod direct;
 pub mod pump;
 mod refusal;

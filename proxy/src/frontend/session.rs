@@ -2,6 +2,7 @@
 //! backend (warm from the pool or new), forward, and give the backend back.
 
 use super::auth::{authenticate, Authenticated};
+use super::console::{ClientInfo, Live};
 use super::direct::{send_own, switch, Ctx, Direct};
 use super::pump::{Pipe, PipeError};
 use super::router::{Exchanges, Gate, Privileges, Router, Side};
@@ -21,6 +22,7 @@ use futures_lite::AsyncWriteExt;
 use lokadb_shared::wire::backend;
 use lokadb_shared::wire::startup::StartupMessage;
 use lokadb_shared::wire::tags::*;
+use std::cell::RefCell;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -70,6 +72,18 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>) 
         return report(&mut stream, SessionError::Shutdown).await;
     }
     let remaining = auth_timeout.saturating_sub(started.elapsed());
+    if super::console::asked(core, &startup) {
+        let login = with_timeout(
+            remaining,
+            super::console::login(core, &mut stream, &startup),
+        )
+        .await;
+        drop(handshake);
+        return match login.unwrap_or(Err(SessionError::AuthTimeout)) {
+            Ok(admitted) => super::console::serve(core, stream, admitted).await,
+            Err(e) => report(&mut stream, e).await,
+        };
+    }
     let attached = match with_timeout(remaining, attach(core, &mut stream, &startup)).await {
         None => Err(SessionError::AuthTimeout),
         Some(r) => r,
@@ -290,6 +304,27 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     let route_log = core.shared.config.route_log;
     CoreStats::add(&core.stats.sessions, 1);
     let mut seen = Seen::default();
+    // The console's view of the session (only kept when something reads it).
+    let live = core.shared.publishes().then(|| {
+        let live = Rc::new(RefCell::new(Live {
+            state: "idle",
+            direct_org: None,
+        }));
+        let (fd, addr) = super::console::socket_of(client.tcp());
+        core.clients.borrow_mut().insert(
+            session.get(),
+            ClientInfo {
+                database: db.name.clone(),
+                user: key.user.clone(),
+                addr,
+                since: std::time::SystemTime::now(),
+                backend_pid: backend.pid,
+                fd,
+                live: live.clone(),
+            },
+        );
+        live
+    });
     let counts = |ex: &Exchanges| {
         [
             ex.cloud.answered,
@@ -515,6 +550,16 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             if !progress {
                 // Idle until the next event: what was answered so far is counted now.
                 core.stats.follow(&mut seen, counts(&exchanges));
+                if let Some(live) = &live {
+                    let busy = exchanges.cloud.pending > 0 || exchanges.direct.pending > 0;
+                    let status = match exchanges.direct.status {
+                        TX_IDLE => exchanges.cloud.status,
+                        direct => direct,
+                    };
+                    let mut live = live.borrow_mut();
+                    live.state = Live::state_of(busy, status);
+                    live.direct_org.clone_from(&router.direct_org);
+                }
                 return Poll::Pending;
             }
         }
@@ -524,6 +569,9 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     .await;
 
     core.stats.follow(&mut seen, counts(&exchanges));
+    if live.is_some() {
+        core.clients.borrow_mut().remove(&session.get());
+    }
     core.shutdown.release(slot);
     core.cancels.borrow_mut().unregister(session);
     if let Some((rec, id)) = record {
@@ -646,12 +694,12 @@ impl Drop for SessionCount<'_> {
 }
 
 /// An authenticated session's slot of `max_connections` over all cores.
-struct Admitted {
+pub(super) struct Admitted {
     shared: std::sync::Arc<crate::core::Shared>,
 }
 
 impl Admitted {
-    fn new(shared: &std::sync::Arc<crate::core::Shared>) -> Option<Admitted> {
+    pub(super) fn new(shared: &std::sync::Arc<crate::core::Shared>) -> Option<Admitted> {
         let open = shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
         let slot = Admitted {
             shared: shared.clone(),

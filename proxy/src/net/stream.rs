@@ -43,6 +43,16 @@ impl<T> Stream<T> {
     }
 }
 
+impl ClientStream {
+    /// The TCP connection under it.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
 impl AsRawFd for ServerStream {
     fn as_raw_fd(&self) -> RawFd {
         match self {

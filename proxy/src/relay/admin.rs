@@ -111,47 +111,13 @@ fn answer(relay: &Relay, sql: &str, out: &mut Vec<u8>) {
             backend::command_complete(out, &format!("SELECT {n}"));
         }
         "SHOW TUNNELS" => {
-            let columns = [
-                "organization",
-                "connection",
-                "agent",
-                "role",
-                "streams_open",
-                "streams_opened",
-                "bytes_sent",
-                "bytes_received",
-                "window_stalls",
-                "flow_violations",
-                "max_stream_buffered",
-                "rtt_ms",
-            ];
-            backend::row_description_text(out, &columns);
-            let conns = relay.all_conns();
-            for conn in &conns {
-                let org = conn.org().unwrap_or_default();
-                let live = relay.live(&org).is_some_and(|l| Rc::ptr_eq(&l, conn));
-                let s = conn.stats();
-                let rtt = conn
-                    .rtt()
-                    .map(|d| format!("{:.3}", d.as_secs_f64() * 1000.0));
-                let values = [
-                    org.clone(),
-                    conn.id.to_string(),
-                    conn.peer.to_string(),
-                    if live { "live" } else { "standby" }.to_owned(),
-                    s.streams_open.to_string(),
-                    s.streams_opened.to_string(),
-                    s.bytes_sent.to_string(),
-                    s.bytes_received.to_string(),
-                    s.window_stalls.to_string(),
-                    s.flow_violations.to_string(),
-                    conn.max_stream_buffered().to_string(),
-                ];
-                let mut row: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
-                row.push(rtt.as_deref());
-                backend::data_row(out, &row);
+            let tunnels = super::tunnel_rows(relay);
+            backend::row_description_text(out, &super::TUNNEL_COLUMNS);
+            for row in &tunnels {
+                let cells: Vec<Option<&str>> = row.iter().map(Option::as_deref).collect();
+                backend::data_row(out, &cells);
             }
-            backend::command_complete(out, &format!("SELECT {}", conns.len()));
+            backend::command_complete(out, &format!("SELECT {}", tunnels.len()));
         }
         "" => backend::write_frame(out, b'I', |_| {}),
         _ => error(

@@ -123,8 +123,9 @@ pub fn start(
     })
 }
 
-/// Where the relay hands its counters once a second (`GET /metrics`).
-pub type Publish = Box<dyn Fn(Vec<(&'static str, u64)>) + Send>;
+/// Where the relay hands its counters and tunnels once a second (`GET /metrics`, the
+/// console).
+pub type Publish = Box<dyn Fn(Vec<(&'static str, u64)>, Vec<Vec<Option<String>>>) + Send>;
 
 async fn run(
     relay: Rc<Relay>,
@@ -143,7 +144,7 @@ async fn run(
         if let Some(publish) = &publish {
             if Instant::now() >= next_publish {
                 next_publish += crate::metrics::PUBLISH_EVERY;
-                publish(counters(&relay));
+                publish(counters(&relay), tunnel_rows(&relay));
             }
         }
         if Instant::now() >= next_stats {
@@ -247,6 +248,52 @@ pub fn counters(relay: &Relay) -> Vec<(&'static str, u64)> {
         ("refused_unknown_org", s.refused_unknown_org),
         ("refused_by_agents", s.refused_by_agents),
     ]
+}
+
+/// The columns of `SHOW TUNNELS` (the relay's admin database, the proxy's console).
+pub const TUNNEL_COLUMNS: [&str; 12] = [
+    "organization",
+    "connection",
+    "agent",
+    "role",
+    "streams_open",
+    "streams_opened",
+    "bytes_sent",
+    "bytes_received",
+    "window_stalls",
+    "flow_violations",
+    "max_stream_buffered",
+    "rtt_ms",
+];
+
+/// One row per agent connection, in [`TUNNEL_COLUMNS`].
+pub fn tunnel_rows(relay: &Relay) -> Vec<Vec<Option<String>>> {
+    relay
+        .all_conns()
+        .iter()
+        .map(|conn| {
+            let org = conn.org().unwrap_or_default();
+            let live = relay.live(&org).is_some_and(|l| Rc::ptr_eq(&l, conn));
+            let s = conn.stats();
+            let rtt = conn
+                .rtt()
+                .map(|d| format!("{:.3}", d.as_secs_f64() * 1000.0));
+            vec![
+                Some(org.clone()),
+                Some(conn.id.to_string()),
+                Some(conn.peer.to_string()),
+                Some(if live { "live" } else { "standby" }.to_owned()),
+                Some(s.streams_open.to_string()),
+                Some(s.streams_opened.to_string()),
+                Some(s.bytes_sent.to_string()),
+                Some(s.bytes_received.to_string()),
+                Some(s.window_stalls.to_string()),
+                Some(s.flow_violations.to_string()),
+                Some(conn.max_stream_buffered().to_string()),
+                rtt,
+            ]
+        })
+        .collect()
 }
 
 /// The counters as one log line, `name=value` separated by spaces.

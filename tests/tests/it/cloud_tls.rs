@@ -279,7 +279,7 @@ async fn a_cloud_that_accepts_only_tls() {
             &format!("sslmode=verify-full sslrootcert={missing}"),
         ))
         .err()
-        .expect("a missing root certificate stops the start");
+        .unwrap_or_else(|| panic!("a missing root certificate stops the start"));
     assert!(
         e.to_string().contains("databases.app.cloud") && e.to_string().contains(&missing),
         "{e}"

@@ -23,6 +23,8 @@ mod proxy_auth;
 mod cloud_tls;
 // GET /metrics: the counters follow the traffic; bad requests answered.
 mod metrics;
+// The console (database lokadb, admin_users): SHOW commands on live sessions, KILL.
+mod console;
 // upstream_pool: reuse and the reset between clients.
 mod proxy_pool;
 // Limits and bad input.

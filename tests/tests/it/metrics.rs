@@ -129,6 +129,6 @@ async fn the_endpoint_follows_the_traffic() {
         &[],
     )
     .err()
-    .expect("a metrics address in use stops the start");
+    .unwrap_or_else(|| panic!("a metrics address in use stops the start"));
     assert!(e.to_string().contains("metrics: cannot listen on"), "{e}");
 }

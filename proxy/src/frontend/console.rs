@@ -1,0 +1,555 @@
+//! The operator's console: database `lokadb` on the client listener, for the roles in
+//! `admin_users`, authenticated as any client is (the first database's auth query, or
+//! `users_file`). Simple queries only; `docs/operations.md` lists the commands.
+//!
+//! What it shows of other cores comes from what they publish once a second
+//! ([`crate::metrics::Published`]): a session is seen up to a second after it starts, and
+//! its state as of the last second. `KILL` reaches a session on another core within a
+//! tick of that core.
+
+use super::auth::{authenticate, Authenticated};
+use super::session::Admitted;
+use crate::core::Core;
+use crate::error::SessionError;
+use crate::net::stream::{send, ClientStream};
+use crate::rt::net::TcpStream;
+use futures_lite::AsyncReadExt;
+use lokadb_shared::config::CONSOLE_DB;
+use lokadb_shared::wire::backend::{self, ErrorFields, Severity};
+use lokadb_shared::wire::startup::StartupMessage;
+use lokadb_shared::wire::tags::*;
+use lokadb_shared::wire::{sqlstate, Header};
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::time::SystemTime;
+
+/// Largest query accepted on the console.
+const MAX_MESSAGE: u32 = 64 * 1024;
+
+/// Whether the client asks for the console (and the configuration has one).
+pub fn asked(core: &Core, startup: &StartupMessage) -> bool {
+    !core.shared.config.admin_users.is_empty() && startup.param("database") == Some(CONSOLE_DB)
+}
+
+/// Authenticates the role against the first configured database (or `users_file`) and
+/// admits it if it is in `admin_users`; the client has its first ReadyForQuery then.
+///
+/// # Errors
+///
+/// [`SessionError`]: a wrong password, a role not in `admin_users`, `max_connections`.
+pub(super) async fn login(
+    core: &Core,
+    stream: &mut ClientStream,
+    startup: &StartupMessage,
+) -> Result<Admitted, SessionError> {
+    let user = startup.param("user").unwrap_or_default();
+    let db = core
+        .shared
+        .config
+        .databases
+        .keys()
+        .next()
+        .and_then(|name| core.databases.get(name))
+        .ok_or_else(|| SessionError::UnknownDatabase(CONSOLE_DB.to_owned()))?;
+    let Authenticated { server_final, .. } = authenticate(stream, core, db, user).await?;
+    if !core.shared.config.admin_users.iter().any(|a| a == user) {
+        return Err(SessionError::NotAdmin(user.to_owned()));
+    }
+    let admitted = Admitted::new(&core.shared).ok_or(SessionError::TooManyConnections)?;
+    let mut out = Vec::with_capacity(256);
+    backend::auth_sasl_data(&mut out, AUTH_SASL_FINAL, server_final.as_bytes());
+    backend::auth_ok(&mut out);
+    for (k, v) in [
+        ("server_version", "18.0 (LokaDB console)"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("standard_conforming_strings", "on"),
+        ("DateStyle", "ISO, MDY"),
+        ("integer_datetimes", "on"),
+    ] {
+        backend::parameter_status(&mut out, k, v);
+    }
+    backend::ready_for_query(&mut out, TX_IDLE);
+    send(stream, &out).await.map_err(SessionError::Client)?;
+    tracing::info!(user, "console session");
+    Ok(admitted)
+}
+
+/// Answers the console's queries until the client leaves.
+pub(super) async fn serve(core: &Rc<Core>, mut stream: ClientStream, _admitted: Admitted) {
+    let mut out = Vec::new();
+    loop {
+        let mut head = [0u8; 5];
+        if stream.read_exact(&mut head).await.is_err() {
+            return;
+        }
+        let header = match Header::peek(&head, MAX_MESSAGE) {
+            Ok(Some(h)) => h,
+            _ => {
+                out.clear();
+                error(
+                    &mut out,
+                    sqlstate::PROTOCOL_VIOLATION,
+                    "invalid message on the console",
+                    Severity::Fatal,
+                );
+                let _ = send(&mut stream, &out).await;
+                return;
+            }
+        };
+        let mut body = vec![0u8; header.body_len()];
+        if stream.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        out.clear();
+        match header.tag {
+            FE_TERMINATE => return,
+            FE_QUERY => {
+                let sql = String::from_utf8_lossy(&body);
+                let sql = sql
+                    .trim_end_matches('\0')
+                    .trim()
+                    .trim_end_matches(';')
+                    .trim();
+                answer(core, sql, &mut out);
+                backend::ready_for_query(&mut out, TX_IDLE);
+            }
+            FE_SYNC => backend::ready_for_query(&mut out, TX_IDLE),
+            // The rest of an extended batch is skipped up to its Sync, as Postgres does
+            // after an error.
+            FE_PARSE => error(
+                &mut out,
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "the console takes simple queries only",
+                Severity::Error,
+            ),
+            _ => {}
+        }
+        if !out.is_empty() && send(&mut stream, &out).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The commands, for the error that lists them.
+const COMMANDS: &str = "SHOW CLIENTS | SERVERS | POOLS | DATABASES | STATS | ORGS | TUNNELS | CONFIG | VERSION, KILL <client id>";
+
+fn answer(core: &Rc<Core>, sql: &str, out: &mut Vec<u8>) {
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .map(str::to_ascii_uppercase)
+        .collect();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let published = &core.shared.published;
+    match words.as_slice() {
+        [] => backend::write_frame(out, BE_EMPTY_QUERY_RESPONSE, |_| {}),
+        ["SHOW", "VERSION"] => rows(
+            out,
+            &["version"],
+            vec![vec![Some(format!("LokaDB {}", env!("CARGO_PKG_VERSION")))]],
+        ),
+        ["SHOW", "CONFIG"] => rows(out, &["key", "value"], config_rows(&core.shared.config)),
+        ["SHOW", "STATS"] => rows(
+            out,
+            &["metric", "value"],
+            published
+                .samples(&core.shared)
+                .into_iter()
+                .map(|s| {
+                    vec![
+                        Some(format!("{}{}", s.name, s.labels)),
+                        Some(s.value.to_string()),
+                    ]
+                })
+                .collect(),
+        ),
+        ["SHOW", "DATABASES"] => rows(
+            out,
+            &[
+                "name",
+                "host",
+                "port",
+                "dbname",
+                "sslmode",
+                "upstream_pool",
+                "direct",
+                "direct_max",
+                "statement_org",
+                "generation",
+                "organizations",
+            ],
+            database_rows(core),
+        ),
+        ["SHOW", "ORGS"] => rows(
+            out,
+            &[
+                "database",
+                "organization",
+                "state",
+                "profile",
+                "direct",
+                "owes_migrations",
+            ],
+            org_rows(core),
+        ),
+        ["SHOW", "CLIENTS"] => rows(
+            out,
+            &[
+                "id",
+                "core",
+                "database",
+                "user",
+                "address",
+                "state",
+                "backend_pid",
+                "organization",
+                "connected_seconds",
+            ],
+            published
+                .clients()
+                .into_iter()
+                .map(ClientRow::cells)
+                .collect(),
+        ),
+        ["SHOW", "SERVERS"] => rows(
+            out,
+            &[
+                "core",
+                "side",
+                "database",
+                "user",
+                "organization",
+                "pid",
+                "state",
+                "client_id",
+            ],
+            published
+                .servers()
+                .into_iter()
+                .map(ServerRow::cells)
+                .collect(),
+        ),
+        ["SHOW", "POOLS"] => rows(
+            out,
+            &[
+                "database",
+                "user",
+                "clients",
+                "servers_used",
+                "servers_idle",
+            ],
+            pool_rows(published),
+        ),
+        // Before the relay's first publication (its first tick), no tunnels yet.
+        ["SHOW", "TUNNELS"] => match core.shared.config.relay {
+            Some(_) => rows(
+                out,
+                &crate::relay::TUNNEL_COLUMNS,
+                published.tunnels().unwrap_or_default(),
+            ),
+            None => error(
+                out,
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "no relay runs in this proxy (SHOW TUNNELS on the relay's admin database)",
+                Severity::Error,
+            ),
+        },
+        ["KILL", id] => match id.parse::<u32>() {
+            Ok(id) if published.clients().iter().any(|c| c.id == id) => {
+                published.kill(id);
+                backend::command_complete(out, "KILL");
+            }
+            _ => error(
+                out,
+                "42704",
+                &format!("no client {id} (SHOW CLIENTS lists their ids)"),
+                Severity::Error,
+            ),
+        },
+        _ => error(
+            out,
+            "42601",
+            &format!("the console answers {COMMANDS}"),
+            Severity::Error,
+        ),
+    }
+}
+
+fn rows(out: &mut Vec<u8>, columns: &[&str], rows: Vec<Vec<Option<String>>>) {
+    backend::row_description_text(out, columns);
+    for row in &rows {
+        let cells: Vec<Option<&str>> = row.iter().map(Option::as_deref).collect();
+        backend::data_row(out, &cells);
+    }
+    backend::command_complete(out, &format!("SHOW {}", rows.len()));
+}
+
+fn error(out: &mut Vec<u8>, code: &str, message: &str, severity: Severity) {
+    backend::error_response(
+        out,
+        &ErrorFields {
+            severity,
+            code,
+            message,
+            detail: None,
+            hint: None,
+        },
+    );
+}
+
+/// The configuration in force, one row per setting (`databases.app.cloud`, …); passwords
+/// shown as `***`.
+fn config_rows(config: &lokadb_shared::config::Config) -> Vec<Vec<Option<String>>> {
+    fn flatten(prefix: &str, v: &serde_json::Value, out: &mut Vec<Vec<Option<String>>>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    if k.contains("password") && !v.is_null() {
+                        out.push(vec![Some(key), Some("***".into())]);
+                    } else {
+                        flatten(&key, v, out);
+                    }
+                }
+            }
+            serde_json::Value::String(s) => {
+                out.push(vec![Some(prefix.to_owned()), Some(s.clone())])
+            }
+            serde_json::Value::Null => out.push(vec![Some(prefix.to_owned()), None]),
+            other => out.push(vec![Some(prefix.to_owned()), Some(other.to_string())]),
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(v) = serde_json::to_value(config) {
+        flatten("", &v, &mut out);
+    }
+    out
+}
+
+fn database_rows(core: &Core) -> Vec<Vec<Option<String>>> {
+    let meta = core.meta.borrow();
+    core.shared
+        .config
+        .databases
+        .iter()
+        .filter_map(|(name, config)| {
+            let db = core.databases.get(name)?;
+            let m = meta.get(name.as_str());
+            let cs = lokadb_shared::config::ConnString::parse(&config.cloud).ok()?;
+            Some(vec![
+                Some(name.clone()),
+                Some(cs.host),
+                Some(db.addr.port().to_string()),
+                Some(db.dbname.clone()),
+                Some(cs.tls.mode.as_str().to_owned()),
+                Some(config.upstream_pool.to_string()),
+                Some(config.direct.is_some().to_string()),
+                Some(config.direct_max.to_string()),
+                Some(config.statement_org.to_string()),
+                m.map(|m| m.meta.generation.to_string()),
+                m.map(|m| m.meta.orgs.len().to_string()),
+            ])
+        })
+        .collect()
+}
+
+fn org_rows(core: &Core) -> Vec<Vec<Option<String>>> {
+    let meta = core.meta.borrow();
+    let mut out = Vec::new();
+    for (db, m) in meta.iter() {
+        let mut orgs: Vec<_> = m.meta.orgs.iter().collect();
+        orgs.sort_by(|a, b| a.0.cmp(b.0));
+        for (id, o) in orgs {
+            out.push(vec![
+                Some(db.to_string()),
+                Some(id.clone()),
+                Some(o.state.clone()),
+                Some(o.profile.clone()),
+                Some(o.is_direct().to_string()),
+                Some(o.owes.to_string()),
+            ]);
+        }
+    }
+    out
+}
+
+fn pool_rows(published: &crate::metrics::Published) -> Vec<Vec<Option<String>>> {
+    let mut pools: std::collections::BTreeMap<(String, String), [u64; 3]> = Default::default();
+    for c in published.clients() {
+        pools
+            .entry((c.database.clone(), c.user.clone()))
+            .or_default()[0] += 1;
+    }
+    for s in published.servers() {
+        if s.side != "cloud" {
+            continue;
+        }
+        let p = pools
+            .entry((s.database.clone(), s.user.clone()))
+            .or_default();
+        if s.client_id.is_some() {
+            p[1] += 1;
+        } else {
+            p[2] += 1;
+        }
+    }
+    pools
+        .into_iter()
+        .map(|((db, user), [c, used, idle])| {
+            vec![
+                Some(db),
+                Some(user),
+                Some(c.to_string()),
+                Some(used.to_string()),
+                Some(idle.to_string()),
+            ]
+        })
+        .collect()
+}
+
+/// A session as its core keeps it for the console.
+pub struct ClientInfo {
+    /// The database it asked for.
+    pub database: Rc<str>,
+    /// Its role.
+    pub user: String,
+    /// Its address.
+    pub addr: Option<SocketAddr>,
+    /// When it authenticated.
+    pub since: SystemTime,
+    /// Its cloud backend's process ID.
+    pub backend_pid: u32,
+    /// Its socket, for `KILL` (valid while the entry exists: removed as the session ends,
+    /// on the same thread).
+    pub fd: RawFd,
+    /// What it is doing, as of its last step.
+    pub live: Rc<RefCell<Live>>,
+}
+
+/// What a session is doing, written by it at each pause.
+#[derive(Debug, Clone, Default)]
+pub struct Live {
+    /// `active`, `idle`, `idle in transaction`, `idle in transaction (aborted)`.
+    pub state: &'static str,
+    /// The organization of its direct connection, if any.
+    pub direct_org: Option<Rc<str>>,
+}
+
+impl Live {
+    /// The state's name from a backend's transaction status and whether requests wait.
+    pub fn state_of(busy: bool, status: u8) -> &'static str {
+        match (busy, status) {
+            (true, _) => "active",
+            (false, TX_IN_BLOCK) => "idle in transaction",
+            (false, TX_FAILED) => "idle in transaction (aborted)",
+            _ => "idle",
+        }
+    }
+}
+
+/// A row of `SHOW CLIENTS`, as a core published it.
+#[derive(Debug, Clone)]
+pub struct ClientRow {
+    pub id: u32,
+    pub core: usize,
+    pub database: String,
+    pub user: String,
+    pub addr: Option<String>,
+    pub state: &'static str,
+    pub backend_pid: u32,
+    pub org: Option<String>,
+    pub since: SystemTime,
+}
+
+impl ClientRow {
+    /// A core's row for a session.
+    pub fn of(id: u32, core: usize, info: &ClientInfo) -> ClientRow {
+        let live = info.live.borrow();
+        ClientRow {
+            id,
+            core,
+            database: info.database.to_string(),
+            user: info.user.clone(),
+            addr: info.addr.map(|a| a.to_string()),
+            state: live.state,
+            backend_pid: info.backend_pid,
+            org: live.direct_org.as_deref().map(str::to_owned),
+            since: info.since,
+        }
+    }
+
+    fn cells(self) -> Vec<Option<String>> {
+        let age = SystemTime::now()
+            .duration_since(self.since)
+            .unwrap_or_default();
+        vec![
+            Some(self.id.to_string()),
+            Some(self.core.to_string()),
+            Some(self.database),
+            Some(self.user),
+            self.addr,
+            Some(self.state.to_owned()),
+            Some(self.backend_pid.to_string()),
+            self.org,
+            Some(age.as_secs().to_string()),
+        ]
+    }
+}
+
+/// A row of `SHOW SERVERS`: a connection the proxy holds, in use by a client or idle in
+/// the pool.
+#[derive(Debug, Clone)]
+pub struct ServerRow {
+    pub core: usize,
+    /// `cloud` or `direct`.
+    pub side: &'static str,
+    pub database: String,
+    pub user: String,
+    pub org: Option<String>,
+    pub pid: u32,
+    pub client_id: Option<u32>,
+}
+
+impl ServerRow {
+    fn cells(self) -> Vec<Option<String>> {
+        vec![
+            Some(self.core.to_string()),
+            Some(self.side.to_owned()),
+            Some(self.database),
+            Some(self.user),
+            self.org,
+            Some(self.pid.to_string()),
+            Some(
+                if self.client_id.is_some() {
+                    "used"
+                } else {
+                    "idle"
+                }
+                .to_owned(),
+            ),
+            self.client_id.map(|id| id.to_string()),
+        ]
+    }
+}
+
+/// Ends a session of this core that `KILL` named: its client socket is shut down, so the
+/// session ends as if the client had left (its backend reset and pooled, or closed).
+pub fn kill_local(core: &Core, id: u32) {
+    if let Some(info) = core.clients.borrow().get(&id) {
+        // SAFETY: the fd is the session's open socket (the entry goes with the session).
+        unsafe { libc::shutdown(info.fd, libc::SHUT_RDWR) };
+        tracing::info!(client = id, "console: client killed");
+    }
+}
+
+/// A client's socket and address, for its [`ClientInfo`].
+pub fn socket_of(tcp: &TcpStream) -> (RawFd, Option<SocketAddr>) {
+    use std::os::fd::AsRawFd;
+    (tcp.as_raw_fd(), tcp.peer_addr().ok())
+}
