@@ -192,8 +192,9 @@ pub async fn handle(core: &Core, pid: u32, secret: Vec<u8>, to_peers: bool) {
     if let Some(t) = target {
         return send(t).await;
     }
+    let settings = core.shared.settings();
     let peers: &[SocketAddr] = if to_peers {
-        &core.shared.config.peers
+        &settings.config.peers
     } else {
         &[]
     };

@@ -42,6 +42,48 @@ pub struct Database {
     pub config: DatabaseConfig,
 }
 
+/// What a reload (SIGHUP) puts in force: the configuration file as read then, and the
+/// client TLS and users files it names.
+pub struct Settings {
+    /// The configuration as last loaded.
+    pub config: Arc<Config>,
+    /// TLS for clients, if configured.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Users from `users_file`, if configured.
+    pub users: Option<UsersFile>,
+}
+
+impl Settings {
+    /// Reads the files `config` names.
+    ///
+    /// # Errors
+    ///
+    /// Unreadable TLS or users files, a database with an `auth_user` but no password
+    /// anywhere.
+    pub fn new(config: Config, env_auth_password: bool) -> anyhow::Result<Settings> {
+        let tls = config
+            .tls
+            .as_ref()
+            .map(crate::net::tls::server_config)
+            .transpose()?;
+        let users = config
+            .users_file
+            .as_deref()
+            .map(UsersFile::load)
+            .transpose()?;
+        for (name, db) in &config.databases {
+            if db.auth_user.is_some() && db.auth_password.is_none() && !env_auth_password {
+                anyhow::bail!("databases.{name}: auth_user is set but neither auth_password nor LOKADB_AUTH_PASSWORD is");
+            }
+        }
+        Ok(Settings {
+            config: Arc::new(config),
+            tls,
+            users,
+        })
+    }
+}
+
 /// A configured database's cloud, resolved once at start (DNS, certificates).
 pub struct Resolved {
     /// The name clients ask for.
@@ -72,14 +114,13 @@ impl Resolved {
     }
 }
 
-/// Everything the cores share, fixed at start.
+/// Everything the cores share.
 pub struct Shared {
-    /// The configuration.
+    /// The configuration at start: what a reload does not change (the listening
+    /// addresses, `record`, `metrics`, the relay's addresses) is read here.
     pub config: Config,
-    /// TLS for clients, if configured.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Users from `users_file`, if configured.
-    pub users: Option<UsersFile>,
+    /// What SIGHUP reloads ([`Shared::settings`]).
+    settings: std::sync::RwLock<Arc<Settings>>,
     /// Authenticated client sessions now over all cores (`max_connections`; checked per
     /// connection, not per statement).
     pub connections: AtomicU32,
@@ -105,27 +146,12 @@ impl Shared {
     /// An unresolvable cloud host, unreadable TLS or users files, a database with an
     /// `auth_user` but no password anywhere.
     pub fn new(config: Config) -> anyhow::Result<Shared> {
-        let tls = config
-            .tls
-            .as_ref()
-            .map(crate::net::tls::server_config)
-            .transpose()?;
-        let users = config
-            .users_file
-            .as_deref()
-            .map(UsersFile::load)
-            .transpose()?;
         let env_auth_password = std::env::var("LOKADB_AUTH_PASSWORD").ok();
         let env_direct_password = std::env::var("LOKADB_DIRECT_PASSWORD").ok();
-        for (name, db) in &config.databases {
-            if db.auth_user.is_some() && db.auth_password.is_none() && env_auth_password.is_none() {
-                anyhow::bail!("databases.{name}: auth_user is set but neither auth_password nor LOKADB_AUTH_PASSWORD is");
-            }
-        }
+        let settings = Settings::new(config.clone(), env_auth_password.is_some())?;
         Ok(Shared {
             config,
-            tls,
-            users,
+            settings: std::sync::RwLock::new(Arc::new(settings)),
             connections: AtomicU32::new(0),
             handshakes: AtomicU32::new(0),
             shutdown: Arc::new(AtomicBool::new(false)),
@@ -136,10 +162,28 @@ impl Shared {
         })
     }
 
+    /// The settings in force: read once per connection or session, never per statement.
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Puts reloaded settings in force for the connections and sessions that start next.
+    pub fn set_settings(&self, settings: Settings) {
+        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(settings);
+    }
+
+    /// Whether `LOKADB_AUTH_PASSWORD` is set (checked again at a reload).
+    pub fn has_env_auth_password(&self) -> bool {
+        self.env_auth_password.is_some()
+    }
+
     /// Whether the cores and the relay publish what they hold: for `metrics` and the
-    /// console (`admin_users`).
+    /// console (`admin_users`, which a reload may set).
     pub fn publishes(&self) -> bool {
-        self.config.metrics.is_some() || !self.config.admin_users.is_empty()
+        self.config.metrics.is_some() || !self.settings().config.admin_users.is_empty()
     }
 
     /// The password of a database's `auth_user`: `auth_password`, else
@@ -204,9 +248,9 @@ pub struct Core {
     /// Shared settings.
     pub shared: Arc<Shared>,
     /// Databases by the name clients ask for.
-    pub databases: HashMap<String, Rc<Database>>,
+    pub databases: RefCell<HashMap<String, Rc<Database>>>,
     /// Auth queries by database name.
-    pub auth: HashMap<String, AuthQuery>,
+    pub auth: RefCell<HashMap<String, Rc<AuthQuery>>>,
     /// Warm cloud backends (and direct connections, with `direct_pool`).
     pub pool: RefCell<Pool>,
     /// Direct connections per organization under `direct_max`, and who waits for one.
@@ -240,6 +284,55 @@ pub struct Core {
 }
 
 impl Core {
+    /// The database clients ask for by `name`.
+    pub fn database(&self, name: &str) -> Option<Rc<Database>> {
+        self.databases.borrow().get(name).cloned()
+    }
+
+    /// The auth query of database `name`, when it has an `auth_user`.
+    pub fn auth_query(&self, name: &str) -> Option<Rc<AuthQuery>> {
+        self.auth.borrow().get(name).cloned()
+    }
+
+    /// Puts a reloaded configuration in force for this core's next sessions: each
+    /// database's settings, its auth query; a database no longer configured takes no new
+    /// session. What needs a restart (a database added, its `cloud`, `auth_user` or
+    /// `auth_password` changed) is left as it is ([`crate::reload`] says so).
+    pub fn apply(&self, config: &Config) {
+        let mut databases = self.databases.borrow_mut();
+        let mut auth = self.auth.borrow_mut();
+        databases.retain(|name, _| config.databases.contains_key(name));
+        auth.retain(|name, _| config.databases.contains_key(name));
+        for (name, db) in databases.iter_mut() {
+            let new = &config.databases[name];
+            if !crate::reload::same_cloud(&db.config, new) {
+                continue;
+            }
+            if new.auth_query != db.config.auth_query {
+                if let Some(user) = &new.auth_user {
+                    auth.insert(
+                        name.clone(),
+                        Rc::new(AuthQuery::new(
+                            db.addr,
+                            db.dbname.clone(),
+                            user.clone(),
+                            Secret(self.shared.auth_password(new)),
+                            new.auth_query.clone(),
+                            db.tls.clone(),
+                        )),
+                    );
+                }
+            }
+            *db = Rc::new(Database {
+                name: db.name.clone(),
+                addr: db.addr,
+                dbname: db.dbname.clone(),
+                tls: db.tls.clone(),
+                config: new.clone(),
+            });
+        }
+    }
+
     /// Builds a core's state from the shared settings and resolved databases.
     pub fn new(
         id: usize,
@@ -262,14 +355,14 @@ impl Core {
                 let password = shared.auth_password(&config);
                 auth.insert(
                     name.clone(),
-                    AuthQuery::new(
+                    Rc::new(AuthQuery::new(
                         *addr,
                         dbname.clone(),
                         user.clone(),
                         Secret(password),
                         config.auth_query.clone(),
                         tls.clone(),
-                    ),
+                    )),
                 );
             }
             let db = Database {
@@ -284,8 +377,8 @@ impl Core {
         Core {
             id,
             shared,
-            databases,
-            auth,
+            databases: RefCell::new(databases),
+            auth: RefCell::new(auth),
             pool: RefCell::new(Pool::default()),
             direct_slots: crate::backend::slots::Slots::default(),
             leases: Cell::new(0),

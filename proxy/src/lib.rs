@@ -33,7 +33,8 @@
 //! - [`net`]: client and cloud streams, TLS both ways, listening sockets.
 //! - [`metrics`]: `GET /metrics`, from counters each core keeps and publishes once a second.
 //! - [`error`]: classified session errors and what the client sees.
-//! - [`signals`], [`time`]: SIGTERM handling, timeouts.
+//! - [`reload`]: SIGHUP re-reads the configuration file.
+//! - [`signals`], [`time`]: SIGTERM and SIGHUP handling, timeouts.
 //!
 //! # Limits
 //!
@@ -51,6 +52,7 @@ pub mod migrate;
 pub mod net;
 pub mod record;
 pub mod relay;
+pub mod reload;
 pub mod route;
 pub mod rt;
 pub mod scram;

@@ -421,6 +421,7 @@ fn main() -> ExitCode {
             cores,
             record,
         } => {
+            let config_path = config.clone();
             let mut config = match load(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -438,7 +439,7 @@ fn main() -> ExitCode {
                     .map(|n| n.get())
                     .unwrap_or(1),
             };
-            let result = lokadb::server::run(config, cores, |addr, relay| {
+            let result = lokadb::server::run(config, Some(config_path), cores, |addr, relay| {
                 // Scripts and the test harness wait for these lines.
                 if let Some((agents, postgres)) = relay {
                     println!(

@@ -40,6 +40,7 @@ const PUBLISH_TICKS: u32 = (crate::metrics::PUBLISH_EVERY.as_millis() / TICK.as_
 /// threads that cannot start.
 pub fn run(
     config: Config,
+    config_path: Option<std::path::PathBuf>,
     cores: usize,
     on_listening: impl FnOnce(SocketAddr, Option<(SocketAddr, SocketAddr)>),
 ) -> anyhow::Result<()> {
@@ -52,7 +53,17 @@ pub fn run(
     let resolved = Arc::new(shared.resolve_databases()?);
     let sockets = crate::net::listener::bind_reuseport(shared.config.listen, cores)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
-    crate::signals::install(shared.shutdown.clone())?;
+    // Each core's inbox for a reloaded configuration (SIGHUP).
+    let (reload_peers, reload_inboxes) = mailbox::per_core::<Arc<Config>>(cores)?;
+    let on_hangup: Option<Box<dyn Fn() + Send>> = config_path.map(|path| {
+        let reloader = crate::reload::Reloader {
+            path,
+            shared: shared.clone(),
+            cores: reload_peers,
+        };
+        Box::new(move || reloader.reload()) as _
+    });
+    crate::signals::install(shared.shutdown.clone(), on_hangup)?;
     if let Some(addr) = shared.config.metrics {
         let bound = crate::metrics::serve(addr, shared.clone())?;
         tracing::info!(addr = %bound, "metrics listening (GET /metrics)");
@@ -129,11 +140,12 @@ pub fn run(
     on_listening(sockets.addr, relay.as_ref().map(|r| (r.agents, r.postgres)));
 
     let mut threads = Vec::with_capacity(cores);
-    for (id, (((fd, inbox), meta_inbox), recorder)) in sockets
+    for (id, ((((fd, inbox), meta_inbox), reloads), recorder)) in sockets
         .fds
         .into_iter()
         .zip(inboxes)
         .zip(meta_inboxes)
+        .zip(reload_inboxes)
         .zip(recorders)
         .enumerate()
     {
@@ -150,6 +162,7 @@ pub fn run(
                     fd,
                     cancels: inbox,
                     meta: meta_inbox,
+                    reloads,
                     recorder,
                 };
                 crate::rt::block_on(run_core(own, shared, resolved, peers))
@@ -182,7 +195,7 @@ pub fn run_relay(
         .relay
         .ok_or_else(|| anyhow::anyhow!("the config has no \"relay\" section"))?;
     let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    crate::signals::install(flag.clone())?;
+    crate::signals::install(flag.clone(), None)?;
     let relay = crate::relay::start(relay_config, move || flag.load(Ordering::Relaxed), None)?;
     on_listening(relay.agents, relay.postgres);
     relay.join()
@@ -215,6 +228,8 @@ struct CoreStart {
     cancels: Inbox<CancelMsg>,
     /// Metadata generations from the watchers.
     meta: Inbox<MetaUpdate>,
+    /// Configurations reloaded on SIGHUP.
+    reloads: Inbox<Arc<Config>>,
     /// Its traffic recording file (`--record`).
     recorder: Option<crate::record::Recorder>,
 }
@@ -230,6 +245,7 @@ async fn run_core(
         fd,
         cancels,
         meta,
+        reloads,
         recorder,
     } = own;
     // SAFETY: `fd` is a listening socket created for this core and owned by no one else.
@@ -242,6 +258,8 @@ async fn run_core(
     let core = Rc::new(core);
     crate::rt::spawn(forwarded_cancels(core.clone(), cancels)).detach();
     crate::rt::spawn(meta_updates(core.clone(), meta)).detach();
+    let reloaded = core.clone();
+    crate::rt::spawn(reloads.for_each(move |config| reloaded.apply(&config))).detach();
     crate::rt::spawn(watch(core.clone())).detach();
 
     loop {
@@ -314,7 +332,7 @@ async fn watch(core: Rc<Core>) {
         }
         if ticks.is_multiple_of(REAP_EVERY) {
             let now = Instant::now();
-            let databases = &core.databases;
+            let databases = core.databases.borrow();
             core.pool.borrow_mut().reap(now, |key| {
                 databases
                     .get(&*key.database)

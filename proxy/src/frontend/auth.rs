@@ -92,7 +92,7 @@ async fn lookup(
     db: &Database,
     user: &str,
 ) -> Result<Option<UserSecret>, SessionError> {
-    if let Some(query) = core.auth.get(&*db.name) {
+    if let Some(query) = core.auth_query(&db.name) {
         return query
             .lookup(user)
             .await
@@ -100,6 +100,7 @@ async fn lookup(
     }
     Ok(core
         .shared
+        .settings()
         .users
         .as_ref()
         .and_then(|u| u.0.get(user).cloned()))

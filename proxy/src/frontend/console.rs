@@ -30,7 +30,8 @@ const MAX_MESSAGE: u32 = 64 * 1024;
 
 /// Whether the client asks for the console (and the configuration has one).
 pub fn asked(core: &Core, startup: &StartupMessage) -> bool {
-    !core.shared.config.admin_users.is_empty() && startup.param("database") == Some(CONSOLE_DB)
+    startup.param("database") == Some(CONSOLE_DB)
+        && !core.shared.settings().config.admin_users.is_empty()
 }
 
 /// Authenticates the role against the first configured database (or `users_file`) and
@@ -45,16 +46,19 @@ pub(super) async fn login(
     startup: &StartupMessage,
 ) -> Result<Admitted, SessionError> {
     let user = startup.param("user").unwrap_or_default();
-    let db = core
-        .shared
-        .config
-        .databases
-        .keys()
-        .next()
-        .and_then(|name| core.databases.get(name))
+    let first = core.databases.borrow().keys().min().cloned();
+    let db = first
+        .and_then(|name| core.database(&name))
         .ok_or_else(|| SessionError::UnknownDatabase(CONSOLE_DB.to_owned()))?;
-    let Authenticated { server_final, .. } = authenticate(stream, core, db, user).await?;
-    if !core.shared.config.admin_users.iter().any(|a| a == user) {
+    let Authenticated { server_final, .. } = authenticate(stream, core, &db, user).await?;
+    if !core
+        .shared
+        .settings()
+        .config
+        .admin_users
+        .iter()
+        .any(|a| a == user)
+    {
         return Err(SessionError::NotAdmin(user.to_owned()));
     }
     let admitted = Admitted::new(&core.shared).ok_or(SessionError::TooManyConnections)?;
@@ -150,7 +154,11 @@ fn answer(core: &Rc<Core>, sql: &str, out: &mut Vec<u8>) {
             &["version"],
             vec![vec![Some(format!("LokaDB {}", env!("CARGO_PKG_VERSION")))]],
         ),
-        ["SHOW", "CONFIG"] => rows(out, &["key", "value"], config_rows(&core.shared.config)),
+        ["SHOW", "CONFIG"] => rows(
+            out,
+            &["key", "value"],
+            config_rows(&core.shared.settings().config),
+        ),
         ["SHOW", "STATS"] => rows(
             out,
             &["metric", "value"],
@@ -334,12 +342,14 @@ fn config_rows(config: &lokadb_shared::config::Config) -> Vec<Vec<Option<String>
 
 fn database_rows(core: &Core) -> Vec<Vec<Option<String>>> {
     let meta = core.meta.borrow();
-    core.shared
-        .config
-        .databases
-        .iter()
-        .filter_map(|(name, config)| {
-            let db = core.databases.get(name)?;
+    let databases = core.databases.borrow();
+    let mut names: Vec<&String> = databases.keys().collect();
+    names.sort();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let db = &databases[name];
+            let config = &db.config;
             let m = meta.get(name.as_str());
             let cs = lokadb_shared::config::ConnString::parse(&config.cloud).ok()?;
             Some(vec![

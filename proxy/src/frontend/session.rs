@@ -59,7 +59,7 @@ pub async fn serve(core: Rc<Core>, tcp: TcpStream) {
 
 async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>) {
     let _ = tcp.set_nodelay(true);
-    let auth_timeout = core.shared.config.auth_timeout;
+    let auth_timeout = core.shared.settings().config.auth_timeout;
     let started = Instant::now();
     let (mut stream, startup) = match with_timeout(auth_timeout, negotiate(tcp, core)).await {
         None => return tracing::debug!("auth_timeout during the startup phase"),
@@ -113,9 +113,8 @@ async fn attach(
     {
         return Err(SessionError::Unsupported("replication connections"));
     }
-    let db = core
-        .databases
-        .get(database)
+    let db = &core
+        .database(database)
         .ok_or_else(|| SessionError::UnknownDatabase(database.to_owned()))?;
     let Authenticated {
         credentials,
@@ -300,8 +299,10 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         tx_defaults,
         login_path,
     } = attached;
-    let max = core.shared.config.max_message_bytes;
-    let route_log = core.shared.config.route_log;
+    let (max, route_log) = {
+        let settings = core.shared.settings();
+        (settings.config.max_message_bytes, settings.config.route_log)
+    };
     CoreStats::add(&core.stats.sessions, 1);
     let mut seen = Seen::default();
     // The console's view of the session (only kept when something reads it).
@@ -705,7 +706,7 @@ impl Admitted {
             shared: shared.clone(),
         };
         // Over the limit, the slot is given back as it drops.
-        (open <= shared.config.max_connections).then_some(slot)
+        (open <= shared.settings().config.max_connections).then_some(slot)
     }
 }
 
@@ -732,7 +733,8 @@ impl<'a> Handshake<'a> {
         core: &'a Core,
         peer: Option<std::net::IpAddr>,
     ) -> Result<Handshake<'a>, SessionError> {
-        let config = &core.shared.config;
+        let settings = core.shared.settings();
+        let config = &settings.config;
         let all = core.shared.handshakes.fetch_add(1, Ordering::Relaxed) + 1;
         // From here on, dropping it gives back what it took.
         let mut h = Handshake { core, peer: None };

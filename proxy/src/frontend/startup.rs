@@ -54,7 +54,7 @@ async fn negotiate_in(
             }
             StartupPacket::SslRequest => {
                 encryption_asked = true;
-                match (&core.shared.tls, slot.take()) {
+                match (&core.shared.settings().tls, slot.take()) {
                     (Some(config), Some(ClientStream::Plain(mut tcp))) => {
                         tcp.write_all(b"S").await.map_err(SessionError::Client)?;
                         let acceptor = futures_rustls::TlsAcceptor::from(config.clone());

@@ -25,6 +25,8 @@ mod cloud_tls;
 mod metrics;
 // The console (database lokadb, admin_users): SHOW commands on live sessions, KILL.
 mod console;
+// SIGHUP re-reads --config: limits, admin_users, databases; bad files refused.
+mod reload;
 // upstream_pool: reuse and the reset between clients.
 mod proxy_pool;
 // Limits and bad input.
