@@ -182,6 +182,7 @@ mkdir -m 700 "$DEMO/run"
 chown "$PG_USER:" "$DEMO/run"
 SUPER_PASSWORD="$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
 AUTH_PASSWORD="$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
+OPS_PASSWORD="$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
 start_cluster cloud "$DEMO/pgdata" "$DEMO/postgres.log"
 PG_PORT="$CLUSTER_PORT"
 say "cloud PostgreSQL on 127.0.0.1:$PG_PORT (data .demo/pgdata)"
@@ -194,8 +195,9 @@ su_psql -d postgres >/dev/null <<SQL
 CREATE ROLE app LOGIN PASSWORD '$APP_PASSWORD';
 CREATE DATABASE app OWNER app;
 CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '$AUTH_PASSWORD';
+CREATE ROLE ops LOGIN PASSWORD '$OPS_PASSWORD';
 SQL
-say "roles: app (password '$APP_PASSWORD', owns database app), lokadb_auth (superuser, reads verifiers)"
+say "roles: app (password '$APP_PASSWORD', owns database app), lokadb_auth (superuser, reads verifiers), ops (the proxy's console)"
 org_psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$DEMO/run" -p "$ORG_PORT" -U postgres "$@"; }
 org_psql -d postgres >/dev/null <<SQL
 CREATE ROLE app LOGIN PASSWORD '$APP_PASSWORD';
@@ -220,10 +222,13 @@ chmod 600 "$DEMO/token.txt"
 say "lokadb token new acme: the agent gets the token, the relay keeps only its hash ($ACME_HASH)"
 RELAY_AGENTS_PORT="$(free_port)"
 RELAY_PG_PORT="$(free_port)"
+METRICS_PORT="$(free_port)"
 cat >"$DEMO/lokadb.json" <<JSON
 {
   "listen": "127.0.0.1:0",
   "route_log": true,
+  "admin_users": ["ops"],
+  "metrics": "127.0.0.1:$METRICS_PORT",
   "databases": {
     "app": {
       "cloud": "host=127.0.0.1 port=$PG_PORT dbname=app",
@@ -553,12 +558,34 @@ for profile in fdw fdw+direct; do
 done
 echo
 
+say "the operator's view: the console (database lokadb, admin_users), GET /metrics, a reload"
+CONSOLE_DSN="host=127.0.0.1 port=$PROXY_PORT user=ops password=$OPS_PASSWORD dbname=lokadb"
+"$PG_BIN/psql" -X -q "$PROXY_DSN" -c "SELECT pg_sleep(3)" >/dev/null 2>&1 &
+SLEEPER=$!
+sleep 1.5
+"$PG_BIN/psql" -X "$CONSOLE_DSN" -c "SHOW CLIENTS" -c "SHOW POOLS" 2>&1 | sed 's/^/    /' ||
+    die "the console did not answer"
+wait "$SLEEPER" || true
+curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^lokadb_(requests_total|sessions_total|relay_organizations_connected)' | sed 's/^/    /' ||
+    die "GET /metrics did not answer"
+sed -i 's/"route_log": true/"route_log": false/' "$DEMO/lokadb.json"
+kill -HUP "$PROXY_PID"
+for _ in $(seq 100); do
+    grep -q "configuration reloaded" "$DEMO/proxy.log" && break
+    sleep 0.1
+done
+grep -q "configuration reloaded" "$DEMO/proxy.log" || die "SIGHUP did not reload the configuration (see .demo/proxy.log)"
+echo "    kill -HUP: configuration reloaded (route_log off for new sessions)"
+echo
+
 FAILED=0
 echo "LokaDB is running:"
 echo "  proxy : $PROXY_ADDR   (log: $DEMO/proxy.log)"
 echo "  cloud : 127.0.0.1:$PG_PORT (PostgreSQL 18, data: $DEMO/pgdata)"
 echo "  relay : agents 127.0.0.1:$RELAY_AGENTS_PORT, postgres 127.0.0.1:$RELAY_PG_PORT (inside the proxy)"
 echo "  acme  : 127.0.0.1:$ORG_PORT behind agent pid $AGENT_PID (log: $DEMO/agent.log)"
+echo "  console: $PG_BIN/psql \"$CONSOLE_DSN\" -c 'SHOW CLIENTS'"
+echo "  metrics: curl http://127.0.0.1:$METRICS_PORT/metrics"
 echo "  connect through the proxy:"
 echo "    $PG_BIN/psql \"$PROXY_DSN\""
 echo "    postgresql://app:$APP_PASSWORD@127.0.0.1:$PROXY_PORT/app"

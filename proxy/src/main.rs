@@ -402,14 +402,18 @@ fn main() -> ExitCode {
             admin(lokadb::admin::pause::hold(&cloud.dsn, &org, &opts).map(|()| String::new()))
         }
         Command::Relay { config } => {
+            let config_path = config.clone();
             let config = match load(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            let result = lokadb::server::run_relay(config, |agents, postgres| {
-                println!("lokadb relay listening on {agents} (agents) and {postgres} (postgres)");
-                let _ = std::io::stdout().flush();
-            });
+            let result =
+                lokadb::server::run_relay(config, Some(config_path), |agents, postgres| {
+                    println!(
+                        "lokadb relay listening on {agents} (agents) and {postgres} (postgres)"
+                    );
+                    let _ = std::io::stdout().flush();
+                });
             if let Err(e) = result {
                 eprintln!("lokadb: {e:#}");
                 return ExitCode::from(1);

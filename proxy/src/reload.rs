@@ -4,12 +4,14 @@
 //! settings (pool, direct path, `statement_org`, the auth query). Running sessions keep
 //! what they started with. A file that does not load, or names files that cannot be
 //! used, changes nothing and the log says why. What needs new sockets or threads (the
-//! listening and metrics addresses, `record`, the relay, a database added or pointed at
-//! another cloud or role) is logged as waiting for a restart.
+//! listening and metrics addresses, `record`, the relay's addresses and limits, a database
+//! added or pointed at another cloud or role) is logged as waiting for a restart. The
+//! relay takes its new tokens (cutting the tunnels of an organization whose token went)
+//! and certificate, in this process or in `lokadb relay` run alone.
 
 use crate::core::{Settings, Shared};
 use crate::rt::mailbox::Mailbox;
-use lokadb_shared::config::{Config, DatabaseConfig};
+use lokadb_shared::config::{Config, DatabaseConfig, RelayConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -21,6 +23,8 @@ pub struct Reloader {
     pub shared: Arc<Shared>,
     /// Each core's inbox for the new configuration.
     pub cores: Vec<Mailbox<Arc<Config>>>,
+    /// The relay's, when it runs in this process.
+    pub relay: Option<crossbeam_channel::Sender<RelayConfig>>,
 }
 
 impl Reloader {
@@ -45,11 +49,23 @@ impl Reloader {
                 );
             }
         };
+        if let Some(relay) = &settings.config.relay {
+            if let Err(e) = crate::relay::agent_tls(relay) {
+                return tracing::warn!(
+                    path,
+                    error = format!("relay.tls: {e:#}"),
+                    "reload refused: the running configuration stays"
+                );
+            }
+        }
         let waiting = needs_restart(&self.shared.config, &settings.config);
         let config = settings.config.clone();
         self.shared.set_settings(settings);
         for core in &self.cores {
             core.send(config.clone());
+        }
+        if let (Some(tx), Some(relay)) = (&self.relay, &config.relay) {
+            let _ = tx.send(relay.clone());
         }
         if waiting.is_empty() {
             tracing::info!(path, "configuration reloaded");
@@ -80,9 +96,10 @@ pub fn needs_restart(start: &Config, new: &Config) -> Vec<String> {
     if start.metrics != new.metrics {
         out.push("metrics".to_owned());
     }
-    // The relay's section has no PartialEq: compared as written.
-    if serde_json::to_string(&start.relay).ok() != serde_json::to_string(&new.relay).ok() {
-        out.push("relay".to_owned());
+    match (&start.relay, &new.relay) {
+        (Some(a), Some(b)) if relay_fixed(a) == relay_fixed(b) => {}
+        (None, None) => {}
+        _ => out.push("relay (other than its tokens and certificate)".to_owned()),
     }
     for (name, db) in &new.databases {
         match start.databases.get(name) {
@@ -96,4 +113,45 @@ pub fn needs_restart(start: &Config, new: &Config) -> Vec<String> {
         }
     }
     out
+}
+
+/// What of a relay section a reload cannot change, as written (it has no `PartialEq`):
+/// all but its tokens and certificate.
+fn relay_fixed(relay: &RelayConfig) -> String {
+    let mut fixed = relay.clone();
+    fixed.tokens.clear();
+    fixed.tls = lokadb_shared::config::TlsConfig {
+        cert: PathBuf::new(),
+        key: PathBuf::new(),
+    };
+    serde_json::to_string(&fixed).unwrap_or_default()
+}
+
+/// SIGHUP for `lokadb relay` run alone: its tokens and certificate from the file again.
+pub fn reload_relay(
+    path: &std::path::Path,
+    start: &RelayConfig,
+    relay: &crossbeam_channel::Sender<RelayConfig>,
+) {
+    let shown = path.display().to_string();
+    let new = match Config::load(path) {
+        Ok(Config { relay: Some(r), .. }) => r,
+        Ok(_) => {
+            return tracing::warn!(path = shown, "reload refused: the file has no \"relay\" section; the running configuration stays");
+        }
+        Err(e) => {
+            return tracing::warn!(path = shown, error = %e, "reload refused: the running configuration stays");
+        }
+    };
+    if let Err(e) = crate::relay::agent_tls(&new) {
+        return tracing::warn!(
+            path = shown,
+            error = format!("relay.tls: {e:#}"),
+            "reload refused: the running configuration stays"
+        );
+    }
+    if relay_fixed(start) != relay_fixed(&new) {
+        tracing::warn!(path = shown, "the relay's addresses and limits take a restart; its tokens and certificate are reloaded");
+    }
+    let _ = relay.send(new);
 }

@@ -55,11 +55,13 @@ pub fn run(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
     // Each core's inbox for a reloaded configuration (SIGHUP).
     let (reload_peers, reload_inboxes) = mailbox::per_core::<Arc<Config>>(cores)?;
+    let (relay_reloads, relay_reloaded) = crossbeam_channel::unbounded();
     let on_hangup: Option<Box<dyn Fn() + Send>> = config_path.map(|path| {
         let reloader = crate::reload::Reloader {
             path,
             shared: shared.clone(),
             cores: reload_peers,
+            relay: shared.config.relay.is_some().then_some(relay_reloads),
         };
         Box::new(move || reloader.reload()) as _
     });
@@ -79,6 +81,7 @@ pub fn run(
                 relay_config,
                 move || flag.load(Ordering::Relaxed),
                 publish,
+                Some(relay_reloaded),
             )?)
         }
         None => None,
@@ -189,14 +192,25 @@ pub fn run(
 /// No `relay` in the config, its TLS files, or a listener that cannot be bound.
 pub fn run_relay(
     config: Config,
+    config_path: Option<std::path::PathBuf>,
     on_listening: impl FnOnce(SocketAddr, SocketAddr),
 ) -> anyhow::Result<()> {
     let relay_config = config
         .relay
         .ok_or_else(|| anyhow::anyhow!("the config has no \"relay\" section"))?;
     let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    crate::signals::install(flag.clone(), None)?;
-    let relay = crate::relay::start(relay_config, move || flag.load(Ordering::Relaxed), None)?;
+    let (reloads, reloaded) = crossbeam_channel::unbounded();
+    let on_hangup: Option<Box<dyn Fn() + Send>> = config_path.map(|path| {
+        let start = relay_config.clone();
+        Box::new(move || crate::reload::reload_relay(&path, &start, &reloads)) as _
+    });
+    crate::signals::install(flag.clone(), on_hangup)?;
+    let relay = crate::relay::start(
+        relay_config,
+        move || flag.load(Ordering::Relaxed),
+        None,
+        Some(reloaded),
+    )?;
     on_listening(relay.agents, relay.postgres);
     relay.join()
 }

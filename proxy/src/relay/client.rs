@@ -216,7 +216,7 @@ fn open(relay: &Relay, m: &StartupMessage) -> Result<Route, Refusal> {
             "the relay is shutting down".into(),
         ));
     }
-    if !relay.tokens.knows(org) {
+    if !relay.tokens.borrow().knows(org) {
         relay.stats.borrow_mut().refused_unknown_org += 1;
         return Err(Refusal::new(
             sqlstate::INVALID_CATALOG_NAME,

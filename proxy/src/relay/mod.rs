@@ -69,9 +69,9 @@ pub fn start(
     config: lokadb_shared::config::RelayConfig,
     shutdown: impl Fn() -> bool + Send + 'static,
     publish: Option<Publish>,
+    reloads: Option<crossbeam_channel::Receiver<lokadb_shared::config::RelayConfig>>,
 ) -> anyhow::Result<Handle> {
-    let mut tls = (*crate::net::tls::server_config(&config.tls)?).clone();
-    tls.alpn_protocols.clear();
+    let tls = agent_tls(&config)?;
     let window = lokadb_shared::tunnel::window_from_env().map_err(anyhow::Error::msg)?;
     let caps = lokadb_shared::tunnel::memory_caps_from_env().map_err(anyhow::Error::msg)?;
     let tunnel = lokadb_shared::tunnel::Config {
@@ -114,13 +114,57 @@ pub fn start(
                     TcpListener::from_raw_fd(postgres_fd).expect("postgres listener"),
                 )
             };
-            crate::rt::block_on(run(relay, agents, postgres, shutdown, publish));
+            crate::rt::block_on(run(relay, agents, postgres, shutdown, publish, reloads));
         })?;
     Ok(Handle {
         agents: agents_addr,
         postgres: postgres_addr,
         thread,
     })
+}
+
+/// Puts a reloaded `relay` section in force: its certificate for the agent connections
+/// that start next (tunnels up keep theirs), its tokens for the next authentications, and
+/// the tunnels of an organization whose token was removed or replaced are cut.
+pub fn apply(relay: &Relay, config: &lokadb_shared::config::RelayConfig) {
+    match agent_tls(config) {
+        Ok(tls) => *relay.tls.borrow_mut() = std::sync::Arc::new(tls),
+        Err(e) => tracing::warn!(
+            error = format!("{e:#}"),
+            "relay reload: the certificate stays"
+        ),
+    }
+    let tokens = tokens::Tokens::new(&config.tokens);
+    for conn in relay.all_conns() {
+        if let Some(org) = conn.org() {
+            if !tokens.same_for(&relay.tokens.borrow(), &org) {
+                tracing::info!(
+                    conn = conn.id,
+                    org,
+                    "relay reload: the organization's token was revoked; its tunnel is cut"
+                );
+                conn.revoke("its token was revoked (relay.tokens reloaded)".into());
+            }
+        }
+    }
+    *relay.tokens.borrow_mut() = tokens;
+    tracing::info!(
+        organizations = config.tokens.len(),
+        "relay: tokens and certificate reloaded"
+    );
+}
+
+/// The relay's TLS for agents (no ALPN: agents do not send one).
+///
+/// # Errors
+///
+/// The certificate or key cannot be used.
+pub fn agent_tls(
+    config: &lokadb_shared::config::RelayConfig,
+) -> anyhow::Result<rustls::ServerConfig> {
+    let mut tls = (*crate::net::tls::server_config(&config.tls)?).clone();
+    tls.alpn_protocols.clear();
+    Ok(tls)
 }
 
 /// Where the relay hands its counters and tunnels once a second (`GET /metrics`, the
@@ -133,6 +177,7 @@ async fn run(
     postgres: TcpListener,
     shutdown: impl Fn() -> bool,
     publish: Option<Publish>,
+    reloads: Option<crossbeam_channel::Receiver<lokadb_shared::config::RelayConfig>>,
 ) {
     let agents_task = spawn(accept_agents(relay.clone(), agents));
     let clients_task = spawn(accept_clients(relay.clone(), postgres));
@@ -141,6 +186,11 @@ async fn run(
     let mut next_publish = Instant::now();
     while !shutdown() {
         sleep(TICK).await;
+        if let Some(reloads) = &reloads {
+            while let Ok(config) = reloads.try_recv() {
+                apply(&relay, &config);
+            }
+        }
         if let Some(publish) = &publish {
             if Instant::now() >= next_publish {
                 next_publish += crate::metrics::PUBLISH_EVERY;

@@ -16,10 +16,10 @@ pub const MAX_STANDBY: usize = 4;
 pub struct Relay {
     /// Its configuration.
     pub config: RelayConfig,
-    /// TLS for agent connections.
-    pub tls: Arc<rustls::ServerConfig>,
-    /// Known organizations and their token hashes.
-    pub tokens: Tokens,
+    /// TLS for agent connections (replaced by a reload: new connections only).
+    pub tls: RefCell<Arc<rustls::ServerConfig>>,
+    /// Known organizations and their token hashes (replaced by a reload).
+    pub tokens: RefCell<Tokens>,
     /// The tunnel settings every agent connection starts with: window, auto-tuning,
     /// memory caps (the relay-wide budget is shared by all of them).
     pub tunnel: lokadb_shared::tunnel::Config,
@@ -106,9 +106,9 @@ impl Relay {
         tunnel: lokadb_shared::tunnel::Config,
     ) -> Relay {
         Relay {
-            tokens: Tokens::new(&config.tokens),
+            tokens: RefCell::new(Tokens::new(&config.tokens)),
             config,
-            tls,
+            tls: RefCell::new(tls),
             tunnel,
             orgs: RefCell::default(),
             streams: Cell::new(0),

@@ -40,6 +40,11 @@ impl Tokens {
         )
     }
 
+    /// Whether `org` has the same token hash here as in `other` (and has one).
+    pub fn same_for(&self, other: &Tokens, org: &str) -> bool {
+        matches!((self.0.get(org), other.0.get(org)), (Some(a), Some(b)) if a == b)
+    }
+
     /// Whether the organization is known (has a token).
     pub fn knows(&self, org: &str) -> bool {
         self.0.contains_key(org)

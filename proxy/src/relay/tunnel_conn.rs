@@ -55,6 +55,8 @@ struct Inner {
     slots: HashMap<StreamId, Slot>,
     /// The connection task, woken when the tunnel has something to send.
     driver: Option<Waker>,
+    /// Why the relay cut it (its token was revoked by a reload).
+    revoked: Option<String>,
     /// Streams waiting for their send queue to shrink.
     send_waiters: Vec<StreamId>,
     /// Why the connection ended.
@@ -81,7 +83,7 @@ impl Slot {
 
 impl TunnelConn {
     fn new(relay: &Relay, peer: SocketAddr) -> TunnelConn {
-        let tls = rustls::ServerConnection::new(relay.tls.clone())
+        let tls = rustls::ServerConnection::new(relay.tls.borrow().clone())
             .expect("server TLS config without client auth");
         let config = tunnel::Config {
             // The relay opens every stream; an agent's OPEN is refused by the tunnel.
@@ -96,6 +98,7 @@ impl TunnelConn {
                 org: None,
                 slots: HashMap::new(),
                 driver: None,
+                revoked: None,
                 send_waiters: Vec::new(),
                 ended: None,
             }),
@@ -275,6 +278,14 @@ impl TunnelConn {
         }
     }
 
+    /// Cuts the connection (its organization's token was revoked): its streams fail, the
+    /// agent is told nothing more.
+    pub fn revoke(&self, reason: String) {
+        let mut inner = self.inner.borrow_mut();
+        inner.revoked = Some(reason);
+        inner.wake_driver();
+    }
+
     /// Tells the agent to reconnect (SIGTERM): no new streams here.
     pub fn drain(&self) {
         let mut inner = self.inner.borrow_mut();
@@ -392,6 +403,9 @@ impl Driver {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<String> {
         let mut reads = 0;
         loop {
+            if let Some(reason) = self.conn.inner.borrow_mut().revoked.take() {
+                return Poll::Ready(reason);
+            }
             let mut busy = false;
             if reads == READS_PER_POLL {
                 // Yield: the executor runs the other tasks and polls this one again.
@@ -563,7 +577,7 @@ impl Driver {
                 "draining".to_owned(),
             ))
         } else {
-            relay.tokens.verify(token).map_err(|e| {
+            relay.tokens.borrow().verify(token).map_err(|e| {
                 (
                     ErrorCode::BAD_TOKEN,
                     "token not valid for this relay".to_owned(),

@@ -415,3 +415,59 @@ async fn a_second_agent_is_a_standby_and_takes_over() {
     let c = connect(&relay_dsn(&relay, "acme")).await.unwrap();
     assert_eq!(items(&c).await, 1000);
 }
+
+/// SIGHUP on `lokadb relay`: a token removed from `relay.tokens` cuts that organization's
+/// tunnel and refuses its agent from then on, another organization is not disturbed, and
+/// the token put back lets the agent in again; a bad file changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_revokes_a_token_and_keeps_the_others() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let globex = Org::start("globex").unwrap();
+    let relay = start_relay(&certs, &[&acme, &globex], json!({}), &[]).unwrap();
+    let ports = addrs(&relay);
+    let _a = start_agent(&certs, &acme, ports.agents, &[]).unwrap();
+    let _g = start_agent(&certs, &globex, ports.agents, &[]).unwrap();
+    let globex_dsn = relay_dsn(&relay, "globex");
+    wait_reachable(&relay_dsn(&relay, "acme"), Duration::from_secs(30)).await;
+    wait_reachable(&globex_dsn, Duration::from_secs(30)).await;
+    let globex_client = connect(&globex_dsn).await.unwrap();
+
+    let path = relay.config_path();
+    let original = std::fs::read(&path).unwrap();
+    let mut config: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    config["relay"]["tokens"]
+        .as_object_mut()
+        .unwrap()
+        .remove("acme");
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    relay.signal(libc::SIGHUP);
+    assert!(
+        relay.wait_for_output("its tunnel is cut", Duration::from_secs(30)),
+        "{}",
+        relay.output()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while relay_stats(&relay).await["organizations_connected"] != 1 {
+        assert!(Instant::now() < deadline, "acme's tunnel is still up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // acme's agent comes back and is refused; globex's session went on throughout.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while relay_stats(&relay).await["agents_refused"] == 0 {
+        assert!(Instant::now() < deadline, "acme's agent was not refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(connect(&relay_dsn(&relay, "acme")).await.is_err());
+    globex_client.simple_query("SELECT 1").await.unwrap();
+
+    // A file that does not load changes nothing.
+    std::fs::write(&path, b"{ \"relay\": ").unwrap();
+    relay.signal(libc::SIGHUP);
+    assert!(relay.wait_for_output("reload refused", Duration::from_secs(30)));
+
+    std::fs::write(&path, &original).unwrap();
+    relay.signal(libc::SIGHUP);
+    wait_reachable(&relay_dsn(&relay, "acme"), Duration::from_secs(60)).await;
+    globex_client.simple_query("SELECT 1").await.unwrap();
+}
