@@ -417,3 +417,48 @@ fn respond(conn: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()
     conn.write_all(head.as_bytes())?;
     conn.write_all(body.as_bytes())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_that_went_back_started_again() {
+        let stats = CoreStats::default();
+        let mut seen = Seen::default();
+        stats.follow(&mut seen, [3, 1, 0, 0]);
+        stats.follow(&mut seen, [5, 1, 1, 0]);
+        // A new direct connection: its exchange counts from 0 again.
+        stats.follow(&mut seen, [5, 2, 1, 0]);
+        stats.follow(&mut seen, [5, 1, 1, 0]);
+        assert_eq!(stats.requests_cloud.get(), 5);
+        assert_eq!(stats.requests_direct.get(), 3);
+        assert_eq!(stats.errors_cloud.get(), 1);
+    }
+
+    #[test]
+    fn the_page_names_each_metric_once_with_the_prefix() {
+        let config = lokadb_shared::config::Config::from_json(
+            r#"{"databases": {"app": {"cloud": "host=x", "auth_user": "a", "auth_password": "p"}}}"#,
+        )
+        .unwrap();
+        let shared = crate::core::Shared::new(config).unwrap();
+        shared
+            .published
+            .relay(vec![("streams_open", 2), ("agents_refused", 3)], Vec::new());
+        let page = shared.published.render(&shared);
+        for line in page.lines() {
+            let name = line
+                .trim_start_matches("# HELP ")
+                .trim_start_matches("# TYPE ");
+            assert!(name.starts_with("lokadb_"), "{line}");
+        }
+        assert_eq!(
+            page.matches("# TYPE lokadb_requests_total counter").count(),
+            1
+        );
+        assert!(page.contains("lokadb_requests_total{side=\"direct\"} 0\n"));
+        assert!(page.contains("lokadb_relay_streams_open 2\n"));
+        assert!(page.contains("# TYPE lokadb_relay_agents_refused_total counter\n"));
+    }
+}

@@ -155,3 +155,55 @@ pub fn reload_relay(
     }
     let _ = relay.send(new);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        let relay = r#""relay": {"agents": "127.0.0.1:7443", "postgres": "127.0.0.1:6543", "tls": {"cert": "c.pem", "key": "k.pem"}, "tokens": {}}"#;
+        Config::from_json(&format!(
+            r#"{{"databases": {{"app": {{"cloud": "host=127.0.0.1 dbname=app", "auth_user": "a", "auth_password": "p"}}}}, {relay}{extra}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn what_takes_a_restart_is_named() {
+        let start = config("");
+        assert!(needs_restart(
+            &start,
+            &config(r#", "max_connections": 5, "route_log": true"#)
+        )
+        .is_empty());
+        let mut tokens = config("");
+        let token = format!("sha256:{}", "ab".repeat(32));
+        tokens
+            .relay
+            .as_mut()
+            .unwrap()
+            .tokens
+            .insert("acme".into(), token);
+        tokens.relay.as_mut().unwrap().tls.cert = "other.pem".into();
+        assert!(
+            needs_restart(&start, &tokens).is_empty(),
+            "tokens and certificate reload"
+        );
+        let mut moved = config("");
+        moved.relay.as_mut().unwrap().agents = "127.0.0.1:7444".parse().unwrap();
+        moved.listen = "127.0.0.1:7000".parse().unwrap();
+        let mut cloud = moved.databases["app"].clone();
+        cloud.cloud = "host=10.0.0.1 dbname=app".into();
+        moved.databases.insert("app".into(), cloud.clone());
+        moved.databases.insert("new".into(), cloud);
+        assert_eq!(
+            needs_restart(&start, &moved),
+            [
+                "listen",
+                "relay (other than its tokens and certificate)",
+                "databases.app.cloud, auth_user or auth_password",
+                "databases.new (added)"
+            ]
+        );
+    }
+}

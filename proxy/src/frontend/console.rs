@@ -563,3 +563,45 @@ pub fn socket_of(tcp: &TcpStream) -> (RawFd, Option<SocketAddr>) {
     use std::os::fd::AsRawFd;
     (tcp.as_raw_fd(), tcp.peer_addr().ok())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_rows_are_dotted_and_hide_passwords() {
+        let config = lokadb_shared::config::Config::from_json(
+            r#"{"admin_users": ["ops"], "databases": {"app": {"cloud": "host=x", "auth_user": "a", "auth_password": "secret", "direct": {"user": "d", "password": "also"}}}}"#,
+        )
+        .unwrap();
+        let rows = config_rows(&config);
+        let get = |key: &str| {
+            rows.iter()
+                .find(|r| r[0].as_deref() == Some(key))
+                .map(|r| r[1].clone())
+        };
+        assert_eq!(get("admin_users"), Some(Some("[\"ops\"]".into())));
+        assert_eq!(get("databases.app.auth_password"), Some(Some("***".into())));
+        assert_eq!(
+            get("databases.app.direct.password"),
+            Some(Some("***".into()))
+        );
+        assert_eq!(get("databases.app.direct.user"), Some(Some("d".into())));
+        assert_eq!(get("auth_timeout"), Some(Some("30s".into())));
+        assert_eq!(get("metrics"), Some(None));
+        assert!(rows
+            .iter()
+            .all(|r| !r[1].as_deref().unwrap_or("").contains("secret")));
+    }
+
+    #[test]
+    fn states_read_as_postgres_names_them() {
+        assert_eq!(Live::state_of(true, TX_IN_BLOCK), "active");
+        assert_eq!(Live::state_of(false, TX_IDLE), "idle");
+        assert_eq!(Live::state_of(false, TX_IN_BLOCK), "idle in transaction");
+        assert_eq!(
+            Live::state_of(false, TX_FAILED),
+            "idle in transaction (aborted)"
+        );
+    }
+}
