@@ -101,6 +101,13 @@ pub struct RelayConfig {
     /// Time a Postgres client has to send its startup packet.
     #[serde(default = "defaults::startup_timeout", with = "duration")]
     pub startup_timeout: Duration,
+    /// Connections in their handshake at once on each listener: agents not yet
+    /// authenticated, Postgres clients that have not sent their startup packet.
+    #[serde(default = "defaults::max_handshakes")]
+    pub max_handshakes: u32,
+    /// The same from one address, on each listener.
+    #[serde(default = "defaults::max_handshakes_per_address")]
+    pub max_handshakes_per_address: u32,
 }
 
 /// TLS certificate and key for client connections (PEM files).
@@ -387,6 +394,12 @@ impl RelayConfig {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.max_streams == 0 {
             return bad("relay.max_streams must be at least 1".into());
+        }
+        if self.max_handshakes == 0 || self.max_handshakes_per_address == 0 {
+            return bad(
+                "relay.max_handshakes and relay.max_handshakes_per_address must be at least 1"
+                    .into(),
+            );
         }
         if self.agents == self.postgres && self.agents.port() != 0 {
             return bad(format!(

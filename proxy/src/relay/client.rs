@@ -52,6 +52,18 @@ impl Refusal {
 /// Serves one client connection of the relay's Postgres listener.
 pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
     let _ = tcp.set_nodelay(true);
+    let Some(handshake) = tcp
+        .peer_addr()
+        .ok()
+        .and_then(|peer| super::registry::Handshakes::begin(&relay, false, peer.ip()))
+    else {
+        let refusal = Refusal::new(
+            sqlstate::TOO_MANY_CONNECTIONS,
+            "too many connections to the relay have not sent their startup packet yet".into(),
+        )
+        .hint("relay.max_handshakes and relay.max_handshakes_per_address bound them; a client that connects and says nothing holds a place for relay.startup_timeout.");
+        return refuse(&mut tcp, refusal).await;
+    };
     let timeout = relay.config.startup_timeout;
     let startup = match crate::time::with_timeout(timeout, read_startup(&mut tcp)).await {
         None => Err(Refusal::new(
@@ -60,6 +72,7 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
         )),
         Some(r) => r,
     };
+    drop(handshake);
     let m = match startup {
         Ok(Startup::Session(m)) => m,
         // Outside the startup timeout: a forward cut short would leave its stream behind.

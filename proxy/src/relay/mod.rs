@@ -240,7 +240,12 @@ async fn accept_agents(relay: Rc<Relay>, listener: TcpListener) {
         match listener.accept().await {
             Ok(tcp) => {
                 let Ok(peer) = tcp.peer_addr() else { continue };
-                spawn(tunnel_conn::serve(relay.clone(), tcp, peer)).detach();
+                let Some(handshake) = registry::Handshakes::begin(&relay, true, peer.ip()) else {
+                    // At debug: a flood must not flood the log.
+                    tracing::debug!(%peer, "agent connection closed: relay.max_handshakes reached");
+                    continue;
+                };
+                spawn(tunnel_conn::serve(relay.clone(), tcp, peer, handshake)).detach();
             }
             Err(e) => {
                 tracing::warn!(error = %e, "relay: accept failed (agents)");
@@ -297,6 +302,7 @@ pub fn counters(relay: &Relay) -> Vec<(&'static str, u64)> {
         ("refused_agent_limit", s.refused_agent_limit),
         ("refused_unknown_org", s.refused_unknown_org),
         ("refused_by_agents", s.refused_by_agents),
+        ("refused_handshakes", s.refused_handshakes),
     ]
 }
 

@@ -28,6 +28,10 @@ pub struct Relay {
     pub streams: Cell<u32>,
     /// Set on SIGTERM: no new agents, no new streams.
     pub draining: Cell<bool>,
+    /// Agents connected and not authenticated yet.
+    pub agent_handshakes: Handshakes,
+    /// Postgres clients that have not sent their startup packet yet.
+    pub client_handshakes: Handshakes,
     /// Counters.
     pub stats: RefCell<RelayStats>,
     /// Backend keys seen on streams, for CancelRequests: key → the streams that carry
@@ -67,6 +71,8 @@ pub struct RelayStats {
     pub refused_unknown_org: u64,
     /// … refused by the agent itself (REFUSED: its own count of -max-conns, or draining).
     pub refused_by_agents: u64,
+    /// Connections closed at once because a handshake limit was reached (either listener).
+    pub refused_handshakes: u64,
     /// Bytes from clients to agents.
     pub bytes_to_agents: u64,
     /// Bytes from agents to clients.
@@ -113,6 +119,8 @@ impl Relay {
             orgs: RefCell::default(),
             streams: Cell::new(0),
             draining: Cell::new(false),
+            agent_handshakes: Handshakes::default(),
+            client_handshakes: Handshakes::default(),
             stats: RefCell::default(),
             cancel_keys: RefCell::default(),
             admin_sessions: Cell::new(0),
@@ -207,5 +215,68 @@ impl Relay {
     /// Organizations with a live agent.
     pub fn connected_orgs(&self) -> usize {
         self.orgs.borrow().len()
+    }
+}
+
+/// One listener's connections in their handshake, total and by address
+/// (`relay.max_handshakes`, `relay.max_handshakes_per_address`): a flood of silent
+/// connections from one address holds at most its share, never the others'.
+#[derive(Default)]
+pub struct Handshakes {
+    total: Cell<u32>,
+    by_address: RefCell<HashMap<std::net::IpAddr, u32>>,
+}
+
+/// A connection's place among [`Handshakes`], given back when dropped.
+pub struct Handshake {
+    relay: Rc<Relay>,
+    agents: bool,
+    ip: std::net::IpAddr,
+}
+
+impl Handshakes {
+    /// Takes a place for a connection from `ip`, or `None` when a limit is reached.
+    pub fn begin(relay: &Rc<Relay>, agents: bool, ip: std::net::IpAddr) -> Option<Handshake> {
+        let this = if agents {
+            &relay.agent_handshakes
+        } else {
+            &relay.client_handshakes
+        };
+        let mut by_address = this.by_address.borrow_mut();
+        let n = by_address.entry(ip).or_insert(0);
+        if this.total.get() >= relay.config.max_handshakes
+            || *n >= relay.config.max_handshakes_per_address
+        {
+            if *n == 0 {
+                by_address.remove(&ip);
+            }
+            relay.stats.borrow_mut().refused_handshakes += 1;
+            return None;
+        }
+        *n += 1;
+        this.total.set(this.total.get() + 1);
+        Some(Handshake {
+            relay: relay.clone(),
+            agents,
+            ip,
+        })
+    }
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        let this = if self.agents {
+            &self.relay.agent_handshakes
+        } else {
+            &self.relay.client_handshakes
+        };
+        this.total.set(this.total.get() - 1);
+        let mut by_address = this.by_address.borrow_mut();
+        if let Some(n) = by_address.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                by_address.remove(&self.ip);
+            }
+        }
     }
 }

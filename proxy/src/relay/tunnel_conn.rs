@@ -318,7 +318,12 @@ impl Inner {
 }
 
 /// Serves one agent connection until it ends.
-pub async fn serve(relay: Rc<Relay>, tcp: TcpStream, peer: SocketAddr) {
+pub async fn serve(
+    relay: Rc<Relay>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    handshake: super::registry::Handshake,
+) {
     let _ = tcp.set_nodelay(true);
     let conn = Rc::new(TunnelConn::new(&relay, peer));
     tracing::debug!(conn = conn.id, %peer, "agent connection");
@@ -331,6 +336,7 @@ pub async fn serve(relay: Rc<Relay>, tcp: TcpStream, peer: SocketAddr) {
         timer: None,
         stall: None,
         auth: Some(crate::rt::sleep(AUTH_TIMEOUT)),
+        handshake: Some(handshake),
     };
     let reason = futures_lite::future::poll_fn(|cx| driver.poll(cx)).await;
     // Unregistered first: no client is handed this tunnel, and a standby takes over,
@@ -395,6 +401,8 @@ struct Driver {
     stall: Option<Sleep>,
     /// Armed until the agent has authenticated.
     auth: Option<Sleep>,
+    /// Its place under `relay.max_handshakes` until it has authenticated.
+    handshake: Option<super::registry::Handshake>,
 }
 
 impl Driver {
@@ -442,6 +450,7 @@ impl Driver {
             if let Some(auth) = self.auth.as_mut() {
                 if self.conn.inner.borrow().org.is_some() {
                     self.auth = None;
+                    self.handshake = None;
                 } else if Pin::new(auth).poll(cx).is_ready() {
                     return Poll::Ready(format!(
                         "the agent did not authenticate within {AUTH_TIMEOUT:?}"

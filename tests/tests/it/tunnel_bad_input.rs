@@ -990,3 +990,94 @@ async fn a_trickled_hello_is_cut_at_the_authentication_deadline() {
     assert!(took < Duration::from_secs(16), "{took:?}");
     logged(&relay, "did not authenticate within 10s");
 }
+
+/// A TCP connection to `to` from another loopback address than the tests' own.
+fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(&from.parse::<SocketAddr>().unwrap().into()).unwrap();
+    s.connect(&to.into()).unwrap();
+    s.into()
+}
+
+/// Silent connections from one address on both relay listeners: past
+/// `relay.max_handshakes_per_address` each new one is closed at once (the Postgres listener
+/// says 53300 first), and an agent and clients from another address connect and work
+/// meanwhile; once the silent ones go, the address is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_from_one_address_hold_only_their_share() {
+    let certs = Certs::new().unwrap();
+    let org = Org::start("acme").unwrap();
+    let relay = start_relay(
+        &certs,
+        &[&org],
+        json!({ "max_handshakes_per_address": 4 }),
+        &[],
+    )
+    .unwrap();
+    let ports = addrs(&relay);
+    let held: Vec<TcpStream> = (0..4)
+        .flat_map(|_| {
+            [
+                connect_from("127.0.0.2:0", ports.agents),
+                connect_from("127.0.0.2:0", ports.postgres),
+            ]
+        })
+        .collect();
+    // Counted once accepted: give the relay a moment to take all eight.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused_at_once = |to: SocketAddr| {
+        let mut s = connect_from("127.0.0.2:0", to);
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut answer = Vec::new();
+        match s.read_to_end(&mut answer) {
+            Ok(_) => answer,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => answer,
+            Err(e) => panic!("the connection over the limit was not closed: {e}"),
+        }
+    };
+    assert!(blocking(|| refused_at_once(ports.agents)).is_empty());
+    let answer = blocking(|| refused_at_once(ports.postgres));
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.first() == Some(&b'E') && text.contains("53300"),
+        "{text}"
+    );
+
+    // Another address is not held up: an agent authenticates, a client goes through.
+    let _agent = start_agent(&certs, &org, ports.agents, &[]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dsn = relay_dsn(&relay, "acme");
+    loop {
+        if let Ok(c) = connect(&dsn).await {
+            if c.simple_query("SELECT 1").await.is_ok() {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "acme unreachable during the flood"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    still_works(&relay, "acme").await;
+
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut s = connect_from("127.0.0.2:0", ports.postgres);
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        // A place is free again when the relay waits for a startup packet (no answer).
+        let mut byte = [0u8; 1];
+        if matches!(blocking(|| s.read(&mut byte)), Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the address was not served again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
