@@ -269,6 +269,12 @@ pub struct Core {
     pub stats: crate::metrics::CoreStats,
     /// This core's sessions by id, for the console ([`crate::frontend::console`]).
     pub clients: RefCell<HashMap<u32, crate::frontend::console::ClientInfo>>,
+    /// What the console's PAUSE holds, as this core last copied it, and the count of
+    /// changes it copied.
+    paused: RefCell<crate::frontend::console::Paused>,
+    paused_seen: Cell<u64>,
+    /// Sessions waiting for RESUME.
+    resume_waiters: RefCell<Vec<Waker>>,
     /// Clients of this core in the handshake, by address (`max_handshakes_per_address`).
     pub handshaking: RefCell<HashMap<std::net::IpAddr, u32>>,
     /// Each database's routing metadata, as the watcher last sent it (absent until the
@@ -284,6 +290,32 @@ pub struct Core {
 }
 
 impl Core {
+    /// Whether the console paused `db`: its sessions send nothing between transactions.
+    pub fn pauses(&self, db: &str) -> bool {
+        let paused = self.paused.borrow();
+        !paused.is_empty() && paused.covers(db)
+    }
+
+    /// Wakes the session when what is paused changes.
+    pub fn wait_resume(&self, cx: &Context<'_>) {
+        let mut waiters = self.resume_waiters.borrow_mut();
+        if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            waiters.push(cx.waker().clone());
+        }
+    }
+
+    /// Copies what the console paused, when it changed, and wakes the sessions waiting.
+    pub fn follow_pause(&self) {
+        let mut seen = self.paused_seen.get();
+        if let Some(paused) = self.shared.published.paused_since(&mut seen) {
+            self.paused_seen.set(seen);
+            *self.paused.borrow_mut() = paused;
+            for waker in self.resume_waiters.take() {
+                waker.wake();
+            }
+        }
+    }
+
     /// The database clients ask for by `name`.
     pub fn database(&self, name: &str) -> Option<Rc<Database>> {
         self.databases.borrow().get(name).cloned()
@@ -388,6 +420,9 @@ impl Core {
             sessions: Cell::new(0),
             stats: crate::metrics::CoreStats::default(),
             clients: RefCell::new(HashMap::new()),
+            paused: RefCell::default(),
+            paused_seen: Cell::new(0),
+            resume_waiters: RefCell::default(),
             handshaking: RefCell::new(HashMap::new()),
             meta: RefCell::new(HashMap::new()),
             meta_version: Cell::new(0),

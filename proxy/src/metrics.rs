@@ -100,6 +100,10 @@ pub struct Published {
     relay: Mutex<Option<RelayPublished>>,
     /// Sessions the console asked to end, for their cores to take.
     kills: Mutex<Vec<u32>>,
+    /// What the console paused, and a count of its changes (the cores copy it when the
+    /// count moved).
+    paused: Mutex<crate::frontend::console::Paused>,
+    paused_version: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -202,6 +206,27 @@ impl Published {
     /// The relay's tunnels, when a relay runs in this process.
     pub fn tunnels(&self) -> Option<Vec<Vec<Option<String>>>> {
         lock(&self.relay).as_ref().map(|r| r.tunnels.clone())
+    }
+
+    /// Changes what is paused; the cores follow within a tick.
+    pub fn set_paused(&self, change: impl FnOnce(&mut crate::frontend::console::Paused)) {
+        change(&mut lock(&self.paused));
+        self.paused_version.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What is paused, when it changed since `seen` (which is updated).
+    pub fn paused_since(&self, seen: &mut u64) -> Option<crate::frontend::console::Paused> {
+        let now = self.paused_version.load(Ordering::Relaxed);
+        if now == *seen {
+            return None;
+        }
+        *seen = now;
+        Some(lock(&self.paused).clone())
+    }
+
+    /// What is paused now.
+    pub fn paused(&self) -> crate::frontend::console::Paused {
+        lock(&self.paused).clone()
     }
 
     /// Asks session `id`'s core to end it.

@@ -332,6 +332,7 @@ async fn watch(core: Rc<Core>) {
             return;
         }
         ticks += 1;
+        core.follow_pause();
         if core.shared.publishes() {
             for id in core.shared.published.kills_for(core.id) {
                 crate::frontend::console::kill_local(&core, id);

@@ -117,7 +117,16 @@ pub(super) async fn serve(core: &Rc<Core>, mut stream: ClientStream, _admitted: 
                     .trim()
                     .trim_end_matches(';')
                     .trim();
-                answer(core, sql, &mut out);
+                let words: Vec<&str> = sql.split_whitespace().collect();
+                match words.as_slice() {
+                    [w, rest @ ..] if w.eq_ignore_ascii_case("PAUSE") && rest.len() <= 1 => {
+                        pause(core, rest.first().copied(), &mut out).await;
+                    }
+                    [w, rest @ ..] if w.eq_ignore_ascii_case("RESUME") && rest.len() <= 1 => {
+                        resume(core, rest.first().copied(), &mut out);
+                    }
+                    _ => answer(core, sql, &mut out),
+                }
                 backend::ready_for_query(&mut out, TX_IDLE);
             }
             FE_SYNC => backend::ready_for_query(&mut out, TX_IDLE),
@@ -138,7 +147,72 @@ pub(super) async fn serve(core: &Rc<Core>, mut stream: ClientStream, _admitted: 
 }
 
 /// The commands, for the error that lists them.
-const COMMANDS: &str = "SHOW CLIENTS | SERVERS | POOLS | DATABASES | STATS | ORGS | TUNNELS | CONFIG | VERSION, KILL <client id>";
+const COMMANDS: &str = "SHOW CLIENTS | SERVERS | POOLS | DATABASES | STATS | ORGS | TUNNELS | CONFIG | VERSION, PAUSE [db], RESUME [db], KILL <client id>";
+
+/// `PAUSE [db]`: the sessions of `db` (of every database without one) send nothing more
+/// once their transaction ends, until `RESUME`; answers once every one of them is
+/// between transactions (as their cores last published: up to a second late).
+async fn pause(core: &Rc<Core>, db: Option<&str>, out: &mut Vec<u8>) {
+    if let Some(db) = db {
+        if core.database(db).is_none() {
+            return error(
+                out,
+                "3D000",
+                &format!("no database \"{db}\" in the proxy's configuration"),
+                Severity::Error,
+            );
+        }
+    }
+    let published = &core.shared.published;
+    published.set_paused(|p| match db {
+        Some(db) => {
+            p.dbs.insert(db.to_owned());
+        }
+        None => p.all = true,
+    });
+    tracing::info!(database = db.unwrap_or("(all)"), "console: PAUSE");
+    // Every core has copied it and published its sessions since.
+    crate::rt::sleep(crate::metrics::PUBLISH_EVERY * 2).await;
+    loop {
+        let busy = published
+            .clients()
+            .iter()
+            .filter(|c| db.is_none_or(|db| c.database == db) && c.state != "idle")
+            .count();
+        if busy == 0 {
+            break;
+        }
+        crate::rt::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    backend::command_complete(out, "PAUSE");
+}
+
+/// `RESUME [db]`: what `PAUSE` held goes on.
+fn resume(core: &Rc<Core>, db: Option<&str>, out: &mut Vec<u8>) {
+    let published = &core.shared.published;
+    let paused = published.paused();
+    let held = match db {
+        Some(db) => paused.dbs.contains(db),
+        None => !paused.is_empty(),
+    };
+    if !held {
+        let what = db.map_or("nothing".to_owned(), |db| format!("database \"{db}\""));
+        return error(
+            out,
+            "55000",
+            &format!("{what} is not paused"),
+            Severity::Error,
+        );
+    }
+    published.set_paused(|p| match db {
+        Some(db) => {
+            p.dbs.remove(db);
+        }
+        None => *p = Paused::default(),
+    });
+    tracing::info!(database = db.unwrap_or("(all)"), "console: RESUME");
+    backend::command_complete(out, "RESUME");
+}
 
 fn answer(core: &Rc<Core>, sql: &str, out: &mut Vec<u8>) {
     let words: Vec<String> = sql
@@ -187,6 +261,7 @@ fn answer(core: &Rc<Core>, sql: &str, out: &mut Vec<u8>) {
                 "statement_org",
                 "generation",
                 "organizations",
+                "paused",
             ],
             database_rows(core),
         ),
@@ -342,6 +417,7 @@ fn config_rows(config: &lokadb_shared::config::Config) -> Vec<Vec<Option<String>
 
 fn database_rows(core: &Core) -> Vec<Vec<Option<String>>> {
     let meta = core.meta.borrow();
+    let paused = core.shared.published.paused();
     let databases = core.databases.borrow();
     let mut names: Vec<&String> = databases.keys().collect();
     names.sort();
@@ -364,6 +440,7 @@ fn database_rows(core: &Core) -> Vec<Vec<Option<String>>> {
                 Some(config.statement_org.to_string()),
                 m.map(|m| m.meta.generation.to_string()),
                 m.map(|m| m.meta.orgs.len().to_string()),
+                Some(paused.covers(name).to_string()),
             ])
         })
         .collect()
@@ -421,6 +498,27 @@ fn pool_rows(published: &crate::metrics::Published) -> Vec<Vec<Option<String>>> 
             ]
         })
         .collect()
+}
+
+/// What `PAUSE` holds: every database, or these.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Paused {
+    /// `PAUSE` without a database.
+    pub all: bool,
+    /// `PAUSE db`.
+    pub dbs: std::collections::BTreeSet<String>,
+}
+
+impl Paused {
+    /// Whether sessions of `db` wait.
+    pub fn covers(&self, db: &str) -> bool {
+        self.all || self.dbs.contains(db)
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.dbs.is_empty()
+    }
 }
 
 /// A session as its core keeps it for the console.

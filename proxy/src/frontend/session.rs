@@ -413,29 +413,47 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 }
             }
             router.down_ready = down.at_frame_boundary() && !down.has_unwritten();
-            let target = router.target;
-            let to = match (target, direct.conn.as_mut()) {
-                (Side::Direct, Some(d)) => &mut d.conn.stream,
-                _ => &mut backend.stream,
-            };
-            router.follow_path(&reported);
-            let mut inspect = ClientFrames {
-                exchanges: &mut exchanges,
-                route_log,
-                meta: meta.as_deref(),
-                router: &mut router,
-                record,
-            };
-            match up.poll_step(cx, Pin::new(&mut client), Pin::new(to), &mut inspect) {
-                Poll::Ready(Ok(_)) => progress = true,
-                Poll::Ready(Err(PipeError::Read(e))) => return Poll::Ready(End::ClientFailed(e)),
-                Poll::Ready(Err(PipeError::Write(e))) => {
-                    return Poll::Ready(lost(target, &router, e));
+            // PAUSE (the console): a session between transactions sends nothing more
+            // until RESUME; its next message waits in its socket.
+            let paused = core.pauses(&db.name)
+                && exchanges.cloud.is_idle()
+                && exchanges.direct.is_idle()
+                && exchanges.cloud.status == TX_IDLE
+                && exchanges.direct.status == TX_IDLE
+                && up.is_flushed()
+                && up.at_frame_boundary()
+                && !up.held
+                && !router.holds_begin()
+                && !router.holds_message();
+            if paused {
+                core.wait_resume(cx);
+            } else {
+                let target = router.target;
+                let to = match (target, direct.conn.as_mut()) {
+                    (Side::Direct, Some(d)) => &mut d.conn.stream,
+                    _ => &mut backend.stream,
+                };
+                router.follow_path(&reported);
+                let mut inspect = ClientFrames {
+                    exchanges: &mut exchanges,
+                    route_log,
+                    meta: meta.as_deref(),
+                    router: &mut router,
+                    record,
+                };
+                match up.poll_step(cx, Pin::new(&mut client), Pin::new(to), &mut inspect) {
+                    Poll::Ready(Ok(_)) => progress = true,
+                    Poll::Ready(Err(PipeError::Read(e))) => {
+                        return Poll::Ready(End::ClientFailed(e))
+                    }
+                    Poll::Ready(Err(PipeError::Write(e))) => {
+                        return Poll::Ready(lost(target, &router, e));
+                    }
+                    Poll::Ready(Err(PipeError::Frame(e))) => {
+                        return Poll::Ready(End::ClientProtocol(e))
+                    }
+                    Poll::Pending => {}
                 }
-                Poll::Ready(Err(PipeError::Frame(e))) => {
-                    return Poll::Ready(End::ClientProtocol(e))
-                }
-                Poll::Pending => {}
             }
             if !router.local_out.is_empty() {
                 // The proxy's own answers (a deferred BEGIN): nothing is in flight, so

@@ -190,3 +190,59 @@ async fn the_console_shows_sessions_and_kills_one() {
         .unwrap_or_else(|| panic!("a database named lokadb is refused"));
     assert!(e.to_string().contains("databases.lokadb"), "{e}");
 }
+
+/// PAUSE waits for the transactions in progress, then holds every statement of the
+/// database until RESUME; the held client's statement then runs.
+#[tokio::test]
+async fn pause_holds_statements_until_resume() {
+    let w = World::start(json!({ "admin_users": [OPS] }), &[]).unwrap();
+    w.cloud.create_role(OPS, OPS_PASSWORD).unwrap();
+    let console = std::sync::Arc::new(
+        connect(&format!(
+            "host=127.0.0.1 port={} user={OPS} password={OPS_PASSWORD} dbname=lokadb",
+            w.proxy.port()
+        ))
+        .await
+        .unwrap(),
+    );
+    let app = std::sync::Arc::new(w.client().await.unwrap());
+    app.batch_execute("BEGIN; SELECT 1").await.unwrap();
+
+    let pausing = {
+        let console = console.clone();
+        tokio::spawn(async move { console.simple_query("PAUSE app").await })
+    };
+    // Not before the transaction in progress ends.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !pausing.is_finished(),
+        "PAUSE answered while a transaction ran"
+    );
+    app.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), pausing)
+        .await
+        .expect("PAUSE answered once the transaction ended")
+        .unwrap()
+        .unwrap();
+    let dbs = show(&console, "SHOW DATABASES").await;
+    assert_eq!(get(&dbs[0], "paused"), Some("true"));
+
+    // A statement now waits, its session and connection intact.
+    let held = {
+        let app = app.clone();
+        tokio::spawn(async move { app.query_one("SELECT 42", &[]).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!held.is_finished(), "a statement ran while paused");
+    console.simple_query("RESUME app").await.unwrap();
+    let row = tokio::time::timeout(Duration::from_secs(30), held)
+        .await
+        .expect("the held statement ran after RESUME")
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 42);
+    let e = console.simple_query("RESUME app").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "55000");
+    let e = console.simple_query("PAUSE nowhere").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "3D000");
+}
