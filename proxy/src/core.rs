@@ -9,7 +9,7 @@ use crate::net::cloud_tls::CloudTls;
 use crate::record::Recorder;
 use crate::route::meta::CoreMeta;
 use crate::scram::Secret;
-use lokadb_shared::config::{Config, ConnString, DatabaseConfig};
+use lokadb_shared::config::{Config, ConnString, DatabaseConfig, DirectLogin};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -51,6 +51,8 @@ pub struct Settings {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Users from `users_file`, if configured.
     pub users: Option<UsersFile>,
+    /// Each database's `direct.logins_file`, read.
+    pub direct_logins: HashMap<String, std::collections::BTreeMap<String, DirectLogin>>,
 }
 
 impl Settings {
@@ -71,15 +73,22 @@ impl Settings {
             .as_deref()
             .map(UsersFile::load)
             .transpose()?;
+        let mut direct_logins = HashMap::new();
         for (name, db) in &config.databases {
             if db.auth_user.is_some() && db.auth_password.is_none() && !env_auth_password {
                 anyhow::bail!("databases.{name}: auth_user is set but neither auth_password nor LOKADB_AUTH_PASSWORD is");
+            }
+            if let Some(path) = db.direct.as_ref().and_then(|d| d.logins_file.as_deref()) {
+                let logins = DirectLogin::load_file(path)
+                    .map_err(|e| anyhow::anyhow!("databases.{name}.{e}"))?;
+                direct_logins.insert(name.clone(), logins);
             }
         }
         Ok(Settings {
             config: Arc::new(config),
             tls,
             users,
+            direct_logins,
         })
     }
 }
@@ -195,12 +204,30 @@ impl Shared {
             .unwrap_or_default()
     }
 
-    /// The direct path's password for `db`: its config's, else `LOKADB_DIRECT_PASSWORD`.
-    pub fn direct_password(&self, db: &DatabaseConfig) -> Option<String> {
-        db.direct
-            .as_ref()
-            .and_then(|d| d.password.clone())
-            .or_else(|| self.env_direct_password.clone())
+    /// The direct path's login to `org`'s database for database `name` (configured as
+    /// `db`): the organization's own (`direct.logins`, then `direct.logins_file`), else the
+    /// shared one (`direct.user` with its password, else `LOKADB_DIRECT_PASSWORD`).
+    pub fn direct_login(&self, name: &str, db: &DatabaseConfig, org: &str) -> Option<DirectLogin> {
+        let direct = db.direct.as_ref()?;
+        if let Some(own) = direct.logins.get(org) {
+            return Some(own.clone());
+        }
+        if let Some(own) = self
+            .settings()
+            .direct_logins
+            .get(name)
+            .and_then(|l| l.get(org))
+        {
+            return Some(own.clone());
+        }
+        Some(DirectLogin {
+            user: direct.user.clone(),
+            password: direct
+                .password
+                .clone()
+                .or_else(|| self.env_direct_password.clone())
+                .unwrap_or_default(),
+        })
     }
 
     /// Resolves the databases (DNS happens here, once, never on an executor) and reads

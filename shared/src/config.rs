@@ -195,6 +195,42 @@ pub struct DirectConfig {
     /// Its password; `LOKADB_DIRECT_PASSWORD` is used when absent.
     #[serde(default)]
     pub password: Option<String>,
+    /// Logins of their own for some organizations, by organization id: what one
+    /// organization's database is given never opens another's.
+    #[serde(default)]
+    pub logins: BTreeMap<String, DirectLogin>,
+    /// A JSON file of more such logins (`{"ORG": {"user": …, "password": …}}`), read at
+    /// start and on SIGHUP, so the passwords need not be in this file. `logins` wins.
+    #[serde(default)]
+    pub logins_file: Option<PathBuf>,
+}
+
+/// One organization's login for the direct path.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DirectLogin {
+    /// The role in the organization's database.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl DirectLogin {
+    /// Reads a `logins_file`.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the file and what is wrong with it.
+    pub fn load_file(path: &std::path::Path) -> Result<BTreeMap<String, DirectLogin>, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read direct.logins_file {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "direct.logins_file {}: expected {{\"ORG\": {{\"user\": …, \"password\": …}}}}: {e}",
+                path.display()
+            )
+        })
+    }
 }
 
 mod defaults {

@@ -18,28 +18,16 @@ pub struct TestCerts {
 impl TestCerts {
     /// Generates a fresh CA and server certificate into `dir`.
     pub fn generate(dir: &Path) -> Result<TestCerts> {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
-        let ca_key = KeyPair::generate()?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "LokaDB test CA");
-        let ca = ca_params.self_signed(&ca_key)?;
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec!["localhost".to_owned()])?;
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress([127, 0, 0, 1].into()));
-        let cert = params.signed_by(&key, &ca, &ca_key)?;
+        let ca = TestCa::new("LokaDB test CA")?;
+        let (cert, key) = ca.issue("relay", &["localhost", "127.0.0.1"])?;
         let certs = TestCerts {
             ca: dir.join("ca.crt"),
             cert: dir.join("relay.crt"),
             key: dir.join("relay.key"),
         };
         std::fs::write(&certs.ca, ca.pem())?;
-        std::fs::write(&certs.cert, cert.pem())?;
-        std::fs::write(&certs.key, key.serialize_pem())?;
+        std::fs::write(&certs.cert, cert)?;
+        std::fs::write(&certs.key, key)?;
         Ok(certs)
     }
 }
@@ -69,7 +57,8 @@ impl TestCa {
         self.cert.pem()
     }
 
-    /// A certificate for the DNS `names` with common name `cn`, and its key (PEM).
+    /// A certificate for `names` (DNS names, or IP addresses) with common name `cn`, and
+    /// its key (PEM).
     pub fn issue(&self, cn: &str, names: &[&str]) -> Result<(String, String)> {
         use rcgen::{CertificateParams, KeyPair};
         let key = KeyPair::generate()?;

@@ -111,12 +111,8 @@ pub(super) async fn serve(core: &Rc<Core>, mut stream: ClientStream, _admitted: 
         match header.tag {
             FE_TERMINATE => return,
             FE_QUERY => {
-                let sql = String::from_utf8_lossy(&body);
-                let sql = sql
-                    .trim_end_matches('\0')
-                    .trim()
-                    .trim_end_matches(';')
-                    .trim();
+                let sql = command_text(&body);
+                let sql = sql.as_str();
                 let words: Vec<&str> = sql.split_whitespace().collect();
                 match words.as_slice() {
                     [w, rest @ ..] if w.eq_ignore_ascii_case("PAUSE") && rest.len() <= 1 => {
@@ -144,6 +140,17 @@ pub(super) async fn serve(core: &Rc<Core>, mut stream: ClientStream, _admitted: 
             return;
         }
     }
+}
+
+/// A console command from a Query's body: without its NUL, spaces and final `;` (the
+/// relay's admin database reads its commands so too).
+pub fn command_text(body: &[u8]) -> String {
+    String::from_utf8_lossy(body)
+        .trim_end_matches('\0')
+        .trim()
+        .trim_end_matches(';')
+        .trim()
+        .to_owned()
 }
 
 /// The commands, for the error that lists them.

@@ -625,6 +625,7 @@ fn open(
     };
     let slot = (db.name.clone(), org.clone());
     let per_core = (db.config.direct_max as usize).div_ceil(core.peers.len().max(1));
+    let org_id = org.clone();
     Box::pin(async move {
         let timeout = db.config.connect_timeout;
         let deadline = Instant::now() + timeout;
@@ -666,13 +667,13 @@ fn open(
                 return Err(OpenError::Busy);
             }
         };
-        let (Some((addr, dbname)), Some(login)) = (org_meta, db.config.direct.clone()) else {
+        let login = core.shared.direct_login(&db.name, &db.config, &org_id);
+        let (Some((addr, dbname)), Some(login)) = (org_meta, login) else {
             return Err(OpenError::Failed(
                 "no direct path configured (metadata changed)".to_owned(),
             ));
         };
-        let password = core.shared.direct_password(&db.config);
-        let creds = Credentials::Password(Secret(password.unwrap_or_default()));
+        let creds = Credentials::Password(Secret(login.password));
         // Plain: the relay's Postgres listener has no TLS yet (docs/security.md).
         let connect =
             BackendConn::connect(addr, &login.user, &dbname, &direct_key.params, &creds, None);

@@ -77,13 +77,8 @@ async fn session(relay: &Rc<Relay>, tcp: &mut TcpStream, out: &mut Vec<u8>) {
         match header.tag {
             b'X' => return,
             b'Q' => {
-                let sql = String::from_utf8_lossy(&body);
-                let sql = sql
-                    .trim_end_matches('\0')
-                    .trim()
-                    .trim_end_matches(';')
-                    .trim();
-                answer(relay, sql, out);
+                let sql = crate::frontend::console::command_text(&body);
+                answer(relay, &sql, out);
                 backend::ready_for_query(out, b'I');
             }
             b'S' => backend::ready_for_query(out, b'I'),

@@ -269,3 +269,76 @@ async fn the_gate_of_direct_writes_is_for_roles_that_may_write() {
     assert_eq!(sqlstate(&e), "42501", "{e:?}");
     assert_eq!(org_ran(&w, &body("as nosy")), 0);
 }
+
+/// An organization's own login (`direct.logins`, `direct.logins_file`) is the one its
+/// database gets; a wrong one fails only its direct statements (answered through the
+/// cloud), never borrowing the shared login; a logins file that cannot be read stops the
+/// start, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_organization_has_a_login_of_its_own() {
+    use crate::tunnel_world::{APP_PASSWORD, APP_USER};
+    let own = json!({ "user": "org2_reader", "password": "r-secret" });
+    let (w, proxy) = direct_world(json!({ "direct": {
+        "user": APP_USER, "password": APP_PASSWORD, "logins": { "2": own },
+    } }));
+    w.org
+        .db
+        .psql(
+            ORG_DB,
+            "CREATE ROLE org2_reader LOGIN PASSWORD 'r-secret';
+             GRANT USAGE ON SCHEMA public TO org2_reader;
+             GRANT SELECT ON ALL TABLES IN SCHEMA public TO org2_reader;",
+        )
+        .unwrap();
+    let sql = "SELECT count(*) FROM documents WHERE organization_id = 2";
+    let c = client(&proxy).await;
+    assert_eq!(
+        crate::direct::one_i64(&c.simple_query(sql).await.unwrap()),
+        100
+    );
+    assert_eq!(org_ran(&w, sql), 1, "{}", w.org.db.log_contents());
+    let log = w.org.db.log_contents();
+    let line = log.lines().find(|l| l.contains(sql)).unwrap();
+    assert!(line.contains(&format!("org2_reader@{ORG_DB}")), "{line}");
+
+    // From a file, with a wrong password: the statement is answered through the cloud.
+    let dir = lokadb_tests::TempDir::new("lokadb-direct-logins").unwrap();
+    let file = dir.path().join("logins.json");
+    std::fs::write(
+        &file,
+        json!({ "2": { "user": "org2_reader", "password": "wrong" } }).to_string(),
+    )
+    .unwrap();
+    let wrong = crate::direct::direct_proxy(
+        &w,
+        json!({ "direct": { "user": APP_USER, "password": APP_PASSWORD, "logins_file": file } }),
+        &[],
+    );
+    let c = client(&wrong).await;
+    assert_eq!(
+        crate::direct::one_i64(&c.simple_query(sql).await.unwrap()),
+        100
+    );
+    assert_eq!(
+        org_ran(&w, sql),
+        1,
+        "the wrong login reached the organization's database"
+    );
+    assert!(
+        wrong.wait_for_output(
+            "refused the login of org2_reader",
+            std::time::Duration::from_secs(20)
+        ),
+        "{}",
+        wrong.output()
+    );
+
+    let missing = dir.path().join("missing.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(wrong.config_path()).unwrap()).unwrap();
+    config["databases"]["app"]["direct"]["logins_file"] = json!(missing);
+    let e = Proxy::start(&config)
+        .err()
+        .unwrap_or_else(|| panic!("a missing logins file stops the start"));
+    assert!(e.to_string().contains("logins_file"), "{e}");
+}
