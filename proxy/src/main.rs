@@ -566,14 +566,24 @@ fn token(command: TokenCommand) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Logs go to stderr; `LOKADB_LOG` takes a tracing filter (default `info`).
+/// Logs go to stderr; `LOKADB_LOG` takes a tracing filter (default `info`), and
+/// `LOKADB_LOG_FORMAT=json` writes one JSON object per line (for log collectors).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LOKADB_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match std::env::var("LOKADB_LOG_FORMAT").as_deref() {
+        Ok("json") => builder.json().init(),
+        Ok("text") | Err(_) => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        Ok(other) => {
+            builder.with_ansi(false).init();
+            tracing::warn!(
+                value = other,
+                "LOKADB_LOG_FORMAT is text or json; logging text"
+            );
+        }
+    }
 }

@@ -540,14 +540,15 @@ def start_cloud(ctx) -> str:
 # The proxy
 
 
-def start_proxy(ctx, db_extra: dict | None = None, name: str = "lokadb", cloud_options: str = "") -> LineProc:
-    """A proxy serving every world; `db_extra` is added to each `databases` entry and
-    `cloud_options` to each `cloud` connection string (another script's variant:
-    statement_org.py, cloud_tls.py)."""
+def start_proxy(ctx, db_extra: dict | None = None, name: str = "lokadb", cloud_options: str = "",
+                top_extra: dict | None = None) -> LineProc:
+    """A proxy serving every world; `db_extra` is added to each `databases` entry,
+    `cloud_options` to each `cloud` connection string and `top_extra` to the top level
+    (another script's variant: statement_org.py, cloud_tls.py, metrics.py)."""
     dbs = {db_of(n): {"cloud": f"host=127.0.0.1 port={ctx.cloud.port} dbname={db_of(n)} {cloud_options}".strip(),
                       "auth_user": "lokadb_auth", "auth_password": AUTH_PASSWORD, **(db_extra or {})}
            for n in ctx.mode.orgs}
-    cfg = {"listen": "127.0.0.1:0", "databases": dbs}
+    cfg = {"listen": "127.0.0.1:0", "databases": dbs, **(top_extra or {})}
     path = ctx.tmp / f"{name}.json"
     path.write_text(json.dumps(cfg, indent=1))
     ctx.proxy_config = json.loads(json.dumps(cfg).replace(AUTH_PASSWORD, "***"))

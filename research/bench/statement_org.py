@@ -82,7 +82,10 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
 def side_by_side(args, ap, *, script: str, tag: str, variants: dict, render, prepare_cloud=None) -> int:
     """Two proxies over the same worlds, one per variant (`db_extra` added to each database,
     `cloud_options` to each `cloud` string), pgbench through each in turn, the order
-    alternating; `prepare_cloud(ctx)` runs once the cloud is up."""
+    alternating; `prepare_cloud(ctx)` runs once the cloud is up; a variant's
+    `top_extra` goes to the proxy's top level, and its `during(ctx)`, called as each of
+    its runs starts, returns a function called as it ends, whose dict joins the run's
+    record."""
     if args.render:
         return rerender(args.render, render, False)
     preflight(script, (common.PG_BIN / "postgres", common.PG_BIN / "pgbench", LOKADB_BIN))
@@ -122,7 +125,8 @@ def side_by_side(args, ap, *, script: str, tag: str, variants: dict, render, pre
             raw["worlds"].append(orgs.build_world(ctx, n))
         for v, how in variants.items():
             ctx.proxy = proxies[v] = orgs.start_proxy(ctx, how.get("db_extra"), name=f"lokadb-{v}",
-                                                      cloud_options=how.get("cloud_options", ""))
+                                                      cloud_options=how.get("cloud_options", ""),
+                                                      top_extra=how.get("top_extra"))
             orgs.wait_metadata(ctx)
             for n in mode.orgs:
                 orgs.pgbench(ctx, phase="warmup", script="warm", qmode="simple", n=n, target="lokadb",
@@ -136,8 +140,12 @@ def side_by_side(args, ap, *, script: str, tag: str, variants: dict, render, pre
                         k += 1
                         for v in order:
                             ctx.proxy = proxies[v]
+                            during = variants[v].get("during")
+                            stop = during(ctx) if during else None
                             r = orgs.pgbench(ctx, phase="measure", script=script_name, qmode=qm, n=n,
                                              target="lokadb", seconds=mode.seconds, rep=rep)
+                            if stop:
+                                r.update(stop())
                             r["variant"] = v
                             if not r["ok"]:
                                 ctx.errors.append(f"{script_name} {qm} N={n} {v}: {r.get('error')}")

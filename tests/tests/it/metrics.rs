@@ -132,3 +132,39 @@ async fn the_endpoint_follows_the_traffic() {
     .unwrap_or_else(|| panic!("a metrics address in use stops the start"));
     assert!(e.to_string().contains("metrics: cannot listen on"), "{e}");
 }
+
+/// `LOKADB_LOG_FORMAT=json`: every log line is a JSON object, with the level, the message
+/// and its fields (what a log collector filters on).
+#[tokio::test]
+async fn logs_can_be_json_lines() {
+    let w = World::start(json!({}), &[("LOKADB_LOG_FORMAT", "json")]).unwrap();
+    // A refused login logs an error line with the role.
+    let _ = crate::world::connect(&w.dsn_as("app", "wrong")).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.proxy.output().contains("client error") {
+        assert!(Instant::now() < deadline, "{}", w.proxy.output());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut lines = 0;
+    for line in w.proxy.output().lines().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{line}"
+        );
+        lines += 1;
+    }
+    assert!(lines >= 2, "{}", w.proxy.output());
+    let error = w
+        .proxy
+        .output()
+        .lines()
+        .find(|l| l.contains("client error"))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .unwrap();
+    assert!(
+        error["fields"]["error"].as_str().unwrap().contains("app"),
+        "{error}"
+    );
+}

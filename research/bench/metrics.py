@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""What `GET /metrics` costs: two proxies side by side over orgs.py's worlds, one with
+`"metrics"` set and scraped once a second during every run (Prometheus scrapes every 15 s by
+default: this is 15 times that), one without, and pgbench through each in turn, in
+alternating order (statement_org.py's method).
+
+    LOKADB_BENCH_TARGET=/work/main/target/release .venv/bin/python research/bench/metrics.py [--quick]
+
+Reported per script, protocol and N, all from the same run: tps with ÷ tps without, the
+proxy's and the cloud's CPU per statement with and without, and the scrapes made.
+
+Writes raw.json and summary.md into research/bench/results/<UTC ts>-metrics[-quick]/.
+"""
+
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from run import free_port, write_empty_summary, write_summary  # noqa: E402
+import orgs  # noqa: E402
+import statement_org  # noqa: E402  (the side-by-side method)
+
+METRICS_PORT = free_port()
+
+
+def scrape_every_second(ctx):
+    """Scrapes the proxy's /metrics once a second until the returned function is called."""
+    done = threading.Event()
+    taken = []
+
+    def loop():
+        while not done.wait(1.0):
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as r:
+                r.read()
+            taken.append(time.perf_counter() - t0)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+
+    def stop():
+        done.set()
+        thread.join()
+        return {"scrapes": len(taken), "scrape_ms_max": round(max(taken) * 1e3, 2) if taken else None}
+    return stop
+
+
+VARIANTS = {
+    "scraped": {"top_extra": {"metrics": f"127.0.0.1:{METRICS_PORT}"}, "during": scrape_every_second},
+    "off": {},
+}
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    del charts_data  # a cost check, not a chart
+    runs = [r for r in raw["runs"] if r["phase"] == "measure"]
+    if not runs:
+        return write_empty_summary(raw, outdir, "metrics benchmark", "measured run")
+    m = raw["meta"]
+    scrapes = [r.get("scrapes") or 0 for r in runs if r.get("variant") == "scraped"]
+    slowest = max((r.get("scrape_ms_max") or 0 for r in runs), default=0)
+    md = (f"# GET /metrics — run {m['run_id']}\n\n"
+          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
+          f"{m['wall_seconds']} s, load average at the end {m.get('loadavg_at_end')}. "
+          f"Command: `{m['command']}`.\n\n"
+          f"Two proxies over the same worlds (orgs.py's: N organizations in the cloud), one with "
+          f"`\"metrics\"` set and scraped once a second during each of its runs "
+          f"({sum(scrapes)} scrapes in all, the slowest {slowest} ms), one without; pgbench "
+          f"{orgs.CLIENTS} clients, {m['mode_settings']['seconds']} s per run, "
+          f"R = {m['mode_settings']['reps']}, through each in turn (the order alternates). Ratios are "
+          f"per repetition, medians over repetitions.\n\n" + "\n".join(statement_org.ratio_rows(raw)) + "\n")
+    return write_summary(outdir, md, m["errors"])
+
+
+def main() -> int:
+    args, ap = statement_org.arguments(__doc__, "N = 100 only, 3 s runs, R = 2 (≈ 2 min)")
+    if not args.orgs and args.quick:
+        args.orgs = "100"
+    return statement_org.side_by_side(args, ap, script="metrics.py", tag="-metrics", variants=VARIANTS,
+                                      render=render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
