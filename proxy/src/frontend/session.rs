@@ -220,11 +220,16 @@ async fn attach(
         core.cancels.borrow_mut().unregister(session);
         return Err(SessionError::Client(e));
     }
-    tracing::debug!(
+    let client = stream
+        .tcp()
+        .peer_addr()
+        .map_or_else(|_| "?".into(), |a| crate::net::subnet(a.ip()));
+    tracing::info!(
         user,
         database,
+        client,
         backend_pid = attached.backend.pid,
-        "session attached"
+        "session started"
     );
     Ok((key, attached))
 }
@@ -288,6 +293,20 @@ enum End {
     Shutdown,
 }
 
+impl End {
+    /// How the session ended, for its log line.
+    fn as_str(&self) -> &'static str {
+        match self {
+            End::ClientDone => "client left",
+            End::ClientFailed(_) => "client connection failed",
+            End::ClientProtocol(_) => "client broke the protocol",
+            End::ServerLost(_) => "cloud connection lost",
+            End::DirectLost(..) => "organization's database lost",
+            End::Shutdown => "shutdown",
+        }
+    }
+}
+
 async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attached: Attached) {
     let Attached {
         _admitted,
@@ -304,6 +323,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         (settings.config.max_message_bytes, settings.config.route_log)
     };
     CoreStats::add(&core.stats.sessions, 1);
+    let started = Instant::now();
     let mut seen = Seen::default();
     // The console's view of the session (only kept when something reads it).
     let live = core.shared.publishes().then(|| {
@@ -623,6 +643,15 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         }
         End::ClientDone => None,
     };
+    tracing::info!(
+        user = %key.user,
+        database = %db.name,
+        seconds = started.elapsed().as_secs(),
+        requests = exchanges.cloud.answered + exchanges.direct.answered,
+        errors = exchanges.cloud.errors + exchanges.direct.errors,
+        end = end.as_str(),
+        "session ended"
+    );
     if let Some(e) = notice {
         log_error(&e);
         if down.at_frame_boundary() && !down.has_unwritten() {
@@ -686,11 +715,21 @@ async fn report(stream: &mut ClientStream, e: SessionError) {
 }
 
 fn log_error(e: &SessionError) {
+    // The SQLSTATE the client is told, for filtering (errors are rare: encoding it again
+    // costs nothing).
+    let mut told = Vec::new();
+    e.to_client(&mut told);
+    let notice = told
+        .get(5..)
+        .and_then(|body| lokadb_shared::wire::notice::Notice::parse(body).ok());
+    let sqlstate = notice.as_ref().map_or("", |n| n.code.as_str());
     match e.kind() {
         ErrorKind::ClientDisconnect => tracing::debug!(error = %e, "client went away"),
-        ErrorKind::User => tracing::info!(error = %e, "client error"),
-        ErrorKind::Limit | ErrorKind::Service => tracing::info!(error = %e, "connection refused"),
-        ErrorKind::Upstream => tracing::warn!(error = %e, "cloud error"),
+        ErrorKind::User => tracing::info!(error = %e, sqlstate, "client error"),
+        ErrorKind::Limit | ErrorKind::Service => {
+            tracing::info!(error = %e, sqlstate, "connection refused")
+        }
+        ErrorKind::Upstream => tracing::warn!(error = %e, sqlstate, "cloud error"),
     }
 }
 

@@ -167,4 +167,29 @@ async fn logs_can_be_json_lines() {
         error["fields"]["error"].as_str().unwrap().contains("app"),
         "{error}"
     );
+    assert_eq!(error["fields"]["sqlstate"], "28P01", "{error}");
+
+    // One line as a session starts and one as it ends, with what an operator filters on.
+    drop(w.client().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.proxy.output().contains("session ended") {
+        assert!(Instant::now() < deadline, "{}", w.proxy.output());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let field = |message: &str| {
+        w.proxy
+            .output()
+            .lines()
+            .find(|l| l.contains(message))
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["fields"].clone())
+            .unwrap()
+    };
+    let started = field("session started");
+    assert_eq!(
+        (started["user"].as_str(), started["database"].as_str()),
+        (Some("app"), Some("app"))
+    );
+    assert_eq!(started["client"], "127.0.0.0/24");
+    let ended = field("session ended");
+    assert_eq!(ended["end"], "client left", "{ended}");
 }
