@@ -96,6 +96,31 @@ async fn the_endpoint_follows_the_traffic() {
     );
     assert_eq!(during["lokadb_relay_organizations_connected"], 0);
     assert!(during.contains_key("lokadb_relay_agents_refused_total"));
+    // Every metric the Grafana dashboard in docs/ plots is one the proxy serves.
+    let dashboard = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/grafana-dashboard.json"),
+    )
+    .unwrap();
+    let served: std::collections::HashSet<&str> = during
+        .keys()
+        .map(|k| k.split('{').next().unwrap())
+        .collect();
+    let mut plotted = 0;
+    for part in dashboard.split("lokadb_").skip(1) {
+        let name: String = part
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        assert!(
+            served.contains(format!("lokadb_{name}").as_str()),
+            "lokadb_{name} is not served"
+        );
+        plotted += 1;
+    }
+    assert!(plotted >= 10, "{plotted}");
 
     drop(c);
     scrape_until(addr, |s| {
