@@ -50,6 +50,7 @@ pub mod frontend;
 pub mod metrics;
 pub mod migrate;
 pub mod net;
+pub mod profile;
 pub mod record;
 pub mod relay;
 pub mod reload;

@@ -99,11 +99,11 @@ enum Command {
         args: MoveArgs,
         /// How changes made during the copy are caught up: trigger (row triggers in the
         /// cloud) or logical (a publication and a subscription; wal_level = logical).
-        #[arg(long, default_value = "trigger")]
-        mode: String,
+        #[arg(long, value_enum, default_value_t = lokadb::admin::moves::Mode::Trigger)]
+        mode: lokadb::admin::moves::Mode,
         /// The organization's profile once moved (default: the one it has).
-        #[arg(long)]
-        profile: Option<String>,
+        #[arg(long, value_enum)]
+        profile: Option<lokadb::profile::Profile>,
         /// Connection string of the cloud database as the organization's database reaches
         /// it, for logical mode's subscription: a role with REPLICATION, not a superuser
         /// (it is stored in the organization's database while the move runs).
@@ -203,7 +203,7 @@ impl MoveArgs {
         &self,
         org: String,
         mode: lokadb::admin::moves::Mode,
-        profile: Option<String>,
+        profile: Option<lokadb::profile::Profile>,
         cloud_from_org: Option<String>,
     ) -> lokadb::admin::moves::MoveOptions {
         lokadb::admin::moves::MoveOptions {
@@ -242,8 +242,8 @@ enum OrgCommand {
         #[arg(long)]
         dbname: String,
         /// fdw (through the cloud) or fdw+direct (the proxy may go straight there).
-        #[arg(long, default_value = "fdw")]
-        profile: String,
+        #[arg(long, value_enum, default_value_t = lokadb::profile::Profile::Fdw)]
+        profile: lokadb::profile::Profile,
         /// Display name.
         #[arg(long)]
         name: Option<String>,
@@ -352,10 +352,6 @@ fn main() -> ExitCode {
             profile,
             cloud_from_org,
         } => {
-            let mode = match lokadb::admin::moves::Mode::parse(&mode) {
-                Ok(m) => m,
-                Err(e) => return admin(Err(e)),
-            };
             let opts = args.options(org, mode, profile, cloud_from_org);
             admin(lokadb::admin::moves::move_org(&args.cloud.dsn, &opts))
         }

@@ -22,7 +22,7 @@ pub struct NewOrg {
     /// The database in the organization's Postgres.
     pub dbname: String,
     /// `fdw` or `fdw+direct`.
-    pub profile: String,
+    pub profile: crate::profile::Profile,
     /// The role postgres_fdw logs in as in the organization's database.
     pub user: String,
     /// Its password.
@@ -56,12 +56,6 @@ pub fn check_id(id: &str) -> Result<(), AdminError> {
 /// the relay: nothing is changed (one transaction).
 pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
     check_id(&org.id)?;
-    if !matches!(org.profile.as_str(), "fdw" | "fdw+direct") {
-        return Err(AdminError::usage(format!(
-            "--profile must be fdw or fdw+direct, got {:?}",
-            org.profile
-        )));
-    }
     if org.dbname.is_empty() {
         return Err(AdminError::usage("--dbname must not be empty"));
     }
@@ -126,7 +120,7 @@ pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
         &[
             &org.id,
             &org.name,
-            &org.profile,
+            &org.profile.as_str(),
             &server_name(&org.id),
             &org.relay_host,
             &i32::from(org.relay_port),

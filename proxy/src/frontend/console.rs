@@ -464,7 +464,7 @@ fn org_rows(core: &Core) -> Vec<Vec<Option<String>>> {
                 Some(db.to_string()),
                 Some(id.clone()),
                 Some(o.state.clone()),
-                Some(o.profile.clone()),
+                Some(o.profile.as_str().to_owned()),
                 Some(o.is_direct().to_string()),
                 Some(o.owes.to_string()),
             ]);

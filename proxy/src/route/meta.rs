@@ -18,7 +18,7 @@ pub struct OrgMeta {
     /// `cloud`, `moving`, `moved` or `returning`.
     pub state: String,
     /// `fdw` or `fdw+direct`.
-    pub profile: String,
+    pub profile: crate::profile::Profile,
     /// Where the direct path reaches its database: the relay's Postgres listener (as
     /// `lokadb.org` gives it, resolved at load) and the database name there, `ORG/DBNAME`.
     pub direct: Option<(SocketAddr, String)>,
@@ -31,7 +31,10 @@ impl OrgMeta {
     /// Whether statements of this organization may take the direct path: moved, with the
     /// fdw+direct profile, and a relay address that resolved.
     pub fn is_direct(&self) -> bool {
-        self.state == "moved" && self.profile == "fdw+direct" && self.direct.is_some() && !self.owes
+        self.state == "moved"
+            && self.profile == crate::profile::Profile::FdwDirect
+            && self.direct.is_some()
+            && !self.owes
     }
 }
 
@@ -153,6 +156,9 @@ impl Meta {
                         }
                         Some((addr?, dbname))
                     });
+                    // A profile this proxy does not know never takes the direct path.
+                    let profile = crate::profile::Profile::parse(&profile)
+                        .unwrap_or(crate::profile::Profile::Fdw);
                     orgs.insert(
                         id,
                         OrgMeta {
@@ -529,7 +535,7 @@ mod tests {
             "2".to_owned(),
             OrgMeta {
                 state: "moved".into(),
-                profile: "fdw".into(),
+                profile: crate::profile::Profile::Fdw,
                 direct: None,
                 owes: false,
             },

@@ -953,12 +953,12 @@ fn bad_moves_are_refused_and_change_nothing() {
     refused(
         &["move-org", "2", "--mode", "fast"],
         2,
-        "--mode must be trigger or logical",
+        "invalid value 'fast' for '--mode <MODE>'\n  [possible values: trigger, logical]",
     );
     refused(
         &["move-org", "2", "--profile", "direct"],
         2,
-        "--profile must be fdw or fdw+direct",
+        "invalid value 'direct' for '--profile <PROFILE>'\n  [possible values: fdw, fdw+direct]",
     );
     refused(
         &["move-org", "2", "--abort"],

@@ -29,7 +29,7 @@ use layout::{MoveTable, Place};
 use std::time::{Duration, Instant};
 
 /// How changes made during the copy reach the destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     Trigger,
     Logical,
@@ -65,7 +65,7 @@ pub struct MoveOptions {
     pub org: String,
     pub mode: Mode,
     /// The profile after the move (default: the organization's).
-    pub profile: Option<String>,
+    pub profile: Option<crate::profile::Profile>,
     /// Tables copied at once.
     pub jobs: usize,
     /// Roll back a move that has not switched.
@@ -373,13 +373,6 @@ pub fn move_back(dsn: &str, opts: &MoveOptions) -> Result<String, AdminError> {
 
 fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, AdminError> {
     crate::admin::org::check_id(&opts.org)?;
-    if let Some(p) = &opts.profile {
-        if !matches!(p.as_str(), "fdw" | "fdw+direct") {
-            return Err(AdminError::usage(format!(
-                "--profile must be fdw or fdw+direct, got {p:?}"
-            )));
-        }
-    }
     if opts.jobs == 0 || opts.jobs > 64 {
         return Err(AdminError::usage("--jobs must be between 1 and 64"));
     }
@@ -599,7 +592,9 @@ fn start(
             .collect::<Result<Vec<_>, _>>()?
             .contains(&Place::Default);
     let step = if split_needed { "split" } else { "prepare" };
-    let profile = opts.profile.clone().unwrap_or_else(|| org.profile.clone());
+    let profile = opts
+        .profile
+        .map_or_else(|| org.profile.clone(), |p| p.as_str().to_owned());
     let mut tx = cloud.transaction()?;
     tx.execute(
         "INSERT INTO lokadb.moves (org, direction, mode, profile, from_state, step)
