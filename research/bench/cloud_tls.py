@@ -28,8 +28,6 @@ os.environ.setdefault("LOKADB_BENCH_PG_BIN", "/usr/lib/postgresql/15/bin")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
-from run import write_empty_summary, write_summary  # noqa: E402
-import orgs  # noqa: E402
 import statement_org  # noqa: E402  (the side-by-side method)
 
 VARIANTS = {"tls": {"cloud_options": "sslmode=require"}, "plain": {"cloud_options": "sslmode=disable"}}
@@ -56,21 +54,10 @@ def enable_tls(ctx) -> None:
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     del charts_data  # a cost check, not a chart
-    if not [r for r in raw["runs"] if r["phase"] == "measure"]:
-        return write_empty_summary(raw, outdir, "cloud TLS benchmark", "measured run")
-    m = raw["meta"]
-    md = (f"# TLS to the cloud — run {m['run_id']}\n\n"
-          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
-          f"{m['wall_seconds']} s, load average at the end {m.get('loadavg_at_end')}. "
-          f"Command: `{m['command']}`. Cloud: {m.get('postgres_version', '?')}.\n\n"
-          f"Two proxies over the same worlds (orgs.py's: N organizations in the cloud), one with "
-          f"`sslmode=require` in each `cloud` string (TLS 1.3, the cloud's OpenSSL and the proxy's "
-          f"rustls), one with `sslmode=disable`; clients reach both in plain TCP. pgbench "
-          f"{orgs.CLIENTS} clients, {m['mode_settings']['seconds']} s per run, "
-          f"R = {m['mode_settings']['reps']}, through each in turn (the order alternates). Ratios are "
-          f"per repetition, medians over repetitions; CPU per statement is the proxy's whole "
-          f"process and the cloud's process tree.\n\n" + "\n".join(statement_org.ratio_rows(raw)) + "\n")
-    return write_summary(outdir, md, m["errors"])
+    return statement_org.summary(raw, outdir, "TLS to the cloud",
+                                 "one with `sslmode=require` in each `cloud` string (TLS 1.3, the cloud's "
+                                 "OpenSSL and the proxy's rustls), one with `sslmode=disable`; clients reach "
+                                 "both in plain TCP")
 
 
 def main() -> int:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import free_port, write_empty_summary, write_summary  # noqa: E402
-import orgs  # noqa: E402
+from run import free_port  # noqa: E402
 import statement_org  # noqa: E402  (the side-by-side method)
 
 METRICS_PORT = free_port()
@@ -57,23 +56,12 @@ VARIANTS = {
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     del charts_data  # a cost check, not a chart
-    runs = [r for r in raw["runs"] if r["phase"] == "measure"]
-    if not runs:
-        return write_empty_summary(raw, outdir, "metrics benchmark", "measured run")
-    m = raw["meta"]
-    scrapes = [r.get("scrapes") or 0 for r in runs if r.get("variant") == "scraped"]
+    runs = [r for r in raw["runs"] if r["phase"] == "measure" and r.get("variant") == "scraped"]
+    scrapes = sum(r.get("scrapes") or 0 for r in runs)
     slowest = max((r.get("scrape_ms_max") or 0 for r in runs), default=0)
-    md = (f"# GET /metrics — run {m['run_id']}\n\n"
-          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
-          f"{m['wall_seconds']} s, load average at the end {m.get('loadavg_at_end')}. "
-          f"Command: `{m['command']}`.\n\n"
-          f"Two proxies over the same worlds (orgs.py's: N organizations in the cloud), one with "
-          f"`\"metrics\"` set and scraped once a second during each of its runs "
-          f"({sum(scrapes)} scrapes in all, the slowest {slowest} ms), one without; pgbench "
-          f"{orgs.CLIENTS} clients, {m['mode_settings']['seconds']} s per run, "
-          f"R = {m['mode_settings']['reps']}, through each in turn (the order alternates). Ratios are "
-          f"per repetition, medians over repetitions.\n\n" + "\n".join(statement_org.ratio_rows(raw)) + "\n")
-    return write_summary(outdir, md, m["errors"])
+    return statement_org.summary(raw, outdir, "GET /metrics",
+                                 f"one with `\"metrics\"` set and scraped once a second during each of its "
+                                 f"runs ({scrapes} scrapes in all, the slowest {slowest} ms), one without")
 
 
 def main() -> int:

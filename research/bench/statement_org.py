@@ -59,24 +59,32 @@ def ratio_rows(raw: dict) -> list[str]:
     return rows
 
 
-def render(raw: dict, outdir: Path, charts_data: bool) -> str:
-    del charts_data  # no charts-data.md section: a cost check, not a chart
+def summary(raw: dict, outdir: Path, title: str, variants: str) -> str:
+    """summary.md of a side-by-side run: `title`, the run's facts, what the two proxies
+    differ in (`variants`, a sentence), the method, and the table of [`ratio_rows`]."""
     if not [r for r in raw["runs"] if r["phase"] == "measure"]:
-        return write_empty_summary(raw, outdir, "statement_org benchmark", "measured run")
+        return write_empty_summary(raw, outdir, f"{title} benchmark", "measured run")
     m = raw["meta"]
-    rows = ratio_rows(raw)
-    md = (f"# statement_org benchmark — run {m['run_id']}\n\n"
+    md = (f"# {title} — run {m['run_id']}\n\n"
           f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
           f"{m['wall_seconds']} s, load average at the end {m.get('loadavg_at_end')}. "
-          f"Command: `{m['command']}`.\n\n"
-          f"Two proxies over the same worlds (orgs.py's: N organizations in the cloud, "
-          + ("a partition each" if m["mode_settings"].get("layout", "partitioned") == "partitioned"
-             else "back in DEFAULT") + "), "
-          f"one with `lokadb.statement_org` (the default), one with `\"statement_org\": false`; pgbench "
-          f"{orgs.CLIENTS} clients, {m['mode_settings']['seconds']} s per run, R = {m['mode_settings']['reps']}, "
-          f"through each in turn (the order alternates). Every transaction picks a random organization. "
-          f"Ratios are per repetition, medians over repetitions.\n\n" + "\n".join(rows) + "\n")
+          f"Command: `{m['command']}`. Cloud: {m.get('postgres_version', '?')}.\n\n"
+          f"Two proxies over the same worlds (orgs.py's: N organizations in the cloud), {variants}; "
+          f"pgbench {orgs.CLIENTS} clients, {m['mode_settings']['seconds']} s per run, "
+          f"R = {m['mode_settings']['reps']}, through each in turn (the order alternates). Every "
+          f"transaction picks a random organization. Ratios are per repetition, medians over "
+          f"repetitions; CPU per statement is the proxy's whole process and the cloud's process "
+          f"tree.\n\n" + "\n".join(ratio_rows(raw)) + "\n")
     return write_summary(outdir, md, m["errors"])
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    del charts_data  # no charts-data.md section: a cost check, not a chart
+    layout = ("a partition each" if raw["meta"]["mode_settings"].get("layout", "partitioned") == "partitioned"
+              else "back in DEFAULT")
+    return summary(raw, outdir, "statement_org benchmark",
+                   f"organizations {layout}, one with `lokadb.statement_org` (the default), one with "
+                   f"`\"statement_org\": false`")
 
 
 def side_by_side(args, ap, *, script: str, tag: str, variants: dict, render, prepare_cloud=None) -> int:
