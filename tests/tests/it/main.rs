@@ -27,6 +27,8 @@ mod metrics;
 mod console;
 // SIGHUP re-reads --config: limits, admin_users, databases; bad files refused.
 mod reload;
+// Two proxies in front of one cloud: a metadata change and a pause reach both.
+mod several_proxies;
 // upstream_pool: reuse and the reset between clients.
 mod proxy_pool;
 // Limits and bad input.

@@ -275,7 +275,16 @@ pub fn moved_world(schema: impl FnOnce(&Cluster), tables: &[&str]) -> MovedWorld
 /// A proxy in front of the cloud's database `app`, its direct path logging in as `app`,
 /// `route_log` on; returned once it has loaded `orgs` organizations.
 pub fn direct_proxy(cloud: &Cluster, orgs: usize) -> Proxy {
-    crate::world::create_auth_role(cloud).unwrap();
+    // A second proxy in front of the same cloud finds the role there.
+    let exists = cloud
+        .psql(
+            "postgres",
+            "SELECT count(*) FROM pg_roles WHERE rolname = 'lokadb_auth'",
+        )
+        .unwrap();
+    if exists.trim() == "0" {
+        crate::world::create_auth_role(cloud).unwrap();
+    }
     let proxy = Proxy::builder(json!({
         "listen": "127.0.0.1:0",
         "route_log": true,
