@@ -42,8 +42,8 @@ fn last_route(proxy: &Proxy, sql: &str) -> String {
         let route = proxy
             .output()
             .lines()
-            .filter(|l| l.contains("lokadb::route") && l.contains(sql))
-            .last()
+            .rev()
+            .find(|l| l.contains("lokadb::route") && l.contains(sql))
             .and_then(|l| l.split("route=").nth(1))
             .and_then(|r| r.split_whitespace().next())
             .map(str::to_owned);
