@@ -28,6 +28,33 @@ async fn relay_stats(relay: &Proxy) -> HashMap<String, u64> {
     stats
 }
 
+/// Organizations acme and globex, each with its agent connected to one `lokadb relay`.
+struct TwoOrgs {
+    certs: Certs,
+    acme: Org,
+    globex: Org,
+    relay: Proxy,
+    _agents: [lokadb_tests::agent::Agent; 2],
+}
+
+impl TwoOrgs {
+    fn start() -> TwoOrgs {
+        let certs = Certs::new().unwrap();
+        let acme = Org::start("acme").unwrap();
+        let globex = Org::start("globex").unwrap();
+        let relay = start_relay(&certs, &[&acme, &globex], json!({}), &[]).unwrap();
+        let agents = [&acme, &globex]
+            .map(|org| start_agent(&certs, org, addrs(&relay).agents, &[]).unwrap());
+        TwoOrgs {
+            certs,
+            acme,
+            globex,
+            relay,
+            _agents: agents,
+        }
+    }
+}
+
 /// Polls a new connection through the relay until a query works.
 async fn wait_reachable(dsn: &str, timeout: Duration) -> Duration {
     let started = Instant::now();
@@ -50,13 +77,14 @@ async fn wait_reachable(dsn: &str, timeout: Duration) -> Duration {
 /// the agents back within a second of listening.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_relay_has_its_agents_back_within_a_second() {
-    let certs = Certs::new().unwrap();
-    let acme = Org::start("acme").unwrap();
-    let globex = Org::start("globex").unwrap();
-    let relay = start_relay(&certs, &[&acme, &globex], json!({}), &[]).unwrap();
+    let TwoOrgs {
+        certs,
+        acme,
+        globex,
+        relay,
+        _agents,
+    } = TwoOrgs::start();
     let ports = addrs(&relay);
-    let _a = start_agent(&certs, &acme, ports.agents, &[]).unwrap();
-    let _g = start_agent(&certs, &globex, ports.agents, &[]).unwrap();
 
     // Load: clients querying in a loop, reconnecting after errors.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -421,13 +449,13 @@ async fn a_second_agent_is_a_standby_and_takes_over() {
 /// the token put back lets the agent in again; a bad file changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_revokes_a_token_and_keeps_the_others() {
-    let certs = Certs::new().unwrap();
-    let acme = Org::start("acme").unwrap();
-    let globex = Org::start("globex").unwrap();
-    let relay = start_relay(&certs, &[&acme, &globex], json!({}), &[]).unwrap();
-    let ports = addrs(&relay);
-    let _a = start_agent(&certs, &acme, ports.agents, &[]).unwrap();
-    let _g = start_agent(&certs, &globex, ports.agents, &[]).unwrap();
+    let TwoOrgs {
+        certs: _certs,
+        acme: _acme,
+        globex: _globex,
+        relay,
+        _agents,
+    } = TwoOrgs::start();
     let globex_dsn = relay_dsn(&relay, "globex");
     wait_reachable(&relay_dsn(&relay, "acme"), Duration::from_secs(30)).await;
     wait_reachable(&globex_dsn, Duration::from_secs(30)).await;
