@@ -28,6 +28,9 @@ missing=()
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql-15)
 [[ -f /usr/share/postgresql/15/extension/postgres_fdw.control ]] || missing+=(postgresql-contrib-15)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# The demo reads GET /metrics with curl; tests and benchmarks make throwaway certificates.
+command -v curl >/dev/null || missing+=(curl)
+command -v openssl >/dev/null || missing+=(openssl)
 if ((${#missing[@]})); then
     # Keep Debian from starting clusters and pgbouncer while installing (policy-rc.d 101 =
     # "action not allowed"); removed again afterwards unless it was there before.

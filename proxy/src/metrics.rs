@@ -69,14 +69,14 @@ impl CoreStats {
         }
     }
 
-    fn snapshot(&self) -> CoreSnapshot {
+    fn snapshot(&self, sessions_open: usize, idle_backends: usize) -> CoreSnapshot {
         CoreSnapshot {
             sessions: self.sessions.get(),
             requests: [self.requests_cloud.get(), self.requests_direct.get()],
             errors: [self.errors_cloud.get(), self.errors_direct.get()],
             transactions_moved: self.transactions_moved.get(),
-            sessions_open: 0,
-            idle_backends: 0,
+            sessions_open: sessions_open as u64,
+            idle_backends: idle_backends as u64,
         }
     }
 }
@@ -140,10 +140,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Published {
     /// A core publishes its counters, gauges, sessions and connections.
     pub fn core(&self, core: &crate::core::Core) {
-        let mut stats = core.stats.snapshot();
-        stats.sessions_open = core.sessions.get() as u64;
         let pool = core.pool.borrow();
-        stats.idle_backends = pool.idle_count() as u64;
+        let stats = core.stats.snapshot(core.sessions.get(), pool.idle_count());
         let clients: Vec<ClientRow> = core
             .clients
             .borrow()

@@ -361,7 +361,7 @@ impl BackendConn {
         // SAFETY: recv into a valid 1-byte buffer on a socket fd we own.
         let n = unsafe {
             libc::recv(
-                self.stream.as_raw_fd(),
+                self.stream.tcp().as_raw_fd(),
                 (&mut byte as *mut u8).cast(),
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,

@@ -171,12 +171,7 @@ async fn pause(core: &Rc<Core>, db: Option<&str>, out: &mut Vec<u8>) {
         }
     }
     let published = &core.shared.published;
-    published.set_paused(|p| match db {
-        Some(db) => {
-            p.dbs.insert(db.to_owned());
-        }
-        None => p.all = true,
-    });
+    published.set_paused(|p| p.hold(db));
     tracing::info!(database = db.unwrap_or("(all)"), "console: PAUSE");
     // Every core has copied it and published its sessions since.
     crate::rt::sleep(crate::metrics::PUBLISH_EVERY * 2).await;
@@ -196,12 +191,8 @@ async fn pause(core: &Rc<Core>, db: Option<&str>, out: &mut Vec<u8>) {
 
 /// `RESUME [db]`: what `PAUSE` held goes on.
 fn resume(core: &Rc<Core>, db: Option<&str>, out: &mut Vec<u8>) {
-    let published = &core.shared.published;
-    let paused = published.paused();
-    let held = match db {
-        Some(db) => paused.dbs.contains(db),
-        None => !paused.is_empty(),
-    };
+    let mut held = false;
+    core.shared.published.set_paused(|p| held = p.release(db));
     if !held {
         let what = db.map_or("nothing".to_owned(), |db| format!("database \"{db}\""));
         return error(
@@ -211,12 +202,6 @@ fn resume(core: &Rc<Core>, db: Option<&str>, out: &mut Vec<u8>) {
             Severity::Error,
         );
     }
-    published.set_paused(|p| match db {
-        Some(db) => {
-            p.dbs.remove(db);
-        }
-        None => *p = Paused::default(),
-    });
     tracing::info!(database = db.unwrap_or("(all)"), "console: RESUME");
     backend::command_complete(out, "RESUME");
 }
@@ -525,6 +510,24 @@ impl Paused {
     /// Whether nothing waits.
     pub fn is_empty(&self) -> bool {
         !self.all && self.dbs.is_empty()
+    }
+
+    /// `PAUSE [db]`.
+    fn hold(&mut self, db: Option<&str>) {
+        match db {
+            Some(db) => {
+                self.dbs.insert(db.to_owned());
+            }
+            None => self.all = true,
+        }
+    }
+
+    /// `RESUME [db]`: whether it was paused (by name, or anything without one).
+    fn release(&mut self, db: Option<&str>) -> bool {
+        match db {
+            Some(db) => self.dbs.remove(db),
+            None => !std::mem::take(self).is_empty(),
+        }
     }
 }
 

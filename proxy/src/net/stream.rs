@@ -5,7 +5,6 @@
 use crate::rt::net::TcpStream;
 use futures_lite::{AsyncRead, AsyncWrite};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -53,11 +52,12 @@ impl ClientStream {
     }
 }
 
-impl AsRawFd for ServerStream {
-    fn as_raw_fd(&self) -> RawFd {
+impl ServerStream {
+    /// The TCP connection under it.
+    pub fn tcp(&self) -> &TcpStream {
         match self {
-            Stream::Plain(s) => s.as_raw_fd(),
-            Stream::Tls(s) => s.get_ref().0.as_raw_fd(),
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.get_ref().0,
         }
     }
 }

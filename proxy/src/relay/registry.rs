@@ -243,17 +243,14 @@ impl Handshakes {
             &relay.client_handshakes
         };
         let mut by_address = this.by_address.borrow_mut();
-        let n = by_address.entry(ip).or_insert(0);
+        let from_ip = by_address.get(&ip).copied().unwrap_or(0);
         if this.total.get() >= relay.config.max_handshakes
-            || *n >= relay.config.max_handshakes_per_address
+            || from_ip >= relay.config.max_handshakes_per_address
         {
-            if *n == 0 {
-                by_address.remove(&ip);
-            }
             relay.stats.borrow_mut().refused_handshakes += 1;
             return None;
         }
-        *n += 1;
+        by_address.insert(ip, from_ip + 1);
         this.total.set(this.total.get() + 1);
         Some(Handshake {
             relay: relay.clone(),
