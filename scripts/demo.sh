@@ -343,8 +343,9 @@ CLOUD_DSN="host=$DEMO/run port=$PG_PORT dbname=app user=postgres"
 say "lokadb init: the lokadb schema in the cloud (versioned migrations; idempotent)"
 "$LOKADB" init --cloud "$CLOUD_DSN" | sed 's/^/    /'
 say "lokadb org add acme: a postgres_fdw server through the relay, checked from the cloud itself"
+say "  (plain TCP to the relay, said out loud: this PostgreSQL 18 build has no TLS in its libpq; with one, the default is --relay-sslmode verify-full with the relay's CA)"
 "$LOKADB" org add acme --cloud "$CLOUD_DSN" --via-relay "127.0.0.1:$RELAY_PG_PORT" --dbname acme \
-    --user app --password "$APP_PASSWORD" --name "Acme Corp" | sed 's/^/    /'
+    --user app --password "$APP_PASSWORD" --name "Acme Corp" --relay-sslmode disable | sed 's/^/    /'
 "$LOKADB" org list --cloud "$CLOUD_DSN" | sed 's/^/    /'
 su_psql -d app >/dev/null <<SQL
 CREATE FOREIGN TABLE acme_documents (id int, organization_id text, title text)

@@ -253,6 +253,14 @@ enum OrgCommand {
         /// Its password.
         #[arg(long, env = "LOKADB_ORG_PASSWORD", hide_env_values = true)]
         password: String,
+        /// TLS from the cloud (postgres_fdw) and the proxy (direct path) to the relay, as
+        /// libpq's sslmode: verify-full, verify-ca, require, prefer or disable (plain TCP).
+        #[arg(long = "relay-sslmode", env = "LOKADB_RELAY_SSLMODE", default_value = "verify-full", value_parser = parse_sslmode)]
+        relay_sslmode: lokadb_shared::conninfo::SslMode,
+        /// The CA certificate (PEM) the relay's certificate chains to, as a path on the
+        /// cloud database's host (postgres_fdw reads it there).
+        #[arg(long = "relay-sslrootcert", env = "LOKADB_RELAY_SSLROOTCERT")]
+        relay_sslrootcert: Option<String>,
         #[command(flatten)]
         cloud: Cloud,
     },
@@ -291,6 +299,16 @@ enum TokenCommand {
     },
     /// Print the relay.tokens hash of an existing token (read from stdin).
     Hash,
+}
+
+/// `--relay-sslmode`: libpq's words, `allow` excepted (it would try plain first).
+fn parse_sslmode(s: &str) -> Result<lokadb_shared::conninfo::SslMode, String> {
+    match lokadb_shared::conninfo::SslMode::parse(s)? {
+        lokadb_shared::conninfo::SslMode::Allow => {
+            Err("allow tries plain TCP first; say prefer or disable".into())
+        }
+        mode => Ok(mode),
+    }
 }
 
 fn main() -> ExitCode {
@@ -496,6 +514,8 @@ fn org(command: OrgCommand) -> ExitCode {
             name,
             user,
             password,
+            relay_sslmode,
+            relay_sslrootcert,
             cloud,
         } => {
             let Some((host, port)) = via_relay
@@ -514,6 +534,8 @@ fn org(command: OrgCommand) -> ExitCode {
                 profile,
                 user,
                 password,
+                relay_sslmode,
+                relay_sslrootcert,
             };
             admin(org::add(&cloud.dsn, &new).map(|v| {
                 format!("organization {id} registered: its database answers through the relay (PostgreSQL {v})")

@@ -50,7 +50,7 @@ impl Reloader {
             }
         };
         if let Some(relay) = &settings.config.relay {
-            if let Err(e) = crate::relay::agent_tls(relay) {
+            if let Err(e) = crate::relay::relay_tls(relay) {
                 return tracing::warn!(
                     path,
                     error = format!("relay.tls: {e:#}"),
@@ -143,7 +143,7 @@ pub fn reload_relay(
             return tracing::warn!(path = shown, error = %e, "reload refused: the running configuration stays");
         }
     };
-    if let Err(e) = crate::relay::agent_tls(&new) {
+    if let Err(e) = crate::relay::relay_tls(&new) {
         return tracing::warn!(
             path = shown,
             error = format!("relay.tls: {e:#}"),

@@ -116,6 +116,7 @@ pub fn run(
         watch::spawn(
             name.clone(),
             pg,
+            db.direct.as_ref().and_then(|d| d.sslrootcert.clone()),
             meta_peers.clone(),
             shared.shutdown.clone(),
         )?;

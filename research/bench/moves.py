@@ -266,7 +266,8 @@ def org_database(org: PgCluster) -> str:
 
 def lokadb(ctx, args: list, dsn: str, timeout=3600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
-    env.update({"LOKADB_CLOUD": dsn, "LOKADB_LOG": "warn"})
+    # Plain TCP to the relay: the PostgreSQL 18 wheel's libpq has no TLS.
+    env.update({"LOKADB_CLOUD": dsn, "LOKADB_LOG": "warn", "LOKADB_RELAY_SSLMODE": "disable"})
     cmd = [str(LOKADB_BIN), *args]
     ctx.commands.append(mask(f"LOKADB_CLOUD='{dsn}' " + shlex.join(cmd)))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)

@@ -108,6 +108,35 @@ pub struct RelayConfig {
     /// The same from one address, on each listener.
     #[serde(default = "defaults::max_handshakes_per_address")]
     pub max_handshakes_per_address: u32,
+    /// TLS on the Postgres listener (postgres_fdw in the cloud, the proxy's direct path),
+    /// with the certificate agents verify.
+    #[serde(default)]
+    pub postgres_tls: PostgresTls,
+}
+
+/// Whether the relay's Postgres listener answers an SSLRequest with TLS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PostgresTls {
+    /// TLS for clients that ask (`sslmode=prefer` and up); plain for the others.
+    #[default]
+    Offer,
+    /// TLS or nothing: a client that does not ask is refused (cancel requests excepted:
+    /// libpq sends them in plain text).
+    Require,
+    /// Plain TCP only (an SSLRequest is answered `N`).
+    Off,
+}
+
+impl PostgresTls {
+    /// The value as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PostgresTls::Offer => "offer",
+            PostgresTls::Require => "require",
+            PostgresTls::Off => "off",
+        }
+    }
 }
 
 /// TLS certificate and key for client connections (PEM files).
@@ -203,6 +232,11 @@ pub struct DirectConfig {
     /// start and on SIGHUP, so the passwords need not be in this file. `logins` wins.
     #[serde(default)]
     pub logins_file: Option<PathBuf>,
+    /// The CA the direct path verifies the relay's certificate with, where the
+    /// organization's postgres_fdw server asks for verification (`sslmode=verify-ca` or
+    /// `verify-full`); default: the server's own `sslrootcert` path.
+    #[serde(default)]
+    pub sslrootcert: Option<PathBuf>,
 }
 
 /// One organization's login for the direct path.

@@ -27,6 +27,11 @@ pub struct NewOrg {
     pub user: String,
     /// Its password.
     pub password: String,
+    /// How postgres_fdw (and the direct path, which reads the server's options) speaks
+    /// TLS to the relay.
+    pub relay_sslmode: lokadb_shared::conninfo::SslMode,
+    /// The CA the relay's certificate must chain to, a path on the cloud database's host.
+    pub relay_sslrootcert: Option<String>,
 }
 
 /// The postgres_fdw server of an organization.
@@ -59,6 +64,20 @@ pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
     if org.dbname.is_empty() {
         return Err(AdminError::usage("--dbname must not be empty"));
     }
+    let verifies = matches!(
+        org.relay_sslmode,
+        lokadb_shared::conninfo::SslMode::VerifyCa | lokadb_shared::conninfo::SslMode::VerifyFull
+    );
+    if verifies && org.relay_sslrootcert.is_none() {
+        return Err(AdminError::usage(format!(
+            "--relay-sslmode {} needs --relay-sslrootcert: the CA file (on the cloud database's host) the relay's certificate chains to; --relay-sslmode disable for plain TCP",
+            org.relay_sslmode.as_str()
+        )));
+    }
+    let mut tls_options = format!(", sslmode {}", literal(org.relay_sslmode.as_str()));
+    if let Some(ca) = &org.relay_sslrootcert {
+        tls_options.push_str(&format!(", sslrootcert {}", literal(ca)));
+    }
     let mut client = connect(dsn)?;
     require_current(&mut client)?;
     let exists: bool = client
@@ -78,7 +97,7 @@ pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
     tx.batch_execute(&format!(
         "CREATE EXTENSION IF NOT EXISTS postgres_fdw;
          CREATE SERVER {server} FOREIGN DATA WRAPPER postgres_fdw
-           OPTIONS (host {host}, port {port}, dbname {dbname}, fetch_size '1000');
+           OPTIONS (host {host}, port {port}, dbname {dbname}, fetch_size '1000'{tls_options});
          CREATE USER MAPPING FOR PUBLIC SERVER {server}
            OPTIONS (user {user}, password {password});
          CREATE FOREIGN TABLE lokadb.org_check (name text, setting text) SERVER {server}
@@ -103,13 +122,19 @@ pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
         )
         .map_err(|e| {
             AdminError::failed(format!(
-                "organization {}'s database does not answer through the relay at {}:{} (database {}/{}): {}\nnothing was changed",
+                "organization {}'s database does not answer through the relay at {}:{} (database {}/{}, sslmode {}): {}\nnothing was changed{}",
                 org.id,
                 org.relay_host,
                 org.relay_port,
                 org.id,
                 org.dbname,
-                describe(&e)
+                org.relay_sslmode.as_str(),
+                describe(&e),
+                if org.relay_sslmode.requires_tls() {
+                    "\nhint: the relay offers TLS with its certificate (relay.postgres_tls); where the cloud's Postgres is built without SSL, or the relay's TLS is off, say --relay-sslmode disable"
+                } else {
+                    ""
+                }
             ))
         })?
         .get(0);

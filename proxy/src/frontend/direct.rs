@@ -609,11 +609,13 @@ fn open(
     params: Vec<(String, String)>,
 ) -> Pin<Box<dyn Future<Output = Result<DirectConn, OpenError>>>> {
     let (core, db, key) = (ctx.core.clone(), ctx.db.clone(), ctx.key);
-    let org_meta = core
-        .meta
-        .borrow()
-        .get(&*db.name)
-        .and_then(|m| m.meta.orgs.get(&**org).and_then(|o| o.direct.clone()));
+    let org_meta = core.meta.borrow().get(&*db.name).and_then(|m| {
+        m.meta
+            .orgs
+            .get(&**org)
+            .and_then(|o| Some((o.direct.clone()?, o.relay_tls.tls.clone())))
+    });
+    let (org_meta, relay_tls) = org_meta.unzip();
     let direct_key = PoolKey {
         database: db.name.clone(),
         user: key.user.clone(),
@@ -674,9 +676,16 @@ fn open(
             ));
         };
         let creds = Credentials::Password(Secret(login.password));
-        // Plain: the relay's Postgres listener has no TLS yet (docs/security.md).
-        let connect =
-            BackendConn::connect(addr, &login.user, &dbname, &direct_key.params, &creds, None);
+        // TLS as the organization's postgres_fdw server speaks it to the relay.
+        let tls = relay_tls.flatten();
+        let connect = BackendConn::connect(
+            addr,
+            &login.user,
+            &dbname,
+            &direct_key.params,
+            &creds,
+            tls.as_deref(),
+        );
         let failed = |m: String| Err(OpenError::Failed(m));
         match with_timeout(timeout, connect).await {
             None => failed(format!(

@@ -4,8 +4,8 @@
 //! only the cloud database and the proxy reach, and it shows counters, not data.
 
 use super::registry::Relay;
-use crate::rt::net::TcpStream;
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use crate::net::stream::ClientStream;
+use futures_lite::AsyncReadExt;
 use lokadb_shared::wire::backend::{self, ErrorFields, Severity};
 use lokadb_shared::wire::{sqlstate, Header};
 use std::rc::Rc;
@@ -21,7 +21,7 @@ const MAX_SESSIONS: u32 = 16;
 const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Serves one admin session.
-pub async fn serve(relay: &Rc<Relay>, tcp: &mut TcpStream) {
+pub async fn serve(relay: &Rc<Relay>, tcp: &mut ClientStream) {
     let mut out = Vec::new();
     if relay.admin_sessions.get() >= MAX_SESSIONS {
         backend::error_response(
@@ -36,7 +36,7 @@ pub async fn serve(relay: &Rc<Relay>, tcp: &mut TcpStream) {
                 hint: None,
             },
         );
-        let _ = tcp.write_all(&out).await;
+        let _ = crate::net::stream::send(tcp, &out).await;
         return;
     }
     relay.admin_sessions.set(relay.admin_sessions.get() + 1);
@@ -44,7 +44,7 @@ pub async fn serve(relay: &Rc<Relay>, tcp: &mut TcpStream) {
     relay.admin_sessions.set(relay.admin_sessions.get() - 1);
 }
 
-async fn session(relay: &Rc<Relay>, tcp: &mut TcpStream, out: &mut Vec<u8>) {
+async fn session(relay: &Rc<Relay>, tcp: &mut ClientStream, out: &mut Vec<u8>) {
     backend::auth_ok(out);
     for (k, v) in [
         ("server_version", "18.0 (lokadb relay)"),
@@ -55,7 +55,7 @@ async fn session(relay: &Rc<Relay>, tcp: &mut TcpStream, out: &mut Vec<u8>) {
         backend::parameter_status(out, k, v);
     }
     backend::ready_for_query(out, b'I');
-    if tcp.write_all(out).await.is_err() {
+    if crate::net::stream::send(tcp, out).await.is_err() {
         return;
     }
     loop {
@@ -88,7 +88,7 @@ async fn session(relay: &Rc<Relay>, tcp: &mut TcpStream, out: &mut Vec<u8>) {
                 "the relay's admin database takes simple queries only",
             ),
         }
-        if tcp.write_all(out).await.is_err() {
+        if crate::net::stream::send(tcp, out).await.is_err() {
             return;
         }
     }

@@ -10,9 +10,11 @@
 use super::cancel::KeySniffer;
 use super::registry::{CancelOwner, Relay};
 use super::tunnel_conn::TunnelConn;
+use crate::net::stream::{send, ClientStream};
 use crate::rt::net::TcpStream;
 use bytes::Bytes;
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use lokadb_shared::config::PostgresTls;
 use lokadb_shared::tunnel::{StreamError, StreamId};
 use lokadb_shared::wire::backend::{self, ErrorFields, Severity};
 use lokadb_shared::wire::sqlstate;
@@ -50,10 +52,11 @@ impl Refusal {
 }
 
 /// Serves one client connection of the relay's Postgres listener.
-pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
+pub async fn serve(relay: Rc<Relay>, tcp: TcpStream) {
     let _ = tcp.set_nodelay(true);
-    let Some(handshake) = tcp
-        .peer_addr()
+    let peer = tcp.peer_addr();
+    let mut slot = Some(ClientStream::Plain(tcp));
+    let Some(handshake) = peer
         .ok()
         .and_then(|peer| super::registry::Handshakes::begin(&relay, false, peer.ip()))
     else {
@@ -62,10 +65,10 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
             "too many connections to the relay have not sent their startup packet yet".into(),
         )
         .hint("relay.max_handshakes and relay.max_handshakes_per_address bound them; a client that connects and says nothing holds a place for relay.startup_timeout.");
-        return refuse(&mut tcp, refusal).await;
+        return refuse(stream_of(&mut slot), refusal).await;
     };
     let timeout = relay.config.startup_timeout;
-    let startup = match crate::time::with_timeout(timeout, read_startup(&mut tcp)).await {
+    let startup = match crate::time::with_timeout(timeout, read_startup(&relay, &mut slot)).await {
         None => Err(Refusal::new(
             sqlstate::PROTOCOL_VIOLATION,
             format!("no startup packet within {timeout:?}"),
@@ -73,25 +76,37 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
         Some(r) => r,
     };
     drop(handshake);
+    // A TLS handshake cut short by the timeout leaves no stream to answer on.
+    let Some(mut stream) = slot else { return };
     let m = match startup {
         Ok(Startup::Session(m)) => m,
         // Outside the startup timeout: a forward cut short would leave its stream behind.
         Ok(Startup::Cancel { pid, secret }) => {
             return super::cancel::forward(&relay, pid, secret).await;
         }
-        Err(refusal) => return refuse(&mut tcp, refusal).await,
+        Err(refusal) => return refuse(&mut stream, refusal).await,
     };
+    if stream.is_tls() {
+        relay.stats.borrow_mut().clients_tls += 1;
+    } else if relay.config.postgres_tls == PostgresTls::Require {
+        let refusal = Refusal::new(
+            sqlstate::INVALID_AUTHORIZATION,
+            "the relay accepts only TLS connections (relay.postgres_tls = \"require\")".into(),
+        )
+        .hint("Connect with sslmode=require or stronger (lokadb org add --relay-sslmode).");
+        return refuse(&mut stream, refusal).await;
+    }
     if m.param("database") == Some(super::admin::ADMIN_DB) {
-        return super::admin::serve(&relay, &mut tcp).await;
+        return super::admin::serve(&relay, &mut stream).await;
     }
     let route = match open(&relay, &m) {
         Ok(r) => r,
-        Err(refusal) => return refuse(&mut tcp, refusal).await,
+        Err(refusal) => return refuse(&mut stream, refusal).await,
     };
     relay.streams.set(relay.streams.get() + 1);
     relay.stats.borrow_mut().streams_opened += 1;
     tracing::debug!(org = route.org, stream = route.id.0, "stream opened");
-    let result = pipe(&relay, &route, &mut tcp).await;
+    let result = pipe(&relay, &route, &mut stream).await;
     let refused_by_agent = route.conn.take_refused(route.id);
     relay.streams.set(relay.streams.get() - 1);
     route.conn.release(route.id);
@@ -117,19 +132,19 @@ pub async fn serve(relay: Rc<Relay>, mut tcp: TcpStream) {
                 } else {
                     sqlstate::CONNECTION_FAILURE
                 };
-                refuse(&mut tcp, Refusal::new(code, reason)).await;
+                refuse(&mut stream, Refusal::new(code, reason)).await;
             }
         }
     }
 }
 
-/// Reads the startup phase: SSLRequest and GSSENCRequest are answered `N` (the
-/// tunnel is TLS; this listener is for the cloud database and the proxy, beside the
-/// relay); a CancelRequest or a StartupMessage is returned.
-async fn read_startup(tcp: &mut TcpStream) -> Result<Startup, Refusal> {
+/// Reads the startup phase: an SSLRequest is answered with TLS as `relay.postgres_tls`
+/// says (the certificate agents verify), a GSSENCRequest `N`; a CancelRequest or a
+/// StartupMessage is returned. `slot` is empty only if a TLS handshake failed.
+async fn read_startup(relay: &Relay, slot: &mut Option<ClientStream>) -> Result<Startup, Refusal> {
     let mut encryption_asked = false;
     loop {
-        let packet = read_packet(tcp).await?;
+        let packet = read_packet(stream_of(slot)).await?;
         let parsed = startup::parse(&packet).map_err(|e| {
             Refusal::new(
                 sqlstate::PROTOCOL_VIOLATION,
@@ -137,15 +152,36 @@ async fn read_startup(tcp: &mut TcpStream) -> Result<Startup, Refusal> {
             )
         })?;
         match parsed {
-            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
-                if encryption_asked {
-                    return Err(Refusal::new(
-                        sqlstate::PROTOCOL_VIOLATION,
-                        "second encryption request".into(),
-                    ));
-                }
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest if encryption_asked => {
+                return Err(Refusal::new(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    "second encryption request".into(),
+                ));
+            }
+            StartupPacket::SslRequest => {
                 encryption_asked = true;
-                tcp.write_all(b"N").await.map_err(|_| gone())?;
+                let tls = relay.postgres_tls.borrow().clone();
+                match (tls, slot.take()) {
+                    (Some(config), Some(ClientStream::Plain(mut tcp))) => {
+                        tcp.write_all(b"S").await.map_err(|_| gone())?;
+                        let acceptor = futures_rustls::TlsAcceptor::from(config);
+                        match acceptor.accept(tcp).await {
+                            Ok(tls) => *slot = Some(ClientStream::Tls(Box::new(tls))),
+                            Err(e) => {
+                                tracing::info!(error = %e, "relay: a Postgres client's TLS handshake failed");
+                                return Err(gone());
+                            }
+                        }
+                    }
+                    (_, s) => {
+                        *slot = s;
+                        send(stream_of(slot), b"N").await.map_err(|_| gone())?;
+                    }
+                }
+            }
+            StartupPacket::GssEncRequest => {
+                encryption_asked = true;
+                send(stream_of(slot), b"N").await.map_err(|_| gone())?;
             }
             StartupPacket::Cancel { pid, secret } => {
                 return Ok(Startup::Cancel { pid, secret });
@@ -174,7 +210,13 @@ fn gone() -> Refusal {
     Refusal::new(sqlstate::CONNECTION_FAILURE, "client went away".into())
 }
 
-async fn read_packet(tcp: &mut TcpStream) -> Result<Vec<u8>, Refusal> {
+/// The client's stream while it is in its slot.
+fn stream_of(slot: &mut Option<ClientStream>) -> &mut ClientStream {
+    slot.as_mut()
+        .expect("the stream is in its slot outside the TLS handshake")
+}
+
+async fn read_packet(tcp: &mut ClientStream) -> Result<Vec<u8>, Refusal> {
     let mut len = [0u8; 4];
     tcp.read_exact(&mut len).await.map_err(|_| gone())?;
     let n = startup::peek_len(&len)
@@ -304,12 +346,13 @@ enum PipeError {
 }
 
 /// Moves bytes both ways until both directions have ended.
-async fn pipe(relay: &Relay, route: &Route, tcp: &mut TcpStream) -> Result<(), PipeError> {
+async fn pipe(relay: &Relay, route: &Route, tcp: &mut ClientStream) -> Result<(), PipeError> {
     let mut up = vec![0u8; CHUNK];
     let mut up_done = false;
     let mut down: Option<Bytes> = None;
     let mut down_done = false;
     let mut answered = false;
+    let mut unflushed = false;
     let mut sniffer = KeySniffer::default();
     let owner = CancelOwner {
         org: route.org.clone(),
@@ -373,12 +416,21 @@ async fn pipe(relay: &Relay, route: &Route, tcp: &mut TcpStream) -> Result<(), P
                 match Pin::new(&mut *tcp).poll_write(cx, data) {
                     Poll::Ready(Ok(n)) => {
                         answered = true;
+                        unflushed = true;
                         let _ = data.split_to(n);
                         if data.is_empty() {
                             down = None;
                         }
                         busy = true;
                     }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(PipeError::Client(e))),
+                    Poll::Pending => {}
+                }
+            }
+            // TLS keeps a record back until flushed; plain TCP has nothing to flush.
+            if unflushed && down.is_none() {
+                match Pin::new(&mut *tcp).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => unflushed = false,
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(PipeError::Client(e))),
                     Poll::Pending => {}
                 }
@@ -400,7 +452,7 @@ async fn pipe(relay: &Relay, route: &Route, tcp: &mut TcpStream) -> Result<(), P
     result
 }
 
-async fn refuse(tcp: &mut TcpStream, r: Refusal) {
+async fn refuse(tcp: &mut ClientStream, r: Refusal) {
     let mut out = Vec::new();
     backend::error_response(
         &mut out,
@@ -413,5 +465,5 @@ async fn refuse(tcp: &mut TcpStream, r: Refusal) {
         },
     );
     tracing::debug!(code = r.code, message = r.message, "relay client refused");
-    let _ = crate::time::with_timeout(std::time::Duration::from_secs(1), tcp.write_all(&out)).await;
+    let _ = crate::time::with_timeout(std::time::Duration::from_secs(1), send(tcp, &out)).await;
 }

@@ -71,7 +71,7 @@ pub fn start(
     publish: Option<Publish>,
     reloads: Option<crossbeam_channel::Receiver<lokadb_shared::config::RelayConfig>>,
 ) -> anyhow::Result<Handle> {
-    let tls = agent_tls(&config)?;
+    let tls = relay_tls(&config)?;
     let window = lokadb_shared::tunnel::window_from_env().map_err(anyhow::Error::msg)?;
     let caps = lokadb_shared::tunnel::memory_caps_from_env().map_err(anyhow::Error::msg)?;
     let tunnel = lokadb_shared::tunnel::Config {
@@ -106,7 +106,7 @@ pub fn start(
     let thread = std::thread::Builder::new()
         .name("lokadb-relay".into())
         .spawn(move || {
-            let relay = Rc::new(Relay::new(config, std::sync::Arc::new(tls), tunnel));
+            let relay = Rc::new(Relay::new(config, tls, tunnel));
             // SAFETY: both fds are listening sockets handed over whole.
             let (agents, postgres) = unsafe {
                 (
@@ -127,8 +127,11 @@ pub fn start(
 /// that start next (tunnels up keep theirs), its tokens for the next authentications, and
 /// the tunnels of an organization whose token was removed or replaced are cut.
 pub fn apply(relay: &Relay, config: &lokadb_shared::config::RelayConfig) {
-    match agent_tls(config) {
-        Ok(tls) => *relay.tls.borrow_mut() = std::sync::Arc::new(tls),
+    match relay_tls(config) {
+        Ok(tls) => {
+            *relay.tls.borrow_mut() = tls.agents;
+            *relay.postgres_tls.borrow_mut() = tls.postgres;
+        }
         Err(e) => tracing::warn!(
             error = format!("{e:#}"),
             "relay reload: the certificate stays"
@@ -154,17 +157,29 @@ pub fn apply(relay: &Relay, config: &lokadb_shared::config::RelayConfig) {
     );
 }
 
-/// The relay's TLS for agents (no ALPN: agents do not send one).
+/// The relay's TLS, one certificate for both listeners.
+pub struct RelayTls {
+    /// For agents (no ALPN: agents do not send one).
+    pub agents: std::sync::Arc<rustls::ServerConfig>,
+    /// For the Postgres listener (ALPN `postgresql`, as libpq 17+ asks), unless
+    /// `postgres_tls` is off.
+    pub postgres: Option<std::sync::Arc<rustls::ServerConfig>>,
+}
+
+/// Reads the relay's certificate and key.
 ///
 /// # Errors
 ///
 /// The certificate or key cannot be used.
-pub fn agent_tls(
-    config: &lokadb_shared::config::RelayConfig,
-) -> anyhow::Result<rustls::ServerConfig> {
-    let mut tls = (*crate::net::tls::server_config(&config.tls)?).clone();
-    tls.alpn_protocols.clear();
-    Ok(tls)
+pub fn relay_tls(config: &lokadb_shared::config::RelayConfig) -> anyhow::Result<RelayTls> {
+    let postgres = crate::net::tls::server_config(&config.tls)?;
+    let mut agents = (*postgres).clone();
+    agents.alpn_protocols.clear();
+    Ok(RelayTls {
+        agents: std::sync::Arc::new(agents),
+        postgres: (config.postgres_tls != lokadb_shared::config::PostgresTls::Off)
+            .then_some(postgres),
+    })
 }
 
 /// Where the relay hands its counters and tunnels once a second (`GET /metrics`, the
@@ -303,6 +318,7 @@ pub fn counters(relay: &Relay) -> Vec<(&'static str, u64)> {
         ("refused_unknown_org", s.refused_unknown_org),
         ("refused_by_agents", s.refused_by_agents),
         ("refused_handshakes", s.refused_handshakes),
+        ("clients_tls", s.clients_tls),
     ]
 }
 

@@ -18,6 +18,8 @@ pub struct Relay {
     pub config: RelayConfig,
     /// TLS for agent connections (replaced by a reload: new connections only).
     pub tls: RefCell<Arc<rustls::ServerConfig>>,
+    /// TLS for the Postgres listener, the same certificate (`None`: `postgres_tls` off).
+    pub postgres_tls: RefCell<Option<Arc<rustls::ServerConfig>>>,
     /// Known organizations and their token hashes (replaced by a reload).
     pub tokens: RefCell<Tokens>,
     /// The tunnel settings every agent connection starts with: window, auto-tuning,
@@ -73,6 +75,8 @@ pub struct RelayStats {
     pub refused_by_agents: u64,
     /// Connections closed at once because a handshake limit was reached (either listener).
     pub refused_handshakes: u64,
+    /// Postgres clients that came over TLS.
+    pub clients_tls: u64,
     /// Bytes from clients to agents.
     pub bytes_to_agents: u64,
     /// Bytes from agents to clients.
@@ -108,13 +112,14 @@ impl Relay {
     /// A relay with no agent yet.
     pub fn new(
         config: RelayConfig,
-        tls: Arc<rustls::ServerConfig>,
+        tls: super::RelayTls,
         tunnel: lokadb_shared::tunnel::Config,
     ) -> Relay {
         Relay {
+            postgres_tls: RefCell::new(tls.postgres),
             tokens: RefCell::new(Tokens::new(&config.tokens)),
             config,
-            tls: RefCell::new(tls),
+            tls: RefCell::new(tls.agents),
             tunnel,
             orgs: RefCell::default(),
             streams: Cell::new(0),

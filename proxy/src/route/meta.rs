@@ -6,9 +6,12 @@
 //! analyses ([`CoreMeta`]). Per statement a core reads only its own copy.
 
 use super::analysis::{analyze, mentions, Analysis, Catalog, JoinKey, KeyMap, LokaTable, Org};
+use crate::net::cloud_tls::CloudTls;
+use lokadb_shared::conninfo::{SslMode, TlsOptions};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +25,9 @@ pub struct OrgMeta {
     /// Where the direct path reaches its database: the relay's Postgres listener (as
     /// `lokadb.org` gives it, resolved at load) and the database name there, `ORG/DBNAME`.
     pub direct: Option<(SocketAddr, String)>,
+    /// How the direct path speaks TLS to the relay: what the organization's postgres_fdw
+    /// server says (`sslmode`, `sslrootcert`), so both paths are held to the same.
+    pub relay_tls: RelayTls,
     /// It owes migrations (it could not be reached when they ran, with
     /// `lokadb.migration_offline = defer`): its statements are refused until it has them.
     pub owes: bool,
@@ -36,6 +42,63 @@ impl OrgMeta {
             && self.direct.is_some()
             && !self.owes
     }
+}
+
+/// The TLS of an organization's relay connection, as its postgres_fdw server's options
+/// give it, set up once per load (off the cores).
+#[derive(Debug, Clone, Default)]
+pub struct RelayTls {
+    /// `sslmode` and `sslrootcert` (the proxy's own `direct.sslrootcert` when set).
+    pub options: TlsOptions,
+    /// `None` when `sslmode` never asks for TLS.
+    pub tls: Option<Arc<CloudTls>>,
+}
+
+impl PartialEq for RelayTls {
+    fn eq(&self, other: &RelayTls) -> bool {
+        self.options == other.options
+    }
+}
+
+impl Eq for RelayTls {}
+
+impl RelayTls {
+    /// From the server's options; `Err` names what cannot be used (a CA file).
+    fn new(
+        mode: Option<&str>,
+        server_rootcert: Option<&str>,
+        own_rootcert: Option<&Path>,
+        host: &str,
+    ) -> Result<RelayTls, String> {
+        let mode = SslMode::parse(mode.unwrap_or("prefer"))?;
+        let rootcert = own_rootcert
+            .map(Path::to_path_buf)
+            .or_else(|| server_rootcert.map(std::path::PathBuf::from));
+        let options = TlsOptions {
+            mode,
+            rootcert,
+            ..TlsOptions::default()
+        };
+        if options.verifies_chain() && options.rootcert.is_none() {
+            return Err(format!(
+                "sslmode={} needs a CA: the server has no sslrootcert and direct.sslrootcert is not set",
+                mode.as_str()
+            ));
+        }
+        let tls = CloudTls::new(&options, host)
+            .map_err(|e| format!("{e:#}"))?
+            .map(Arc::new);
+        Ok(RelayTls { options, tls })
+    }
+}
+
+/// The host of `HOST:PORT` (`[v6]:PORT` unbracketed), as TLS verifies it.
+fn host_of(relay: &str) -> &str {
+    relay
+        .rsplit_once(':')
+        .map_or(relay, |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
 }
 
 /// One generation of the cloud's LokaDB metadata.
@@ -92,18 +155,22 @@ const KEY_META_SQL: &str = "SELECT schema_name, table_name, column_name, column_
 
 /// Reads the whole metadata in one snapshot, so the generation and the rows agree.
 pub const LOAD_SQL: &str = "\
-    SELECT 'g', generation::text, NULL, NULL, NULL, NULL FROM lokadb.meta \
+    SELECT 'g', generation::text, NULL, NULL, NULL, NULL, NULL, NULL FROM lokadb.meta \
     UNION ALL \
     SELECT 't', schema_name::text, table_name::text, org_column::text, \
       (SELECT format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a \
        WHERE a.attrelid = to_regclass(format('%I.%I', schema_name, table_name)) \
-         AND a.attname = org_column AND NOT a.attisdropped), NULL \
+         AND a.attname = org_column AND NOT a.attisdropped), NULL, NULL, NULL \
     FROM lokadb.tables \
     UNION ALL \
     SELECT 'o', id, state, profile, \
       CASE WHEN relay_host LIKE '%:%' THEN '[' || relay_host || ']' ELSE relay_host END || ':' || relay_port, \
-      id || '/' || dbname \
-    FROM lokadb.org";
+      id || '/' || dbname, \
+      (SELECT substr(opt, 9) FROM pg_catalog.pg_foreign_server s, unnest(s.srvoptions) opt \
+       WHERE s.srvname = o.server AND opt LIKE 'sslmode=%'), \
+      (SELECT substr(opt, 13) FROM pg_catalog.pg_foreign_server s, unnest(s.srvoptions) opt \
+       WHERE s.srvname = o.server AND opt LIKE 'sslrootcert=%') \
+    FROM lokadb.org o";
 
 impl Meta {
     /// Loads the metadata from the cloud; an empty one (generation 0) when the cloud has
@@ -112,7 +179,12 @@ impl Meta {
     /// # Errors
     ///
     /// The query failed.
-    pub fn load(client: &mut impl postgres::GenericClient) -> Result<Meta, postgres::Error> {
+    /// `relay_rootcert` is the proxy's `direct.sslrootcert`, which wins over the CA path
+    /// of the organizations' postgres_fdw servers.
+    pub fn load(
+        client: &mut impl postgres::GenericClient,
+        relay_rootcert: Option<&Path>,
+    ) -> Result<Meta, postgres::Error> {
         let initialized: bool = client
             .query_one("SELECT to_regclass('lokadb.meta') IS NOT NULL", &[])?
             .get(0);
@@ -134,6 +206,7 @@ impl Meta {
             // An organization's relay; a table's organization column type.
             let relay: Option<String> = row.get(4);
             let dbname: Option<String> = row.get(5);
+            let (sslmode, sslrootcert): (Option<String>, Option<String>) = (row.get(6), row.get(7));
             match (kind, a, b, c) {
                 ("g", Some(g), _, _) => generation = g.parse().unwrap_or(0),
                 ("t", Some(schema), Some(name), Some(org_column)) => tables.push((
@@ -145,7 +218,24 @@ impl Meta {
                     relay.unwrap_or_default(),
                 )),
                 ("o", Some(id), Some(state), Some(profile)) => {
-                    let direct = relay.zip(dbname).and_then(|(relay, dbname)| {
+                    let host = relay.as_deref().map_or("", host_of);
+                    let relay_tls = RelayTls::new(
+                        sslmode.as_deref(),
+                        sslrootcert.as_deref(),
+                        relay_rootcert,
+                        host,
+                    );
+                    let usable = match &relay_tls {
+                        Ok(_) => true,
+                        Err(e) => {
+                            // Fail closed: never plain where the cloud's server verifies.
+                            if profile == "fdw+direct" {
+                                tracing::warn!(org = %id, error = %e, "the direct path cannot speak TLS to this organization's relay as its postgres_fdw server does; its statements go through the cloud");
+                            }
+                            false
+                        }
+                    };
+                    let direct = relay.zip(dbname).filter(|_| usable).and_then(|(relay, dbname)| {
                         // Organizations share a few relays: each address is resolved once
                         // per load, not once per organization.
                         let addr = *resolved
@@ -165,6 +255,7 @@ impl Meta {
                             state,
                             profile,
                             direct,
+                            relay_tls: relay_tls.unwrap_or_default(),
                             owes: false,
                         },
                     );
@@ -537,6 +628,7 @@ mod tests {
                 state: "moved".into(),
                 profile: crate::profile::Profile::Fdw,
                 direct: None,
+                relay_tls: RelayTls::default(),
                 owes: false,
             },
         );

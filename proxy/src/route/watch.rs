@@ -39,32 +39,39 @@ const BACKOFF: [Duration; 3] = [
 pub fn spawn(
     database: String,
     config: crate::net::cloud_tls::PgLogin,
+    relay_rootcert: Option<std::path::PathBuf>,
     cores: Vec<CoreInbox>,
     shutdown: Arc<AtomicBool>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name(format!("lokadb-meta-{database}"))
-        .spawn(move || run(&database, &config, &cores, &shutdown))?;
+        .spawn(move || {
+            let watcher = Watcher {
+                database: &database,
+                config: &config,
+                relay_rootcert: relay_rootcert.as_deref(),
+                cores: &cores,
+            };
+            run(&watcher, &shutdown);
+        })?;
     Ok(())
 }
 
-fn run(
-    database: &str,
-    config: &crate::net::cloud_tls::PgLogin,
-    cores: &[CoreInbox],
-    shutdown: &AtomicBool,
-) {
+/// What one database's watcher works with.
+struct Watcher<'a> {
+    database: &'a str,
+    config: &'a crate::net::cloud_tls::PgLogin,
+    /// `direct.sslrootcert` ([`Meta::load`]).
+    relay_rootcert: Option<&'a std::path::Path>,
+    cores: &'a [CoreInbox],
+}
+
+fn run(w: &Watcher<'_>, shutdown: &AtomicBool) {
+    let database = w.database;
     let mut published: Option<i64> = None;
     let mut failures = 0usize;
     while !shutdown.load(Ordering::Relaxed) {
-        match watch(
-            database,
-            config,
-            cores,
-            shutdown,
-            &mut published,
-            &mut failures,
-        ) {
+        match watch(w, shutdown, &mut published, &mut failures) {
             Ok(()) => return,
             Err(e) => {
                 let delay = BACKOFF[failures.min(BACKOFF.len() - 1)];
@@ -87,18 +94,16 @@ fn run(
 /// One connection's life: LISTEN, load, publish, then reload on each notification.
 /// Returns `Ok` at shutdown.
 fn watch(
-    database: &str,
-    config: &crate::net::cloud_tls::PgLogin,
-    cores: &[CoreInbox],
+    w: &Watcher<'_>,
     shutdown: &AtomicBool,
     published: &mut Option<i64>,
     failures: &mut usize,
 ) -> Result<(), postgres::Error> {
-    let mut client = config.connect()?;
+    let mut client = w.config.connect()?;
     // LISTEN before the load: a change committed in between is then both seen by the
     // load or announced after it, never lost.
     client.batch_execute("LISTEN lokadb_meta")?;
-    load_and_publish(database, &mut client, cores, published)?;
+    load_and_publish(w, &mut client, published)?;
     // Connected and current: a later failure retries from the shortest delay.
     *failures = 0;
     loop {
@@ -117,7 +122,7 @@ fn watch(
             return Ok(());
         }
         if changed {
-            load_and_publish(database, &mut client, cores, published)?;
+            load_and_publish(w, &mut client, published)?;
         } else if client.is_closed() {
             // Surfaces the error of a connection the server ended.
             client.simple_query("SELECT 1")?;
@@ -126,18 +131,18 @@ fn watch(
 }
 
 fn load_and_publish(
-    database: &str,
+    w: &Watcher<'_>,
     client: &mut postgres::Client,
-    cores: &[CoreInbox],
     published: &mut Option<i64>,
 ) -> Result<(), postgres::Error> {
+    let (database, cores) = (w.database, w.cores);
     let started = std::time::Instant::now();
     let mut tx = client
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
         .read_only(true)
         .start()?;
-    let meta = Meta::load(&mut tx)?;
+    let meta = Meta::load(&mut tx, w.relay_rootcert)?;
     tx.commit()?;
     if *published == Some(meta.generation) {
         return Ok(());

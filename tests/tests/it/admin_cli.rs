@@ -4,13 +4,15 @@
 use std::process::Output;
 
 /// Runs `lokadb ARGS` with `--cloud` taken from the environment (and no org password
-/// inherited from it).
+/// inherited from it). `org add` registers plain TCP to the relay unless ARGS say
+/// otherwise: the PostgreSQL 18 the tests download has no TLS in its libpq.
 pub(crate) fn lokadb(cloud_dsn: &str, args: &[&str]) -> Output {
     let bin = lokadb_tests::proxy::find_binary().unwrap();
     std::process::Command::new(bin)
         .args(args)
         .env("LOKADB_CLOUD", cloud_dsn)
         .env_remove("LOKADB_ORG_PASSWORD")
+        .env("LOKADB_RELAY_SSLMODE", "disable")
         .output()
         .unwrap()
 }

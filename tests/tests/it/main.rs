@@ -21,6 +21,8 @@ mod proxy_cancel;
 mod proxy_auth;
 // TLS to a cloud that accepts only hostssl: sslmode to verify-full, client certificates.
 mod cloud_tls;
+// TLS from the cloud and the direct path to the relay: org add's sslmode, verify-full.
+mod relay_tls;
 // GET /metrics: the counters follow the traffic; bad requests answered.
 mod metrics;
 // The console (database lokadb, admin_users): SHOW commands on live sessions, KILL.

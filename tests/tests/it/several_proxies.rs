@@ -3,14 +3,19 @@
 //! needs.
 
 use crate::admin_cli::{lokadb, ok};
-use crate::tunnel_world::{direct_proxy, moved_world, MovedWorld};
+use crate::tunnel_world::{direct_proxy, MovedWorld};
 use crate::world::connect;
 use lokadb_tests::pg::{SUPERUSER, SUPERUSER_PASSWORD};
 use lokadb_tests::proxy::Proxy;
 use std::time::{Duration, Instant};
 
-fn world() -> MovedWorld {
-    moved_world(
+pub(crate) fn world() -> MovedWorld {
+    world_with(&crate::tunnel_world::WorldOptions::default())
+}
+
+/// [`world`] with options.
+pub(crate) fn world_with(options: &crate::tunnel_world::WorldOptions<'_>) -> MovedWorld {
+    crate::tunnel_world::moved_world_with(
         |cloud| {
             cloud.create_database("app", "postgres").unwrap();
             ok(&lokadb(&cloud.superuser_dsn("app"), &["init"]));
@@ -25,10 +30,11 @@ fn world() -> MovedWorld {
                 .unwrap();
         },
         &["notes"],
+        options,
     )
 }
 
-fn dsn(proxy: &Proxy) -> String {
+pub(crate) fn dsn(proxy: &Proxy) -> String {
     format!(
         "host=127.0.0.1 port={} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname=app",
         proxy.port()
@@ -36,7 +42,7 @@ fn dsn(proxy: &Proxy) -> String {
 }
 
 /// The route the last `route_log` line of `sql` gives (waiting for it to be logged).
-fn last_route(proxy: &Proxy, sql: &str) -> String {
+pub(crate) fn last_route(proxy: &Proxy, sql: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let route = proxy

@@ -88,6 +88,16 @@ impl Certs {
         let files = TestCerts::generate(dir.path())?;
         Ok(Certs { _dir: dir, files })
     }
+
+    /// The CA file's path, made readable by the clusters' unprivileged user (postgres_fdw
+    /// reads it in the cloud's server process).
+    pub fn readable_ca(&self) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.files.ca.parent().expect("the CA is in a directory");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&self.files.ca, std::fs::Permissions::from_mode(0o644)).unwrap();
+        self.files.ca.display().to_string()
+    }
 }
 
 /// The relay config section for `orgs`, with `extra` merged in.
@@ -209,7 +219,7 @@ pub async fn items(c: &tokio_postgres::Client) -> i64 {
 /// The world of the differential suite and of the Django application's tests.
 pub struct MovedWorld {
     _certs: Certs,
-    _relay: Proxy,
+    pub relay: Proxy,
     pub orgs: Vec<Org>,
     _agents: Vec<Agent>,
     pub cloud: Cluster,
@@ -220,6 +230,27 @@ pub struct MovedWorld {
 /// rows (given the cloud; `lokadb init` is its to run), then `tables` are enabled and
 /// organizations 2 and 3 registered and moved.
 pub fn moved_world(schema: impl FnOnce(&Cluster), tables: &[&str]) -> MovedWorld {
+    moved_world_with(schema, tables, &WorldOptions::default())
+}
+
+/// What a [`MovedWorld`] may be built with besides its defaults.
+#[derive(Default)]
+pub struct WorldOptions<'a> {
+    /// Merged into the relay's section.
+    pub relay: Value,
+    /// More arguments of `lokadb org add` (plain TCP to the relay without them).
+    pub org_add: &'a [&'a str],
+}
+
+/// The path `org add` arguments in [`WorldOptions`] write for the relay's CA file.
+pub const RELAY_CA: &str = "{relay_ca}";
+
+/// [`moved_world`] with options.
+pub fn moved_world_with(
+    schema: impl FnOnce(&Cluster),
+    tables: &[&str],
+    options: &WorldOptions<'_>,
+) -> MovedWorld {
     use crate::admin_cli::{lokadb, ok};
     let certs = Certs::new().unwrap();
     let orgs = vec![
@@ -227,7 +258,7 @@ pub fn moved_world(schema: impl FnOnce(&Cluster), tables: &[&str]) -> MovedWorld
         crate::moves::org_db("3", false),
     ];
     let refs: Vec<&Org> = orgs.iter().collect();
-    let relay = start_relay(&certs, &refs, json!({}), &[]).unwrap();
+    let relay = start_relay(&certs, &refs, options.relay.clone(), &[]).unwrap();
     let agents = orgs
         .iter()
         .map(|o| start_agent(&certs, o, addrs(&relay).agents, &[]).unwrap())
@@ -242,29 +273,34 @@ pub fn moved_world(schema: impl FnOnce(&Cluster), tables: &[&str]) -> MovedWorld
         ok(&lokadb(&dsn, &["enable", table]));
     }
     let via = addrs(&relay).postgres.to_string();
+    let ca = certs.readable_ca();
     for (org, profile) in [("2", "fdw+direct"), ("3", "fdw")] {
-        ok(&lokadb(
-            &dsn,
-            &[
-                "org",
-                "add",
-                org,
-                "--via-relay",
-                &via,
-                "--dbname",
-                ORG_DB,
-                "--user",
-                APP_USER,
-                "--password",
-                APP_PASSWORD,
-            ],
-        ));
+        let mut args = vec![
+            "org",
+            "add",
+            org,
+            "--via-relay",
+            &via,
+            "--dbname",
+            ORG_DB,
+            "--user",
+            APP_USER,
+            "--password",
+            APP_PASSWORD,
+        ];
+        args.extend(
+            options
+                .org_add
+                .iter()
+                .map(|a| if *a == RELAY_CA { ca.as_str() } else { a }),
+        );
+        ok(&lokadb(&dsn, &args));
         ok(&lokadb(&dsn, &["move-org", org, "--profile", profile]));
     }
     let proxy = direct_proxy(&cloud, 2);
     MovedWorld {
         _certs: certs,
-        _relay: relay,
+        relay,
         orgs,
         _agents: agents,
         cloud,

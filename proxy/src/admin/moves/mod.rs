@@ -237,7 +237,9 @@ fn org_dsn(c: &mut postgres::Client, org: &Org) -> Result<String, AdminError> {
     let r = c.query_opt(
         "SELECT o.relay_host, o.relay_port, o.dbname,
                 (SELECT split_part(opt, '=', 2) FROM unnest(um.umoptions) opt WHERE opt LIKE 'user=%'),
-                (SELECT substr(opt, 10) FROM unnest(um.umoptions) opt WHERE opt LIKE 'password=%')
+                (SELECT substr(opt, 10) FROM unnest(um.umoptions) opt WHERE opt LIKE 'password=%'),
+                (SELECT array_agg(opt) FROM pg_foreign_server s, unnest(s.srvoptions) opt
+                 WHERE s.srvname = o.server AND (opt LIKE 'sslmode=%' OR opt LIKE 'sslrootcert=%'))
          FROM lokadb.org o
          LEFT JOIN pg_user_mappings um ON um.srvname = o.server AND um.usename = 'public'
          WHERE o.id = $1",
@@ -264,6 +266,14 @@ fn org_dsn(c: &mut postgres::Client, org: &Org) -> Result<String, AdminError> {
     );
     if let Some(p) = password {
         dsn.push_str(&format!(" password={}", q(&p)));
+    }
+    // The relay as postgres_fdw reaches it: the same TLS.
+    if let Some(tls) = r.get::<_, Option<Vec<String>>>(5) {
+        for opt in &tls {
+            if let Some((k, v)) = opt.split_once('=') {
+                dsn.push_str(&format!(" {k}={}", q(v)));
+            }
+        }
     }
     Ok(dsn)
 }
