@@ -290,6 +290,10 @@ pub struct Core {
     pub peers: Arc<Vec<Peer>>,
     /// Fired once when the proxy starts shutting down.
     pub shutdown: Notify,
+    /// Fired [`crate::server::IDLE_GRACE`] after `shutdown`: sessions that ran nothing
+    /// since then end now (until then a client that just connected gets its statement
+    /// served, as it would by the next process).
+    pub idle_cut: Notify,
     /// Sessions running on this core.
     pub sessions: Cell<usize>,
     /// Counters for `GET /metrics` ([`crate::metrics`]).
@@ -444,6 +448,7 @@ impl Core {
             cancels: RefCell::new(CancelRegistry::default()),
             peers,
             shutdown: Notify::default(),
+            idle_cut: Notify::default(),
             sessions: Cell::new(0),
             stats: crate::metrics::CoreStats::default(),
             clients: RefCell::new(HashMap::new()),

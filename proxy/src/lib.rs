@@ -47,6 +47,7 @@ pub mod core;
 pub mod error;
 pub mod failpoint;
 pub mod frontend;
+pub mod handover;
 pub mod metrics;
 pub mod migrate;
 pub mod net;

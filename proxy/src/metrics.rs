@@ -369,30 +369,49 @@ impl Published {
     }
 }
 
-/// Starts the endpoint on `addr`.
+/// Starts the endpoint on `addr` (on `inherited`, a listener handed over by the process
+/// this one replaces, when it listens there). Returns the address and a copy of the
+/// listener for the next handover.
 ///
 /// # Errors
 ///
 /// The address cannot be bound, or the thread cannot start.
-pub fn serve(addr: SocketAddr, shared: Arc<crate::core::Shared>) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)
-        .map_err(|e| anyhow::anyhow!("metrics: cannot listen on {addr}: {e}"))?;
+pub fn serve(
+    addr: SocketAddr,
+    inherited: Option<std::os::fd::OwnedFd>,
+    shared: Arc<crate::core::Shared>,
+) -> anyhow::Result<(SocketAddr, std::os::fd::OwnedFd)> {
+    let listener = match inherited.map(|fd| crate::handover::tcp_listener(fd, addr)) {
+        Some(Ok(listener)) => listener,
+        other => {
+            if let Some(Err(e)) = other {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "metrics: not using the listener handed over"
+                );
+            }
+            TcpListener::bind(addr)
+                .map_err(|e| anyhow::anyhow!("metrics: cannot listen on {addr}: {e}"))?
+        }
+    };
     let bound = listener.local_addr()?;
+    let copy = std::os::fd::OwnedFd::from(listener.try_clone()?);
     std::thread::Builder::new()
         .name("lokadb-metrics".into())
         .spawn(move || {
             for conn in listener.incoming() {
-                if shared.shutdown.load(Ordering::Relaxed) {
-                    return;
-                }
+                // A request accepted is answered, also while draining.
                 if let Ok(conn) = conn {
                     if let Err(e) = answer(conn, &shared.published, &shared) {
                         tracing::debug!(error = %e, "metrics: a request failed");
                     }
                 }
+                if shared.shutdown.load(Ordering::Relaxed) {
+                    return;
+                }
             }
         })?;
-    Ok(bound)
+    Ok((bound, copy))
 }
 
 fn answer(

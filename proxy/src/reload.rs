@@ -96,6 +96,9 @@ pub fn needs_restart(start: &Config, new: &Config) -> Vec<String> {
     if start.metrics != new.metrics {
         out.push("metrics".to_owned());
     }
+    if start.handover != new.handover {
+        out.push("handover".to_owned());
+    }
     match (&start.relay, &new.relay) {
         (Some(a), Some(b)) if relay_fixed(a) == relay_fixed(b) => {}
         (None, None) => {}

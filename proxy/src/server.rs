@@ -51,8 +51,38 @@ pub fn run(
     }
     let shared = Arc::new(Shared::new(config)?);
     let resolved = Arc::new(shared.resolve_databases()?);
-    let sockets = crate::net::listener::bind_reuseport(shared.config.listen, cores)
+    // A process running at `handover` gives us its listening sockets.
+    let taken = match &shared.config.handover {
+        Some(path) => crate::handover::take(path)?,
+        None => None,
+    };
+    let (taken, inherited) = match taken {
+        Some(mut t) => {
+            let listeners = std::mem::take(&mut t.listeners);
+            (Some(t), listeners)
+        }
+        None => (None, crate::handover::Listeners::default()),
+    };
+    if taken.is_some() {
+        tracing::info!(
+            sockets = inherited.proxy.len(),
+            "handover: took the listening sockets of the running process"
+        );
+    }
+    let sockets = crate::net::listener::adopt_or_bind(shared.config.listen, cores, inherited.proxy)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
+    // Copies of every listener for the next process; without `handover` none are kept
+    // (a copy would hold a listener open, unaccepted, through the drain).
+    let handing_over = shared.config.handover.is_some();
+    let mut successor = crate::handover::Listeners::default();
+    if handing_over {
+        successor.proxy = sockets
+            .fds
+            .iter()
+            .flatten()
+            .map(|&fd| crate::handover::dup(fd))
+            .collect::<Result<_, _>>()?;
+    }
     // Each core's inbox for a reloaded configuration (SIGHUP).
     let (reload_peers, reload_inboxes) = mailbox::per_core::<Arc<Config>>(cores)?;
     let (relay_reloads, relay_reloaded) = crossbeam_channel::unbounded();
@@ -67,10 +97,11 @@ pub fn run(
     });
     crate::signals::install(shared.shutdown.clone(), on_hangup)?;
     if let Some(addr) = shared.config.metrics {
-        let bound = crate::metrics::serve(addr, shared.clone())?;
+        let (bound, copy) = crate::metrics::serve(addr, inherited.metrics, shared.clone())?;
+        successor.metrics = handing_over.then_some(copy);
         tracing::info!(addr = %bound, "metrics listening (GET /metrics)");
     }
-    let relay = match shared.config.relay.clone() {
+    let mut relay = match shared.config.relay.clone() {
         Some(relay_config) => {
             let flag = shared.shutdown.clone();
             let publish: Option<crate::relay::Publish> = shared.publishes().then(|| {
@@ -79,6 +110,7 @@ pub fn run(
             });
             Some(crate::relay::start(
                 relay_config,
+                inherited.relay,
                 move || flag.load(Ordering::Relaxed),
                 publish,
                 Some(relay_reloaded),
@@ -142,9 +174,13 @@ pub fn run(
 
     tracing::info!(addr = %sockets.addr, cores, pinned = pin, "listening");
     on_listening(sockets.addr, relay.as_ref().map(|r| (r.agents, r.postgres)));
+    successor.relay = relay
+        .as_mut()
+        .and_then(|r| r.copies.take())
+        .filter(|_| handing_over);
 
     let mut threads = Vec::with_capacity(cores);
-    for (id, ((((fd, inbox), meta_inbox), reloads), recorder)) in sockets
+    for (id, ((((fds, inbox), meta_inbox), reloads), recorder)) in sockets
         .fds
         .into_iter()
         .zip(inboxes)
@@ -163,7 +199,7 @@ pub fn run(
                 }
                 let own = CoreStart {
                     id,
-                    fd,
+                    fds,
                     cancels: inbox,
                     meta: meta_inbox,
                     reloads,
@@ -172,6 +208,25 @@ pub fn run(
                 crate::rt::block_on(run_core(own, shared, resolved, peers))
             })?;
         threads.push(thread);
+    }
+    // Every core accepts: the process we took the sockets from may drain now, and the next
+    // one may take them from us.
+    if let Some(taken) = taken {
+        taken.ready();
+    }
+    if let Some(path) = &shared.config.handover {
+        let flag = shared.shutdown.clone();
+        let serving = crate::handover::serve(
+            path.clone(),
+            successor,
+            shared.shutdown.clone(),
+            move || {
+                flag.store(true, Ordering::Relaxed);
+            },
+        );
+        if let Err(e) = serving {
+            tracing::error!(error = format!("{e:#}"), "handover: the next process will not find this one; a restart will refuse clients while the port is bound anew");
+        }
     }
     for t in threads {
         t.join()
@@ -206,13 +261,42 @@ pub fn run_relay(
         Box::new(move || crate::reload::reload_relay(&path, &start, &reloads)) as _
     });
     crate::signals::install(flag.clone(), on_hangup)?;
-    let relay = crate::relay::start(
+    // A relay running at `handover` gives us its two listeners.
+    let mut taken = match &config.handover {
+        Some(path) => crate::handover::take(path)?,
+        None => None,
+    };
+    let inherited = taken.as_mut().and_then(|t| t.listeners.relay.take());
+    let relay_flag = flag.clone();
+    let mut relay = crate::relay::start(
         relay_config,
-        move || flag.load(Ordering::Relaxed),
+        inherited,
+        move || relay_flag.load(Ordering::Relaxed),
         None,
         Some(reloaded),
     )?;
     on_listening(relay.agents, relay.postgres);
+    if let Some(taken) = taken {
+        taken.ready();
+    }
+    // Kept only for a successor: a copy would hold the listeners open through the drain.
+    let copies = relay.copies.take();
+    if let Some(path) = config.handover {
+        let successor = crate::handover::Listeners {
+            relay: copies,
+            ..Default::default()
+        };
+        let on_handover = flag.clone();
+        let serving = crate::handover::serve(path, successor, flag, move || {
+            on_handover.store(true, Ordering::Relaxed);
+        });
+        if let Err(e) = serving {
+            tracing::error!(
+                error = format!("{e:#}"),
+                "handover: the next relay process will not find this one"
+            );
+        }
+    }
     relay.join()
 }
 
@@ -237,8 +321,8 @@ fn pin_to_cpu(cpu: usize) {
 /// What one core starts with that is its own.
 struct CoreStart {
     id: usize,
-    /// Its listening socket.
-    fd: RawFd,
+    /// Its listening sockets: one it bound, or those handed over to it.
+    fds: Vec<RawFd>,
     /// Cancel requests forwarded from other cores.
     cancels: Inbox<CancelMsg>,
     /// Metadata generations from the watchers.
@@ -257,17 +341,22 @@ async fn run_core(
 ) {
     let CoreStart {
         id,
-        fd,
+        fds,
         cancels,
         meta,
         reloads,
         recorder,
     } = own;
-    // SAFETY: `fd` is a listening socket created for this core and owned by no one else.
-    let listener = match unsafe { TcpListener::from_raw_fd(fd) } {
-        Ok(l) => l,
-        Err(e) => return tracing::error!(core = id, error = %e, "cannot use the listening socket"),
-    };
+    let mut listeners = Vec::with_capacity(fds.len());
+    for fd in fds {
+        // SAFETY: `fd` is a listening socket given to this core and owned by no one else.
+        match unsafe { TcpListener::from_raw_fd(fd) } {
+            Ok(l) => listeners.push(l),
+            Err(e) => {
+                return tracing::error!(core = id, error = %e, "cannot use the listening socket")
+            }
+        }
+    }
     let mut core = Core::new(id, shared, &resolved, peers);
     core.record = recorder;
     let core = Rc::new(core);
@@ -277,6 +366,19 @@ async fn run_core(
     crate::rt::spawn(reloads.for_each(move |config| reloaded.apply(&config))).detach();
     crate::rt::spawn(watch(core.clone())).detach();
 
+    let accepting: Vec<_> = listeners
+        .into_iter()
+        .map(|listener| crate::rt::spawn(accept(core.clone(), listener)))
+        .collect();
+    for task in accepting {
+        // Each returns at shutdown, its listener closed.
+        task.await;
+    }
+    drain(&core).await;
+}
+
+/// Accepts sessions on one listener until shutdown.
+async fn accept(core: Rc<Core>, listener: TcpListener) {
     loop {
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
             wait_shutdown(&core).await;
@@ -295,8 +397,6 @@ async fn run_core(
             }
         }
     }
-    drop(listener);
-    drain(&core).await;
 }
 
 /// Cancel requests other cores received and found no session for: maybe this core's.
@@ -371,12 +471,21 @@ async fn wait_shutdown(core: &Core) {
     core.shutdown.release(slot);
 }
 
-/// Lets sessions finish (idle ones end at once; those in a transaction end at their
-/// next ReadyForQuery outside one) for at most `shutdown_timeout`.
+/// How long after shutdown a session that sends nothing is kept: a client accepted just
+/// before the listener closed (or was handed over) gets its first statement served.
+pub const IDLE_GRACE: Duration = Duration::from_millis(500);
+
+/// Lets sessions finish for at most `shutdown_timeout`: each ends at its next ReadyForQuery
+/// outside a transaction once it sent something since the shutdown, or at
+/// [`IDLE_GRACE`] if it sent nothing.
 async fn drain(core: &Core) {
-    let deadline = Instant::now() + core.shared.config.shutdown_timeout;
+    let started = Instant::now();
+    let deadline = started + core.shared.config.shutdown_timeout;
     tracing::info!(core = core.id, sessions = core.sessions.get(), "draining");
     while core.sessions.get() > 0 && Instant::now() < deadline {
+        if !core.idle_cut.is_fired() && started.elapsed() >= IDLE_GRACE {
+            core.idle_cut.fire();
+        }
         sleep(Duration::from_millis(20)).await;
     }
     if core.sessions.get() > 0 {

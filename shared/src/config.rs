@@ -74,6 +74,11 @@ pub struct Config {
     /// (authenticated as any client is).
     #[serde(default)]
     pub admin_users: Vec<String>,
+    /// A Unix socket for restarts without refusing a client: a process started with it
+    /// takes the listening sockets of the one running there, which then drains; it then
+    /// listens there itself for the next.
+    #[serde(default)]
+    pub handover: Option<PathBuf>,
 }
 
 /// The relay: where agents connect, where Postgres clients (postgres_fdw, the
@@ -98,6 +103,10 @@ pub struct RelayConfig {
     /// On SIGTERM, how long open streams may take to finish.
     #[serde(default = "defaults::drain_timeout", with = "duration")]
     pub drain_timeout: Duration,
+    /// How long a Postgres client waits for its organization's agent when none is
+    /// connected (one reconnecting: after a relay restart, its own) before 08001.
+    #[serde(default = "defaults::agent_wait", with = "duration")]
+    pub agent_wait: Duration,
     /// Time a Postgres client has to send its startup packet.
     #[serde(default = "defaults::startup_timeout", with = "duration")]
     pub startup_timeout: Duration,
@@ -300,6 +309,9 @@ mod defaults {
     }
     pub fn drain_timeout() -> Duration {
         Duration::from_secs(5)
+    }
+    pub fn agent_wait() -> Duration {
+        Duration::from_secs(1)
     }
     pub fn startup_timeout() -> Duration {
         Duration::from_secs(10)

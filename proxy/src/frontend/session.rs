@@ -68,7 +68,8 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>) 
         Some(Ok(Negotiated::Cancelled)) => return,
         Some(Ok(Negotiated::Startup(stream, startup))) => (stream, startup),
     };
-    if core.shutdown.is_fired() {
+    // Accepted before the listener closed: served, unless the drain is past its grace.
+    if core.idle_cut.is_fired() {
         return report(&mut stream, SessionError::Shutdown).await;
     }
     let remaining = auth_timeout.saturating_sub(started.elapsed());
@@ -400,19 +401,20 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     let mut up = Pipe::new(max);
     let mut down = Pipe::new(u32::MAX);
     down.preload(&std::mem::take(&mut backend.rbuf));
-    let slot = core.shutdown.slot();
+    // Sessions end at their first idle point after `idle_cut` (shutdown + a grace).
+    let cut_slot = core.idle_cut.slot();
 
-    // A task's waker does not change, so it is registered for shutdown once; each
-    // step then only reads a Cell.
-    let mut shutdown_registered = false;
+    // A task's waker does not change, so it is registered for the cut once; each step
+    // then only reads a Cell.
+    let mut cut_registered = false;
     let end = futures_lite::future::poll_fn(|cx| {
-        if !shutdown_registered {
-            core.shutdown.poll_fired(slot, cx);
-            shutdown_registered = true;
+        if !cut_registered {
+            core.idle_cut.poll_fired(cut_slot, cx);
+            cut_registered = true;
         }
         // Bounded work per poll so one busy session cannot starve the core.
         for _ in 0..32 {
-            if core.shutdown.is_fired()
+            if core.idle_cut.is_fired()
                 && exchanges.cloud.is_idle()
                 && exchanges.direct.is_idle()
                 && !router.holds_begin()
@@ -611,7 +613,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     if live.is_some() {
         core.clients.borrow_mut().remove(&session.get());
     }
-    core.shutdown.release(slot);
+    core.idle_cut.release(cut_slot);
     core.cancels.borrow_mut().unregister(session);
     if let Some((rec, id)) = record {
         rec.record(crate::record::Kind::End, id, &[]);

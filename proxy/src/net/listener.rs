@@ -12,8 +12,53 @@ use std::os::fd::{IntoRawFd, RawFd};
 pub struct ReusePortSockets {
     /// The resolved address (port 0 replaced by the real port).
     pub addr: SocketAddr,
-    /// One listening fd per core; each executor takes ownership of its own.
-    pub fds: Vec<RawFd>,
+    /// Per core, its listening fds (one unless sockets were handed over from a process
+    /// with more cores); each executor takes ownership of its own.
+    pub fds: Vec<Vec<RawFd>>,
+}
+
+/// The sockets handed over by the process this one replaces (`handover`), spread over
+/// `n` cores, with more bound beside them (SO_REUSEPORT, same address) when it had fewer
+/// cores; bound anew when none came or they listen elsewhere than `addr` asks.
+///
+/// # Errors
+///
+/// The bind or listen error.
+pub fn adopt_or_bind(
+    addr: SocketAddr,
+    n: usize,
+    inherited: Vec<std::os::fd::OwnedFd>,
+) -> std::io::Result<ReusePortSockets> {
+    let mut adopted = Vec::with_capacity(inherited.len());
+    let mut resolved = addr;
+    for fd in inherited {
+        match crate::handover::tcp_listener(fd, addr) {
+            Ok(l) => {
+                resolved = l.local_addr()?;
+                adopted.push(l.into_raw_fd());
+            }
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "not using a listener handed over");
+            }
+        }
+    }
+    if adopted.is_empty() {
+        return bind_reuseport(addr, n);
+    }
+    let mut fds = vec![Vec::new(); n];
+    for (i, fd) in adopted.iter().enumerate() {
+        fds[i % n].push(*fd);
+    }
+    if adopted.len() < n {
+        let more = bind_reuseport(resolved, n - adopted.len())?;
+        for (slot, mut fd) in fds[adopted.len()..].iter_mut().zip(more.fds) {
+            slot.append(&mut fd);
+        }
+    }
+    Ok(ReusePortSockets {
+        addr: resolved,
+        fds,
+    })
 }
 
 /// Binds `n` listening sockets to `addr` with SO_REUSEPORT.
@@ -37,7 +82,7 @@ pub fn bind_reuseport(addr: SocketAddr, n: usize) -> std::io::Result<ReusePortSo
         if resolved.port() == 0 {
             resolved = sock.local_addr()?.as_socket().expect("inet socket");
         }
-        fds.push(sock.into_raw_fd());
+        fds.push(vec![sock.into_raw_fd()]);
     }
     Ok(ReusePortSockets {
         addr: resolved,

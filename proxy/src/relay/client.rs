@@ -22,12 +22,15 @@ use lokadb_shared::wire::startup::{self, StartupMessage, StartupPacket};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 /// Bytes a client may have queued in the tunnel beyond its window before the relay
 /// stops reading from it.
 const SEND_QUEUE_LIMIT: u64 = 256 * 1024;
 /// Largest read from a client, and from a stream, at once.
 const CHUNK: usize = 64 * 1024;
+/// How often a client waiting for its organization's agent looks again.
+const AGENT_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// A refusal sent to the client as a FATAL ErrorResponse.
 struct Refusal {
@@ -99,6 +102,7 @@ pub async fn serve(relay: Rc<Relay>, tcp: TcpStream) {
     if m.param("database") == Some(super::admin::ADMIN_DB) {
         return super::admin::serve(&relay, &mut stream).await;
     }
+    wait_for_agent(&relay, &m).await;
     let route = match open(&relay, &m) {
         Ok(r) => r,
         Err(refusal) => return refuse(&mut stream, refusal).await,
@@ -248,23 +252,40 @@ struct Route {
     id: StreamId,
 }
 
-/// Picks the organization and opens a stream carrying the (rewritten) startup packet.
-fn open(relay: &Relay, m: &StartupMessage) -> Result<Route, Refusal> {
+/// The organization and the database there a startup packet asks for.
+fn target(m: &StartupMessage) -> Result<(&str, &str), Refusal> {
     let database = m
         .param("database")
         .or_else(|| m.param("user"))
         .unwrap_or("");
-    let (org, dbname) = match database.split_once('/') {
-        Some((org, db)) if !db.is_empty() => (org, db),
-        Some(_) => {
-            return Err(Refusal::new(
-                sqlstate::INVALID_CATALOG_NAME,
-                format!("database \"{database}\" names no database after the '/'"),
-            )
-            .hint("The relay's database name is ORG or ORG/DBNAME."))
-        }
-        None => (database, database),
-    };
+    match database.split_once('/') {
+        Some((org, db)) if !db.is_empty() => Ok((org, db)),
+        Some(_) => Err(Refusal::new(
+            sqlstate::INVALID_CATALOG_NAME,
+            format!("database \"{database}\" names no database after the '/'"),
+        )
+        .hint("The relay's database name is ORG or ORG/DBNAME.")),
+        None => Ok((database, database)),
+    }
+}
+
+/// Waits up to `agent_wait` for a known organization's agent when none is connected:
+/// agents dial again after a relay restart (a handover's DRAIN) or their own, and a
+/// client arriving in that second is served instead of refused.
+async fn wait_for_agent(relay: &Relay, m: &StartupMessage) {
+    let Ok((org, _)) = target(m) else { return };
+    if !relay.tokens.borrow().knows(org) {
+        return;
+    }
+    let deadline = Instant::now() + relay.config.agent_wait;
+    while relay.live(org).is_none() && Instant::now() < deadline && !relay.draining.get() {
+        crate::rt::sleep(AGENT_POLL).await;
+    }
+}
+
+/// Picks the organization and opens a stream carrying the (rewritten) startup packet.
+fn open(relay: &Relay, m: &StartupMessage) -> Result<Route, Refusal> {
+    let (org, dbname) = target(m)?;
     if relay.draining.get() {
         return Err(Refusal::new(
             sqlstate::CANNOT_CONNECT_NOW,

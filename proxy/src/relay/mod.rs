@@ -43,6 +43,8 @@ pub struct Handle {
     pub agents: SocketAddr,
     /// The Postgres listener.
     pub postgres: SocketAddr,
+    /// Copies of both listeners, for the next process (`handover`).
+    pub copies: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -67,6 +69,7 @@ impl Handle {
 /// The TLS files, `LOKADB_MUX_WINDOW_KB`, or a listener that cannot be bound.
 pub fn start(
     config: lokadb_shared::config::RelayConfig,
+    inherited: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
     shutdown: impl Fn() -> bool + Send + 'static,
     publish: Option<Publish>,
     reloads: Option<crossbeam_channel::Receiver<lokadb_shared::config::RelayConfig>>,
@@ -81,16 +84,36 @@ pub fn start(
         memory_budget: caps.budget(),
         ..lokadb_shared::tunnel::Config::default()
     };
-    let agents = std::net::TcpListener::bind(config.agents).map_err(|e| {
-        anyhow::anyhow!("relay: cannot listen for agents on {}: {e}", config.agents)
-    })?;
-    let postgres = std::net::TcpListener::bind(config.postgres).map_err(|e| {
-        anyhow::anyhow!(
-            "relay: cannot listen for Postgres clients on {}: {e}",
-            config.postgres
-        )
-    })?;
+    let adopted = inherited.and_then(|(a, p)| {
+        let both = crate::handover::tcp_listener(a, config.agents)
+            .and_then(|a| Ok((a, crate::handover::tcp_listener(p, config.postgres)?)));
+        both.map_err(|e| {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "relay: not using the listeners handed over"
+            )
+        })
+        .ok()
+    });
+    let (agents, postgres) = match adopted {
+        Some(both) => both,
+        None => (
+            std::net::TcpListener::bind(config.agents).map_err(|e| {
+                anyhow::anyhow!("relay: cannot listen for agents on {}: {e}", config.agents)
+            })?,
+            std::net::TcpListener::bind(config.postgres).map_err(|e| {
+                anyhow::anyhow!(
+                    "relay: cannot listen for Postgres clients on {}: {e}",
+                    config.postgres
+                )
+            })?,
+        ),
+    };
     let (agents_addr, postgres_addr) = (agents.local_addr()?, postgres.local_addr()?);
+    let copies = (
+        std::os::fd::OwnedFd::from(agents.try_clone()?),
+        std::os::fd::OwnedFd::from(postgres.try_clone()?),
+    );
     let (agents_fd, postgres_fd) = (agents.into_raw_fd(), postgres.into_raw_fd());
     tracing::info!(
         agents = %agents_addr,
@@ -119,6 +142,7 @@ pub fn start(
     Ok(Handle {
         agents: agents_addr,
         postgres: postgres_addr,
+        copies: Some(copies),
         thread,
     })
 }

@@ -41,6 +41,8 @@ mod proxy_tools;
 mod driver_suite;
 // SIGTERM drain.
 mod proxy_shutdown;
+// Restarts without refusing a client: a new process takes the listening sockets.
+mod handover;
 // Organization databases behind agents and the relay: the fixture of the tunnel tests.
 mod tunnel_world;
 // postgres_fdw and direct clients through relay → tunnel → agent; refusals; agents dying.

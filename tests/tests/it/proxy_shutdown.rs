@@ -1,4 +1,5 @@
-//! SIGTERM: no new connections, idle sessions end, a running transaction may finish.
+//! SIGTERM: no new connections, sessions served for a short grace then ended between
+//! transactions, a running transaction may finish.
 
 use crate::world::{connect, World};
 use serde_json::json;
@@ -8,13 +9,18 @@ use std::time::{Duration, Instant};
 async fn sigterm_lets_a_running_transaction_commit_then_exits() {
     let mut w = World::start(json!({ "shutdown_timeout": "10s" }), &[]).unwrap();
     let idle = w.client().await.unwrap();
+    let eager = w.client().await.unwrap();
     let busy = w.client().await.unwrap();
     busy.batch_execute("CREATE TABLE done (x int); BEGIN; INSERT INTO done VALUES (1)")
         .await
         .unwrap();
     let started = Instant::now();
     w.proxy.sigterm();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A statement sent at once is served (a client that had just connected), then its
+    // session ends.
+    eager.query_one("SELECT 1", &[]).await.unwrap();
+    // Past the drain's grace for sessions that send nothing (500 ms).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
 
     // The idle session was told why it ends.
     let e = idle.query_one("SELECT 1", &[]).await.unwrap_err();
@@ -25,9 +31,12 @@ async fn sigterm_lets_a_running_transaction_commit_then_exits() {
     // New connections are refused.
     assert!(connect(&w.dsn()).await.is_err());
     // The transaction in progress can still commit.
-    busy.batch_execute("INSERT INTO done VALUES (2); COMMIT")
+    if let Err(e) = busy
+        .batch_execute("INSERT INTO done VALUES (2); COMMIT")
         .await
-        .unwrap();
+    {
+        panic!("{e:?}\n{}", w.proxy.output());
+    }
     let status = w
         .proxy
         .wait_exit(Duration::from_secs(10))

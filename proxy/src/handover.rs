@@ -1,0 +1,338 @@
+//! Restarts without refusing a client: a new process takes over the running one's
+//! listening sockets over a Unix socket (`"handover"` in the config), so no connection
+//! finds a port nobody listens on, and the old one then drains as on SIGTERM.
+//!
+//! The exchange, on the Unix socket the running process listens on:
+//! 1. the new process connects and sends `TAKE 1\n`;
+//! 2. the old one answers with one message: a JSON header saying which listener each
+//!    descriptor is, and the descriptors themselves (SCM_RIGHTS);
+//! 3. the new process accepts on them and sends `READY\n`; only then does the old one stop
+//!    accepting and drain. Had the new process died before step 3, the old one goes on.
+//!
+//! The sockets are the same kernel objects in both processes: connections queued on
+//! them are accepted by whichever process asks first, and none is lost when the old
+//! process closes its copies.
+
+use anyhow::Context as _;
+use sendfd::{RecvWithFd, SendWithFd};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const TAKE: &str = "TAKE 1\n";
+const READY: &str = "READY\n";
+/// Most descriptors one handover carries (cores' listeners, metrics, the relay's two).
+const MAX_FDS: usize = 256;
+/// How long each side waits for the other's next step.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the waiting side looks at the shutdown flag.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The listening sockets a process hands over.
+#[derive(Default)]
+pub struct Listeners {
+    /// The client listener, one socket per core of the process that bound them.
+    pub proxy: Vec<OwnedFd>,
+    /// `GET /metrics`.
+    pub metrics: Option<OwnedFd>,
+    /// The relay's agent listener and its Postgres listener.
+    pub relay: Option<(OwnedFd, OwnedFd)>,
+}
+
+/// What the header says of the descriptors that follow it, in this order: `proxy` client
+/// listeners, then the metrics listener, then the relay's agents and Postgres listeners.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    proxy: usize,
+    metrics: bool,
+    relay: bool,
+}
+
+impl Listeners {
+    /// Copies of the descriptors (the process keeps using its own).
+    ///
+    /// # Errors
+    ///
+    /// `dup` failed (out of descriptors).
+    pub fn dup_of(
+        proxy: &[RawFd],
+        metrics: Option<RawFd>,
+        relay: Option<(RawFd, RawFd)>,
+    ) -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            proxy: proxy.iter().map(|&fd| dup(fd)).collect::<Result<_, _>>()?,
+            metrics: metrics.map(dup).transpose()?,
+            relay: match relay {
+                Some((a, p)) => Some((dup(a)?, dup(p)?)),
+                None => None,
+            },
+        })
+    }
+
+    fn header(&self) -> Header {
+        Header {
+            proxy: self.proxy.len(),
+            metrics: self.metrics.is_some(),
+            relay: self.relay.is_some(),
+        }
+    }
+
+    fn raw(&self) -> Vec<RawFd> {
+        let mut fds: Vec<RawFd> = self.proxy.iter().map(AsRawFd::as_raw_fd).collect();
+        fds.extend(self.metrics.as_ref().map(AsRawFd::as_raw_fd));
+        if let Some((a, p)) = &self.relay {
+            fds.extend([a.as_raw_fd(), p.as_raw_fd()]);
+        }
+        fds
+    }
+}
+
+/// A copy of `fd` (close-on-exec), owned.
+///
+/// # Errors
+///
+/// Out of descriptors.
+pub fn dup(fd: RawFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor this process holds; the result is a new descriptor.
+    let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if copy < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `copy` was just created and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(copy) })
+}
+
+/// The listeners taken from a running process, and the way to tell it to drain.
+pub struct Taken {
+    /// The sockets, for this process to accept on.
+    pub listeners: Listeners,
+    conn: UnixStream,
+}
+
+impl Taken {
+    /// Tells the old process this one accepts now: it stops accepting and drains.
+    pub fn ready(mut self) {
+        if let Err(e) = self.conn.write_all(READY.as_bytes()) {
+            tracing::warn!(error = %e, "handover: the old process did not hear READY; it goes on serving beside this one");
+        }
+    }
+}
+
+/// Takes the listeners of the process listening at `path`; `None` when none does (no
+/// socket there, or one a process left behind).
+///
+/// # Errors
+///
+/// A process answered but the exchange failed (it keeps serving; this one should not
+/// start beside it).
+pub fn take(path: &Path) -> anyhow::Result<Option<Taken>> {
+    let mut conn = match UnixStream::connect(path) {
+        Ok(c) => c,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("handover: cannot connect to {}", path.display()))
+        }
+    };
+    conn.set_read_timeout(Some(STEP_TIMEOUT))?;
+    conn.write_all(TAKE.as_bytes())?;
+    let mut bytes = vec![0u8; 4096];
+    let mut raw = vec![-1; MAX_FDS];
+    let (n, count) = conn
+        .recv_with_fd(&mut bytes, &mut raw)
+        .with_context(|| format!("handover: no answer from the process at {}", path.display()))?;
+    // Owned at once, so every descriptor is closed whatever goes wrong below.
+    let mut fds = raw[..count]
+        .iter()
+        .map(|&fd| {
+            // SAFETY: SCM_RIGHTS made these descriptors for this process.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: setting a flag on a descriptor we own.
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+            fd
+        })
+        .collect::<Vec<_>>()
+        .into_iter();
+    let header: Header = serde_json::from_slice(&bytes[..n])
+        .with_context(|| format!("handover: the process at {} sent no header", path.display()))?;
+    let wanted = header.proxy + usize::from(header.metrics) + 2 * usize::from(header.relay);
+    anyhow::ensure!(
+        wanted == count,
+        "handover: the header names {wanted} sockets, {count} came"
+    );
+    let listeners = Listeners {
+        proxy: fds.by_ref().take(header.proxy).collect(),
+        metrics: header.metrics.then(|| fds.next()).flatten(),
+        relay: if header.relay {
+            fds.next().zip(fds.next())
+        } else {
+            None
+        },
+    };
+    conn.set_read_timeout(None)?;
+    Ok(Some(Taken { listeners, conn }))
+}
+
+/// Listens at `path` for the next process: it gets copies of `listeners`, and once it
+/// says it accepts, `on_handover` runs (the drain) and this process stops listening there.
+/// When `shutdown` is raised otherwise (SIGTERM), the copies are closed at once, so a
+/// drain without a successor leaves no listening socket that nobody accepts on.
+///
+/// # Errors
+///
+/// The socket cannot be made at `path`.
+pub fn serve(
+    path: PathBuf,
+    listeners: Listeners,
+    shutdown: Arc<AtomicBool>,
+    on_handover: impl Fn() + Send + 'static,
+) -> anyhow::Result<()> {
+    // A socket left there (by the process that handed over to us, or one that crashed).
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .with_context(|| format!("handover: cannot listen at {}", path.display()))?;
+    // Only this user's processes may take the sockets.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    std::thread::Builder::new()
+        .name("lokadb-handover".into())
+        .spawn(move || loop {
+            if shutdown.load(Ordering::Relaxed) {
+                return drop(listeners);
+            }
+            let conn = match listener.accept() {
+                Ok((conn, _)) => conn,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(POLL);
+                    continue;
+                }
+                Err(_) => {
+                    std::thread::sleep(POLL);
+                    continue;
+                }
+            };
+            let _ = conn.set_nonblocking(false);
+            match hand_over(&conn, &listeners) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "handover: the new process accepts on our sockets; draining");
+                    on_handover();
+                    return;
+                }
+                Err(e) => tracing::warn!(error = format!("{e:#}"), "handover: a process asked for the sockets and did not take them; serving on"),
+            }
+        })?;
+    Ok(())
+}
+
+fn hand_over(conn: &UnixStream, listeners: &Listeners) -> anyhow::Result<()> {
+    conn.set_read_timeout(Some(STEP_TIMEOUT))?;
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    anyhow::ensure!(line == TAKE, "it asked {line:?}, not {TAKE:?}");
+    let header = serde_json::to_vec(&listeners.header())?;
+    conn.send_with_fd(&header, &listeners.raw())?;
+    line.clear();
+    reader.read_line(&mut line)?;
+    anyhow::ensure!(line == READY, "it did not say READY (it said {line:?})");
+    Ok(())
+}
+
+/// A TCP listener from a taken descriptor, checked against the address the config asks
+/// for (port 0 takes any).
+///
+/// # Errors
+///
+/// It is not a listening TCP socket on that address.
+pub fn tcp_listener(fd: OwnedFd, wanted: SocketAddr) -> anyhow::Result<TcpListener> {
+    let listener = TcpListener::from(fd);
+    let bound = listener.local_addr()?;
+    anyhow::ensure!(
+        same_address(bound, wanted),
+        "the socket handed over listens on {bound}, the config asks for {wanted}"
+    );
+    Ok(listener)
+}
+
+/// Whether a socket bound to `bound` serves the configured `wanted` (port 0: any).
+pub fn same_address(bound: SocketAddr, wanted: SocketAddr) -> bool {
+    wanted.port() == 0 || bound == wanted
+}
+
+/// The raw descriptors, each now owned by its taker.
+pub fn into_raw(fds: Vec<OwnedFd>) -> Vec<RawFd> {
+    fds.into_iter().map(IntoRawFd::into_raw_fd).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sockets_cross_to_a_new_process_and_the_old_one_hears_ready() {
+        let dir = std::env::temp_dir().join(format!("lokadb-handover-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("h.sock");
+        assert!(take(&path).unwrap().is_none(), "nobody listens yet");
+
+        let a = TcpListener::bind("127.0.0.1:0").unwrap();
+        let m = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (ra, rp) = (
+            TcpListener::bind("127.0.0.1:0").unwrap(),
+            TcpListener::bind("127.0.0.1:0").unwrap(),
+        );
+        let addr = a.local_addr().unwrap();
+        let ours = Listeners::dup_of(
+            &[a.as_raw_fd()],
+            Some(m.as_raw_fd()),
+            Some((ra.as_raw_fd(), rp.as_raw_fd())),
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shutdown = Arc::new(AtomicBool::new(false));
+        serve(path.clone(), ours, shutdown, move || tx.send(()).unwrap()).unwrap();
+
+        let taken = take(&path).unwrap().expect("the running one answers");
+        assert_eq!(taken.listeners.proxy.len(), 1);
+        assert!(taken.listeners.metrics.is_some() && taken.listeners.relay.is_some());
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "no drain before READY"
+        );
+        // A connection queued on the old socket is accepted through the new descriptor.
+        let _client = std::net::TcpStream::connect(addr).unwrap();
+        let Taken { listeners, conn } = taken;
+        let taker = tcp_listener(listeners.proxy.into_iter().next().unwrap(), addr).unwrap();
+        taker.accept().unwrap();
+        Taken {
+            listeners: Listeners::default(),
+            conn,
+        }
+        .ready();
+        rx.recv_timeout(STEP_TIMEOUT)
+            .expect("the old process drains after READY");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_socket_for_another_address_is_not_used() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let bound = l.local_addr().unwrap();
+        let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert!(tcp_listener(OwnedFd::from(l), other).is_err());
+        assert!(same_address(bound, "0.0.0.0:0".parse().unwrap()));
+    }
+}
