@@ -132,7 +132,7 @@ async fn org_add_checks_the_database_through_the_relay() {
             )
             .unwrap(),
         format!(
-            "lokadb_org_acme host=127.0.0.1,port={},dbname=acme/orgdb,fetch_size=1000",
+            "lokadb_org_acme host=127.0.0.1,port={},dbname=acme/orgdb,fetch_size=1000,sslmode=disable",
             addrs(&relay).postgres.port()
         )
     );
