@@ -235,9 +235,10 @@ enum OrgCommand {
     Add {
         /// The organization id (as in relay.tokens).
         id: String,
-        /// The relay's Postgres listener as the cloud database reaches it, HOST:PORT.
-        #[arg(long = "via-relay")]
-        via_relay: String,
+        /// The relay's Postgres listener as the cloud database reaches it, HOST:PORT;
+        /// repeated for several relays (tried in this order: losing one loses nothing).
+        #[arg(long = "via-relay", required = true)]
+        via_relay: Vec<String>,
         /// The database in the organization's Postgres.
         #[arg(long)]
         dbname: String,
@@ -518,18 +519,23 @@ fn org(command: OrgCommand) -> ExitCode {
             relay_sslrootcert,
             cloud,
         } => {
-            let Some((host, port)) = via_relay
-                .rsplit_once(':')
-                .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
-            else {
-                eprintln!("lokadb: --via-relay must be HOST:PORT, got {via_relay:?}");
-                return ExitCode::from(2);
-            };
+            let mut relays = Vec::with_capacity(via_relay.len());
+            for relay in &via_relay {
+                let Some((host, port)) = relay.rsplit_once(':').and_then(|(h, p)| {
+                    Some((
+                        h.trim_matches(['[', ']']).to_owned(),
+                        p.parse::<u16>().ok()?,
+                    ))
+                }) else {
+                    eprintln!("lokadb: --via-relay must be HOST:PORT, got {relay:?}");
+                    return ExitCode::from(2);
+                };
+                relays.push((host, port));
+            }
             let new = org::NewOrg {
                 id: id.clone(),
                 name,
-                relay_host: host.to_owned(),
-                relay_port: port,
+                relays,
                 dbname,
                 profile,
                 user,

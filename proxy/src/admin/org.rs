@@ -15,10 +15,9 @@ pub struct NewOrg {
     pub id: String,
     /// Display name.
     pub name: Option<String>,
-    /// The relay's Postgres listener as the cloud database reaches it.
-    pub relay_host: String,
-    /// Its port.
-    pub relay_port: u16,
+    /// The relays' Postgres listeners as the cloud database reaches them, HOST and PORT,
+    /// in the order postgres_fdw (and the direct path) try them; at least one.
+    pub relays: Vec<(String, u16)>,
     /// The database in the organization's Postgres.
     pub dbname: String,
     /// `fdw` or `fdw+direct`.
@@ -32,6 +31,12 @@ pub struct NewOrg {
     pub relay_sslmode: lokadb_shared::conninfo::SslMode,
     /// The CA the relay's certificate must chain to, a path on the cloud database's host.
     pub relay_sslrootcert: Option<String>,
+}
+
+/// `HOST:PORT, HOST:PORT` for messages.
+fn relay_list(relays: &[(String, u16)]) -> String {
+    let each: Vec<String> = relays.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+    each.join(", ")
 }
 
 /// The postgres_fdw server of an organization.
@@ -64,6 +69,21 @@ pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
     if org.dbname.is_empty() {
         return Err(AdminError::usage("--dbname must not be empty"));
     }
+    let Some((relay_host, relay_port)) = org.relays.first() else {
+        return Err(AdminError::usage("--via-relay HOST:PORT is required"));
+    };
+    if org
+        .relays
+        .iter()
+        .any(|(h, _)| h.is_empty() || h.contains(','))
+    {
+        return Err(AdminError::usage(
+            "--via-relay: a host is empty or holds a ','",
+        ));
+    }
+    let hosts: Vec<&str> = org.relays.iter().map(|(h, _)| h.as_str()).collect();
+    let ports: Vec<String> = org.relays.iter().map(|(_, p)| p.to_string()).collect();
+    let (hosts, ports) = (hosts.join(","), ports.join(","));
     let verifies = matches!(
         org.relay_sslmode,
         lokadb_shared::conninfo::SslMode::VerifyCa | lokadb_shared::conninfo::SslMode::VerifyFull
@@ -102,8 +122,8 @@ pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
            OPTIONS (user {user}, password {password});
          CREATE FOREIGN TABLE lokadb.org_check (name text, setting text) SERVER {server}
            OPTIONS (schema_name 'pg_catalog', table_name 'pg_settings');",
-        host = literal(&org.relay_host),
-        port = literal(&org.relay_port.to_string()),
+        host = literal(&hosts),
+        port = literal(&ports),
         dbname = literal(&format!("{}/{}", org.id, org.dbname)),
         user = literal(&org.user),
         password = literal(&org.password),
@@ -122,10 +142,9 @@ pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
         )
         .map_err(|e| {
             AdminError::failed(format!(
-                "organization {}'s database does not answer through the relay at {}:{} (database {}/{}, sslmode {}): {}\nnothing was changed{}",
+                "organization {}'s database does not answer through the relay at {} (database {}/{}, sslmode {}): {}\nnothing was changed{}",
                 org.id,
-                org.relay_host,
-                org.relay_port,
+                relay_list(&org.relays),
                 org.id,
                 org.dbname,
                 org.relay_sslmode.as_str(),
@@ -147,8 +166,8 @@ pub fn add(dsn: &str, org: &NewOrg) -> Result<String, AdminError> {
             &org.name,
             &org.profile.as_str(),
             &server_name(&org.id),
-            &org.relay_host,
-            &i32::from(org.relay_port),
+            relay_host,
+            &i32::from(*relay_port),
             &org.dbname,
             &version,
         ],

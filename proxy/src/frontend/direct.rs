@@ -600,6 +600,13 @@ fn direct_params(
     params
 }
 
+/// Whether a login refusal is the relay's own (no agent, draining, its limits), so another
+/// relay may do better: 08001, 57P03, 53300.
+fn relay_refusal(code: &str) -> bool {
+    use lokadb_shared::wire::sqlstate::{CANNOT_CONNECT, CANNOT_CONNECT_NOW, TOO_MANY_CONNECTIONS};
+    [CANNOT_CONNECT, CANNOT_CONNECT_NOW, TOO_MANY_CONNECTIONS].contains(&code)
+}
+
 /// Opens (or takes from `direct_pool`) a connection to `org`'s database through the relay.
 /// At `direct_max` it waits for one to come free with `direct_pool` (up to
 /// `connect_timeout`), or gives up at once without it: the statement goes through the cloud.
@@ -609,20 +616,18 @@ fn open(
     params: Vec<(String, String)>,
 ) -> Pin<Box<dyn Future<Output = Result<DirectConn, OpenError>>>> {
     let (core, db, key) = (ctx.core.clone(), ctx.db.clone(), ctx.key);
-    let org_meta = core.meta.borrow().get(&*db.name).and_then(|m| {
-        m.meta
-            .orgs
-            .get(&**org)
-            .and_then(|o| Some((o.direct.clone()?, o.relay_tls.tls.clone())))
-    });
-    let (org_meta, relay_tls) = org_meta.unzip();
+    let org_meta = core
+        .meta
+        .borrow()
+        .get(&*db.name)
+        .and_then(|m| m.meta.orgs.get(&**org).and_then(|o| o.direct.clone()));
     let direct_key = PoolKey {
         database: db.name.clone(),
         user: key.user.clone(),
         org: Some(org.clone()),
         target: org_meta
             .as_ref()
-            .map(|(addr, dbname)| format!("{addr}/{dbname}")),
+            .map(crate::route::meta::DirectPath::target),
         params,
     };
     let slot = (db.name.clone(), org.clone());
@@ -670,41 +675,53 @@ fn open(
             }
         };
         let login = core.shared.direct_login(&db.name, &db.config, &org_id);
-        let (Some((addr, dbname)), Some(login)) = (org_meta, login) else {
+        let (Some(path), Some(login)) = (org_meta, login) else {
             return Err(OpenError::Failed(
                 "no direct path configured (metadata changed)".to_owned(),
             ));
         };
         let creds = Credentials::Password(Secret(login.password));
-        // TLS as the organization's postgres_fdw server speaks it to the relay.
-        let tls = relay_tls.flatten();
-        let connect = BackendConn::connect(
-            addr,
-            &login.user,
-            &dbname,
-            &direct_key.params,
-            &creds,
-            tls.as_deref(),
-        );
-        let failed = |m: String| Err(OpenError::Failed(m));
-        match with_timeout(timeout, connect).await {
-            None => failed(format!(
-                "no answer within connect_timeout from the relay at {addr}"
-            )),
-            Some(Ok(mut conn)) => {
-                conn.permit = Some(permit);
-                Ok(DirectConn {
-                    conn,
-                    key: direct_key,
-                    version: 0,
-                })
+        // Each relay in the order the organization's postgres_fdw server lists them, with
+        // its TLS: the next one when a relay does not answer (down, unreachable, no agent);
+        // not when the organization's database refused the login (every relay reaches it).
+        let mut failures = Vec::new();
+        for relay in &path.relays {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let connect = BackendConn::connect(
+                relay.addr,
+                &login.user,
+                &path.dbname,
+                &direct_key.params,
+                &creds,
+                relay.tls.tls.as_deref(),
+            );
+            let addr = relay.addr;
+            match with_timeout(left.max(timeout / 4), connect).await {
+                Some(Ok(mut conn)) => {
+                    conn.permit = Some(permit);
+                    return Ok(DirectConn {
+                        conn,
+                        key: direct_key,
+                        version: 0,
+                    });
+                }
+                Some(Err(ConnError::Rejected { notice, .. })) if !relay_refusal(&notice.code) => {
+                    return Err(OpenError::Failed(format!(
+                        "the organization's database (through the relay at {addr}, database {}) refused the login of {}: {} ({})",
+                        path.dbname, login.user, notice.message, notice.code
+                    )));
+                }
+                Some(Err(ConnError::Rejected { notice, .. })) => {
+                    failures.push(format!("{addr}: {} ({})", notice.message, notice.code));
+                }
+                Some(Err(e)) => failures.push(format!("{addr}: {e}")),
+                None => failures.push(format!("{addr}: no answer within connect_timeout")),
             }
-            Some(Err(ConnError::Rejected { notice, .. })) => failed(format!(
-                "the organization's database (through the relay at {addr}, database {dbname}) refused the login of {}: {} ({})",
-                login.user, notice.message, notice.code
-            )),
-            Some(Err(e)) => failed(format!("through the relay at {addr}: {e}")),
         }
+        Err(OpenError::Failed(format!(
+            "no relay answered: {}",
+            failures.join("; ")
+        )))
     })
 }
 

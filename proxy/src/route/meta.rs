@@ -22,12 +22,10 @@ pub struct OrgMeta {
     pub state: String,
     /// `fdw` or `fdw+direct`.
     pub profile: crate::profile::Profile,
-    /// Where the direct path reaches its database: the relay's Postgres listener (as
-    /// `lokadb.org` gives it, resolved at load) and the database name there, `ORG/DBNAME`.
-    pub direct: Option<(SocketAddr, String)>,
-    /// How the direct path speaks TLS to the relay: what the organization's postgres_fdw
-    /// server says (`sslmode`, `sslrootcert`), so both paths are held to the same.
-    pub relay_tls: RelayTls,
+    /// Where the direct path reaches its database: the relays' Postgres listeners, in the
+    /// order its postgres_fdw server lists them (resolved at load), and the database name
+    /// there, `ORG/DBNAME`.
+    pub direct: Option<DirectPath>,
     /// It owes migrations (it could not be reached when they ran, with
     /// `lokadb.migration_offline = defer`): its statements are refused until it has them.
     pub owes: bool,
@@ -41,6 +39,32 @@ impl OrgMeta {
             && self.profile == crate::profile::Profile::FdwDirect
             && self.direct.is_some()
             && !self.owes
+    }
+}
+
+/// An organization's database as the direct path reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectPath {
+    /// Each relay, tried in this order (libpq's order for postgres_fdw too).
+    pub relays: Vec<RelayEnd>,
+    /// `ORG/DBNAME`.
+    pub dbname: String,
+}
+
+/// One relay's Postgres listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayEnd {
+    pub addr: SocketAddr,
+    /// How the direct path speaks TLS to it: what the organization's postgres_fdw server
+    /// says (`sslmode`, `sslrootcert`), so both paths are held to the same.
+    pub tls: RelayTls,
+}
+
+impl DirectPath {
+    /// The relays' addresses, as one text (a pool key, a log line).
+    pub fn target(&self) -> String {
+        let addrs: Vec<String> = self.relays.iter().map(|r| r.addr.to_string()).collect();
+        format!("{}/{}", addrs.join(","), self.dbname)
     }
 }
 
@@ -155,12 +179,12 @@ const KEY_META_SQL: &str = "SELECT schema_name, table_name, column_name, column_
 
 /// Reads the whole metadata in one snapshot, so the generation and the rows agree.
 pub const LOAD_SQL: &str = "\
-    SELECT 'g', generation::text, NULL, NULL, NULL, NULL, NULL, NULL FROM lokadb.meta \
+    SELECT 'g', generation::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM lokadb.meta \
     UNION ALL \
     SELECT 't', schema_name::text, table_name::text, org_column::text, \
       (SELECT format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a \
        WHERE a.attrelid = to_regclass(format('%I.%I', schema_name, table_name)) \
-         AND a.attname = org_column AND NOT a.attisdropped), NULL, NULL, NULL \
+         AND a.attname = org_column AND NOT a.attisdropped), NULL, NULL, NULL, NULL, NULL \
     FROM lokadb.tables \
     UNION ALL \
     SELECT 'o', id, state, profile, \
@@ -169,7 +193,11 @@ pub const LOAD_SQL: &str = "\
       (SELECT substr(opt, 9) FROM pg_catalog.pg_foreign_server s, unnest(s.srvoptions) opt \
        WHERE s.srvname = o.server AND opt LIKE 'sslmode=%'), \
       (SELECT substr(opt, 13) FROM pg_catalog.pg_foreign_server s, unnest(s.srvoptions) opt \
-       WHERE s.srvname = o.server AND opt LIKE 'sslrootcert=%') \
+       WHERE s.srvname = o.server AND opt LIKE 'sslrootcert=%'), \
+      (SELECT substr(opt, 6) FROM pg_catalog.pg_foreign_server s, unnest(s.srvoptions) opt \
+       WHERE s.srvname = o.server AND opt LIKE 'host=%'), \
+      (SELECT substr(opt, 6) FROM pg_catalog.pg_foreign_server s, unnest(s.srvoptions) opt \
+       WHERE s.srvname = o.server AND opt LIKE 'port=%') \
     FROM lokadb.org o";
 
 impl Meta {
@@ -207,6 +235,8 @@ impl Meta {
             let relay: Option<String> = row.get(4);
             let dbname: Option<String> = row.get(5);
             let (sslmode, sslrootcert): (Option<String>, Option<String>) = (row.get(6), row.get(7));
+            // The relays as the organization's postgres_fdw server lists them.
+            let (hosts, ports): (Option<String>, Option<String>) = (row.get(8), row.get(9));
             match (kind, a, b, c) {
                 ("g", Some(g), _, _) => generation = g.parse().unwrap_or(0),
                 ("t", Some(schema), Some(name), Some(org_column)) => tables.push((
@@ -218,34 +248,40 @@ impl Meta {
                     relay.unwrap_or_default(),
                 )),
                 ("o", Some(id), Some(state), Some(profile)) => {
-                    let host = relay.as_deref().map_or("", host_of);
-                    let relay_tls = RelayTls::new(
-                        sslmode.as_deref(),
-                        sslrootcert.as_deref(),
-                        relay_rootcert,
-                        host,
-                    );
-                    let usable = match &relay_tls {
-                        Ok(_) => true,
-                        Err(e) => {
-                            // Fail closed: never plain where the cloud's server verifies.
-                            if profile == "fdw+direct" {
-                                tracing::warn!(org = %id, error = %e, "the direct path cannot speak TLS to this organization's relay as its postgres_fdw server does; its statements go through the cloud");
-                            }
-                            false
-                        }
-                    };
-                    let direct = relay.zip(dbname).filter(|_| usable).and_then(|(relay, dbname)| {
+                    let listed = relay_list(hosts.as_deref(), ports.as_deref())
+                        .or_else(|| relay.map(|r| vec![r]))
+                        .unwrap_or_default();
+                    let mut relays = Vec::with_capacity(listed.len());
+                    for relay in &listed {
+                        let tls = RelayTls::new(
+                            sslmode.as_deref(),
+                            sslrootcert.as_deref(),
+                            relay_rootcert,
+                            host_of(relay),
+                        );
                         // Organizations share a few relays: each address is resolved once
                         // per load, not once per organization.
                         let addr = *resolved
                             .entry(relay.clone())
-                            .or_insert_with(|| resolve(&relay));
-                        if addr.is_none() && profile == "fdw+direct" {
-                            tracing::warn!(org = %id, relay = %relay, "the relay address of an fdw+direct organization does not resolve; its statements go through the cloud");
+                            .or_insert_with(|| resolve(relay));
+                        match (addr, tls) {
+                            (Some(addr), Ok(tls)) => relays.push(RelayEnd { addr, tls }),
+                            // Fail closed: never plain where the cloud's server verifies.
+                            (_, Err(e)) if profile == "fdw+direct" => {
+                                tracing::warn!(org = %id, relay = %relay, error = %e, "the direct path cannot speak TLS to this relay as the organization's postgres_fdw server does; not used")
+                            }
+                            (None, _) if profile == "fdw+direct" => {
+                                tracing::warn!(org = %id, relay = %relay, "a relay address of an fdw+direct organization does not resolve; not used")
+                            }
+                            _ => {}
                         }
-                        Some((addr?, dbname))
-                    });
+                    }
+                    if relays.is_empty() && profile == "fdw+direct" {
+                        tracing::warn!(org = %id, "no relay the direct path can use: its statements go through the cloud");
+                    }
+                    let direct = dbname
+                        .filter(|_| !relays.is_empty())
+                        .map(|dbname| DirectPath { relays, dbname });
                     // A profile this proxy does not know never takes the direct path.
                     let profile = crate::profile::Profile::parse(&profile)
                         .unwrap_or(crate::profile::Profile::Fdw);
@@ -255,7 +291,6 @@ impl Meta {
                             state,
                             profile,
                             direct,
-                            relay_tls: relay_tls.unwrap_or_default(),
                             owes: false,
                         },
                     );
@@ -360,6 +395,33 @@ fn per_table(
 }
 
 /// `host:port` as the first address it resolves to (IPv6 literals in brackets).
+/// `HOST:PORT` of each relay a postgres_fdw server's `host` and `port` options list
+/// (libpq's lists: one port for every host, or one per host).
+fn relay_list(hosts: Option<&str>, ports: Option<&str>) -> Option<Vec<String>> {
+    let hosts: Vec<&str> = hosts?.split(',').map(str::trim).collect();
+    let ports: Vec<&str> = ports.unwrap_or("5432").split(',').map(str::trim).collect();
+    let port = |i: usize| {
+        if ports.len() == 1 {
+            ports[0]
+        } else {
+            ports.get(i).copied().unwrap_or("")
+        }
+    };
+    Some(
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                if h.contains(':') {
+                    format!("[{h}]:{}", port(i))
+                } else {
+                    format!("{h}:{}", port(i))
+                }
+            })
+            .collect(),
+    )
+}
+
 fn resolve(relay: &str) -> Option<SocketAddr> {
     use std::net::ToSocketAddrs;
     relay.to_socket_addrs().ok()?.next()
@@ -628,7 +690,6 @@ mod tests {
                 state: "moved".into(),
                 profile: crate::profile::Profile::Fdw,
                 direct: None,
-                relay_tls: RelayTls::default(),
                 owes: false,
             },
         );

@@ -31,6 +31,8 @@ mod console;
 mod reload;
 // Two proxies in front of one cloud: a metadata change and a pause reach both.
 mod several_proxies;
+// Two relays, one killed under load: no organization lost.
+mod several_relays;
 // upstream_pool: reuse and the reset between clients.
 mod proxy_pool;
 // Limits and bad input.

@@ -42,6 +42,7 @@ async fn the_cloud_and_the_proxy_reach_the_relay_over_verified_tls() {
             "--relay-sslrootcert",
             RELAY_CA,
         ],
+        ..WorldOptions::default()
     });
     let cloud_dsn = w.cloud.superuser_dsn("app");
 

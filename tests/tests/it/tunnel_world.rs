@@ -220,6 +220,7 @@ pub async fn items(c: &tokio_postgres::Client) -> i64 {
 pub struct MovedWorld {
     _certs: Certs,
     pub relay: Proxy,
+    pub more_relays: Vec<Proxy>,
     pub orgs: Vec<Org>,
     _agents: Vec<Agent>,
     pub cloud: Cluster,
@@ -240,6 +241,9 @@ pub struct WorldOptions<'a> {
     pub relay: Value,
     /// More arguments of `lokadb org add` (plain TCP to the relay without them).
     pub org_add: &'a [&'a str],
+    /// Relays besides the first: every agent dials each, every organization is registered
+    /// through all of them.
+    pub more_relays: usize,
 }
 
 /// The path `org add` arguments in [`WorldOptions`] write for the relay's CA file.
@@ -259,10 +263,22 @@ pub fn moved_world_with(
     ];
     let refs: Vec<&Org> = orgs.iter().collect();
     let relay = start_relay(&certs, &refs, options.relay.clone(), &[]).unwrap();
+    let more_relays: Vec<Proxy> = (0..options.more_relays)
+        .map(|_| start_relay(&certs, &refs, options.relay.clone(), &[]).unwrap())
+        .collect();
+    let all: Vec<&Proxy> = std::iter::once(&relay).chain(&more_relays).collect();
+    let dialled: Vec<SocketAddr> = all.iter().map(|r| addrs(r).agents).collect();
     let agents = orgs
         .iter()
-        .map(|o| start_agent(&certs, o, addrs(&relay).agents, &[]).unwrap())
+        .map(|o| Agent::start(&dialled, &o.token, o.db.addr(), &certs.files.ca, &[], &[]).unwrap())
         .collect();
+    for r in &all {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while r.output().matches("agent connected").count() < orgs.len() {
+            assert!(std::time::Instant::now() < deadline, "{}", r.output());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     let cloud = Cluster::builder()
         .setting("max_connections", "100")
         .start()
@@ -272,22 +288,21 @@ pub fn moved_world_with(
     for table in tables {
         ok(&lokadb(&dsn, &["enable", table]));
     }
-    let via = addrs(&relay).postgres.to_string();
+    let via: Vec<String> = all.iter().map(|r| addrs(r).postgres.to_string()).collect();
     let ca = certs.readable_ca();
     for (org, profile) in [("2", "fdw+direct"), ("3", "fdw")] {
-        let mut args = vec![
-            "org",
-            "add",
-            org,
-            "--via-relay",
-            &via,
+        let mut args = vec!["org", "add", org];
+        for v in &via {
+            args.extend(["--via-relay", v.as_str()]);
+        }
+        args.extend([
             "--dbname",
             ORG_DB,
             "--user",
             APP_USER,
             "--password",
             APP_PASSWORD,
-        ];
+        ]);
         args.extend(
             options
                 .org_add
@@ -301,6 +316,7 @@ pub fn moved_world_with(
     MovedWorld {
         _certs: certs,
         relay,
+        more_relays,
         orgs,
         _agents: agents,
         cloud,
