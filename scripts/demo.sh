@@ -229,6 +229,7 @@ cat >"$DEMO/lokadb.json" <<JSON
   "route_log": true,
   "admin_users": ["ops"],
   "metrics": "127.0.0.1:$METRICS_PORT",
+  "handover": "$DEMO/handover.sock",
   "databases": {
     "app": {
       "cloud": "host=127.0.0.1 port=$PG_PORT dbname=app",
@@ -577,6 +578,33 @@ for _ in $(seq 100); do
 done
 grep -q "configuration reloaded" "$DEMO/proxy.log" || die "SIGHUP did not reload the configuration (see .demo/proxy.log)"
 echo "    kill -HUP: configuration reloaded (route_log off for new sessions)"
+echo
+
+say "a restart that refuses no client: a new lokadb process takes the listening sockets (handover)"
+cat >"$DEMO/connect-read.sql" <<'SQL'
+SELECT 1;
+SQL
+"$PG_BIN/pgbench" -n -C -c 4 -T 4 -f "$DEMO/connect-read.sql" "$PROXY_DSN" >"$DEMO/pgbench-handover.log" 2>&1 &
+BENCH=$!
+sleep 1
+OLD_PID="$PROXY_PID"
+LOKADB_LOG=info setsid "$LOKADB" proxy --config "$DEMO/lokadb.json" >>"$DEMO/proxy.log" 2>&1 </dev/null &
+PROXY_PID=$!
+echo "$PROXY_PID" >"$DEMO/proxy.pid"
+for _ in $(seq 300); do kill -0 "$OLD_PID" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$OLD_PID" 2>/dev/null && die "the old proxy (pid $OLD_PID) did not hand over and exit (see .demo/proxy.log)"
+wait "$BENCH" || { cat "$DEMO/pgbench-handover.log" >&2; die "pgbench failed across the handover"; }
+echo "    pid $OLD_PID handed its sockets to pid $PROXY_PID, drained and exited; pgbench -C meanwhile:" \
+    "$(sed -n 's/^number of transactions actually processed: //p' "$DEMO/pgbench-handover.log") connections served," \
+    "$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$DEMO/pgbench-handover.log") failed"
+served=""
+for _ in $(seq 100); do
+    served="$("$PG_BIN/psql" -X -At "$PROXY_DSN" -c "SELECT count(*) FROM notes WHERE organization_id = 'acme'" 2>/dev/null || true)"
+    [[ -n "$served" ]] && break
+    sleep 0.1
+done
+[[ -n "$served" ]] || die "acme is not served after the handover (see .demo/proxy.log, .demo/agent.log)"
+echo "    acme's agent followed the relay to the new process: $served acme notes"
 echo
 
 FAILED=0
