@@ -298,6 +298,9 @@ pub struct Core {
     pub sessions: Cell<usize>,
     /// Counters for `GET /metrics` ([`crate::metrics`]).
     pub stats: crate::metrics::CoreStats,
+    /// Per database: request latencies and errors by SQLSTATE class (`SHOW STATS`,
+    /// `GET /metrics`).
+    pub db_stats: RefCell<HashMap<Rc<str>, crate::metrics::DbStats>>,
     /// This core's sessions by id, for the console ([`crate::frontend::console`]).
     pub clients: RefCell<HashMap<u32, crate::frontend::console::ClientInfo>>,
     /// What the console's PAUSE holds, as this core last copied it, and the count of
@@ -451,6 +454,7 @@ impl Core {
             idle_cut: Notify::default(),
             sessions: Cell::new(0),
             stats: crate::metrics::CoreStats::default(),
+            db_stats: RefCell::default(),
             clients: RefCell::new(HashMap::new()),
             paused: RefCell::default(),
             paused_seen: Cell::new(0),

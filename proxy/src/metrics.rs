@@ -81,6 +81,79 @@ impl CoreStats {
     }
 }
 
+/// Upper bounds of the request latency histogram's buckets, in microseconds (the last bucket,
+/// `+Inf`, holds the rest).
+pub const LATENCY_BUCKETS_US: [u64; 16] = [
+    100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000,
+    1_000_000, 2_000_000, 5_000_000, 10_000_000,
+];
+
+/// Request latencies: how long a client's request (or pipelined batch) took from the proxy
+/// sending it to the last answer of it written back.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Histogram {
+    /// Counts per bucket of [`LATENCY_BUCKETS_US`] (not cumulative), then `+Inf`.
+    pub buckets: [u64; LATENCY_BUCKETS_US.len() + 1],
+    pub sum_us: u64,
+    pub count: u64,
+}
+
+impl Histogram {
+    /// Notes one request of `us` microseconds.
+    pub fn record(&mut self, us: u64) {
+        let i = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
+        self.buckets[i] += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+        self.count += 1;
+    }
+
+    fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets) {
+            *a += b;
+        }
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+        self.count += other.count;
+    }
+
+    /// The upper bound of the bucket that holds quantile `q` (0–1), in microseconds; `None`
+    /// without requests or past the last bound.
+    pub fn quantile_us(&self, q: f64) -> Option<u64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = ((self.count as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return LATENCY_BUCKETS_US.get(i).copied();
+            }
+        }
+        None
+    }
+}
+
+/// One database's request latencies (cloud, direct) and errors by SQLSTATE class, on one
+/// core; merged over the cores when published.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DbStats {
+    /// Requests answered by the cloud, by an organization's database (direct path).
+    pub latency: [Histogram; 2],
+    /// ErrorResponses the clients got, by SQLSTATE class.
+    pub errors: std::collections::BTreeMap<[u8; 2], u64>,
+}
+
+impl DbStats {
+    fn merge(&mut self, other: &DbStats) {
+        for (a, b) in self.latency.iter_mut().zip(&other.latency) {
+            a.merge(b);
+        }
+        for (class, n) in &other.errors {
+            *self.errors.entry(*class).or_default() += n;
+        }
+    }
+}
+
 /// What a core published last.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CoreSnapshot {
@@ -109,6 +182,7 @@ pub struct Published {
 #[derive(Debug, Default, Clone)]
 struct CorePublished {
     stats: CoreSnapshot,
+    databases: Vec<(String, DbStats)>,
     clients: Vec<ClientRow>,
     servers: Vec<ServerRow>,
 }
@@ -123,6 +197,9 @@ struct RelayPublished {
 pub struct Sample {
     /// `lokadb_…`.
     pub name: String,
+    /// The name `# HELP` and `# TYPE` give: `name`, or a histogram's name without its
+    /// `_bucket`, `_sum` or `_count`.
+    pub family: String,
     /// `{side="cloud"}`, or empty.
     pub labels: String,
     /// `counter` or `gauge`.
@@ -130,7 +207,7 @@ pub struct Sample {
     /// The `# HELP` text.
     pub help: &'static str,
     /// The value.
-    pub value: u64,
+    pub value: f64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -173,8 +250,15 @@ impl Published {
         if cores.len() <= core.id {
             cores.resize(core.id + 1, CorePublished::default());
         }
+        let databases = core
+            .db_stats
+            .borrow()
+            .iter()
+            .map(|(name, s)| (name.to_string(), s.clone()))
+            .collect();
         cores[core.id] = CorePublished {
             stats,
+            databases,
             clients,
             servers,
         };
@@ -244,18 +328,29 @@ impl Published {
         mine
     }
 
+    /// Each database's latencies and errors, merged over the cores, by name.
+    pub fn databases(&self) -> std::collections::BTreeMap<String, DbStats> {
+        let mut merged: std::collections::BTreeMap<String, DbStats> = Default::default();
+        for core in lock(&self.cores).iter() {
+            for (name, s) in &core.databases {
+                merged.entry(name.clone()).or_default().merge(s);
+            }
+        }
+        merged
+    }
+
     /// The page: every name prefixed `lokadb_`.
     pub fn render(&self, shared: &crate::core::Shared) -> String {
         let mut out = String::with_capacity(4096);
         let mut last = String::new();
         for s in self.samples(shared) {
-            if s.name != last {
+            if s.family != last {
                 let _ = writeln!(
                     out,
                     "# HELP {} {}\n# TYPE {} {}",
-                    s.name, s.help, s.name, s.kind
+                    s.family, s.help, s.family, s.kind
                 );
-                last.clone_from(&s.name);
+                last.clone_from(&s.family);
             }
             let _ = writeln!(out, "{}{} {}", s.name, s.labels, s.value);
         }
@@ -276,10 +371,11 @@ impl Published {
                 for (labels, value) in samples {
                     out.push(Sample {
                         name: format!("lokadb_{name}"),
+                        family: format!("lokadb_{name}"),
                         labels: (*labels).to_owned(),
                         kind,
                         help,
-                        value: *value,
+                        value: *value as f64,
                     });
                 }
             };
@@ -349,6 +445,22 @@ impl Published {
             "Sessions running on each core.",
             &per_core,
         );
+        let databases = self.databases();
+        let mut errors = Vec::new();
+        for (name, s) in &databases {
+            for (class, n) in &s.errors {
+                let class = String::from_utf8_lossy(class);
+                errors.push((format!("{{database=\"{name}\",class=\"{class}\"}}"), *n));
+            }
+        }
+        let errors: Vec<(&str, u64)> = errors.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "client_errors_total",
+            "counter",
+            "ErrorResponses the clients got from the backends, by database and SQLSTATE class (its first two characters).",
+            &errors,
+        );
+        let latency = latency_samples(&databases);
         for (name, value) in relay {
             let gauge = ["_connected", "_open", "_used", "_buffered"]
                 .iter()
@@ -365,8 +477,42 @@ impl Published {
                 &[("", value)],
             );
         }
+        out.extend(latency);
         out
     }
+}
+
+/// `lokadb_request_duration_seconds`, a Prometheus histogram by database and route.
+fn latency_samples(databases: &std::collections::BTreeMap<String, DbStats>) -> Vec<Sample> {
+    const FAMILY: &str = "lokadb_request_duration_seconds";
+    let sample = |suffix: &str, labels: String, value: f64| {
+        Sample {
+        name: format!("{FAMILY}{suffix}"),
+        family: FAMILY.to_owned(),
+        labels,
+        kind: "histogram",
+        help: "Requests (a Query, or extended-protocol messages up to Sync, pipelined ones together) from sent to answered, by database and the route that answered.",
+        value,
+    }
+    };
+    let mut out = Vec::new();
+    for (name, s) in databases {
+        for (route, h) in ["cloud", "direct"].iter().zip(&s.latency) {
+            let mut cumulative = 0;
+            for (i, n) in h.buckets.iter().enumerate() {
+                cumulative += n;
+                let le = LATENCY_BUCKETS_US
+                    .get(i)
+                    .map_or("+Inf".to_owned(), |us| format!("{}", *us as f64 / 1e6));
+                let labels = format!("{{database=\"{name}\",route=\"{route}\",le=\"{le}\"}}");
+                out.push(sample("_bucket", labels, cumulative as f64));
+            }
+            let labels = format!("{{database=\"{name}\",route=\"{route}\"}}");
+            out.push(sample("_sum", labels.clone(), h.sum_us as f64 / 1e6));
+            out.push(sample("_count", labels, h.count as f64));
+        }
+    }
+    out
 }
 
 /// Starts the endpoint on `addr` (on `inherited`, a listener handed over by the process
@@ -463,6 +609,32 @@ fn respond(conn: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_histogram_places_requests_and_answers_quantiles_by_bucket() {
+        let mut h = Histogram::default();
+        assert_eq!(h.quantile_us(0.5), None);
+        for us in [50, 150, 150, 900, 30_000_000] {
+            h.record(us);
+        }
+        assert_eq!(h.count, 5);
+        assert_eq!(h.buckets[0], 1, "50 µs: up to 100");
+        assert_eq!(h.buckets[1], 2, "150 µs: up to 200");
+        assert_eq!(h.buckets[3], 1, "900 µs: up to 1 ms");
+        assert_eq!(h.buckets[LATENCY_BUCKETS_US.len()], 1, "past 10 s");
+        assert_eq!(h.quantile_us(0.5), Some(200));
+        assert_eq!(h.quantile_us(0.8), Some(1_000));
+        assert_eq!(h.quantile_us(0.99), None, "in +Inf");
+        let mut merged = DbStats::default();
+        let one = DbStats {
+            latency: [h, Histogram::default()],
+            errors: [(*b"22", 2)].into(),
+        };
+        merged.merge(&one);
+        merged.merge(&one);
+        assert_eq!(merged.latency[0].count, 10);
+        assert_eq!(merged.errors[b"22"], 4);
+    }
 
     #[test]
     fn a_count_that_went_back_started_again() {

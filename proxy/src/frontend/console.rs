@@ -154,6 +154,33 @@ pub fn command_text(body: &[u8]) -> String {
 }
 
 /// The commands, for the error that lists them.
+/// `request_p50_ms{database,route}` and p95, p99 of each database's latency histogram: the
+/// upper bound of the bucket that holds it (`GET /metrics` leaves this to the scraper).
+fn percentile_rows(
+    databases: &std::collections::BTreeMap<String, crate::metrics::DbStats>,
+) -> Vec<Vec<Option<String>>> {
+    let mut out = Vec::new();
+    for (name, s) in databases {
+        for (route, h) in ["cloud", "direct"].iter().zip(&s.latency) {
+            if h.count == 0 {
+                continue;
+            }
+            for (label, q) in [("p50", 0.5), ("p95", 0.95), ("p99", 0.99)] {
+                let value = h
+                    .quantile_us(q)
+                    .map_or("> 10000".to_owned(), |us| format!("{}", us as f64 / 1000.0));
+                out.push(vec![
+                    Some(format!(
+                        "lokadb_request_{label}_ms{{database=\"{name}\",route=\"{route}\"}}"
+                    )),
+                    Some(value),
+                ]);
+            }
+        }
+    }
+    out
+}
+
 const COMMANDS: &str = "SHOW CLIENTS | SERVERS | POOLS | DATABASES | STATS | ORGS | TUNNELS | CONFIG | VERSION, PAUSE [db], RESUME [db], KILL <client id>";
 
 /// `PAUSE [db]`: the sessions of `db` (of every database without one) send nothing more
@@ -237,6 +264,7 @@ fn answer(core: &Rc<Core>, sql: &str, out: &mut Vec<u8>) {
                         Some(s.value.to_string()),
                     ]
                 })
+                .chain(percentile_rows(&published.databases()))
                 .collect(),
         ),
         ["SHOW", "DATABASES"] => rows(

@@ -401,6 +401,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     let mut up = Pipe::new(max);
     let mut down = Pipe::new(u32::MAX);
     down.preload(&std::mem::take(&mut backend.rbuf));
+    let mut timing = Timing::default();
     // Sessions end at their first idle point after `idle_cut` (shutdown + a grace).
     let cut_slot = core.idle_cut.slot();
 
@@ -591,6 +592,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             if !progress {
                 // Idle until the next event: what was answered so far is counted now.
                 core.stats.follow(&mut seen, counts(&exchanges));
+                timing.follow(core, &db.name, &mut exchanges, down.has_unwritten());
                 if let Some(live) = &live {
                     let busy = exchanges.cloud.pending > 0 || exchanges.direct.pending > 0;
                     let status = match exchanges.direct.status {
@@ -610,6 +612,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     .await;
 
     core.stats.follow(&mut seen, counts(&exchanges));
+    timing.follow(core, &db.name, &mut exchanges, false);
     if live.is_some() {
         core.clients.borrow_mut().remove(&session.get());
     }
@@ -732,6 +735,54 @@ fn log_error(e: &SessionError) {
             tracing::info!(error = %e, sqlstate, "connection refused")
         }
         ErrorKind::Upstream => tracing::warn!(error = %e, sqlstate, "cloud error"),
+    }
+}
+
+/// A session's request being timed, for its database's latency histogram, and the errors
+/// by class it hands to its core ([`crate::metrics::DbStats`]).
+#[derive(Default)]
+struct Timing {
+    /// When the proxy found requests in flight, and the direct side's answers then.
+    since: Option<(Instant, u64)>,
+}
+
+impl Timing {
+    /// At a pause of the session: a request in flight starts its clock; one answered and
+    /// written back to the client stops it. Pipelined requests are timed together.
+    fn follow(&mut self, core: &Core, database: &Rc<str>, ex: &mut Exchanges, unwritten: bool) {
+        let classes = [&mut ex.cloud, &mut ex.direct].map(|e| std::mem::take(&mut e.error_classes));
+        // Only read by `GET /metrics` and the console: without either, nothing is timed.
+        if !core.shared.publishes() {
+            return;
+        }
+        let busy = ex.cloud.pending > 0 || ex.direct.pending > 0;
+        let done = match self.since {
+            None if busy => {
+                self.since = Some((Instant::now(), ex.direct.answered));
+                None
+            }
+            Some(start) if !busy && !unwritten => {
+                self.since = None;
+                Some(start)
+            }
+            _ => None,
+        };
+        if done.is_none() && classes.iter().all(Vec::is_empty) {
+            return;
+        }
+        let mut stats = core.db_stats.borrow_mut();
+        let db = match stats.get_mut(database) {
+            Some(db) => db,
+            None => stats.entry(database.clone()).or_default(),
+        };
+        if let Some((started, direct_answered)) = done {
+            let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let route = usize::from(ex.direct.answered != direct_answered);
+            db.latency[route].record(us);
+        }
+        for (class, n) in classes.into_iter().flatten() {
+            *db.errors.entry(class).or_default() += n;
+        }
     }
 }
 

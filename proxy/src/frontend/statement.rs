@@ -49,6 +49,9 @@ pub struct Exchange {
     pub silenced_failed: std::collections::VecDeque<u64>,
     /// ErrorResponses received.
     pub errors: u64,
+    /// ErrorResponses by SQLSTATE class (its first two characters) since the session last
+    /// handed them to its core ([`crate::metrics::DbStats`]).
+    pub error_classes: Vec<([u8; 2], u64)>,
     /// The backend said why it ends (a FATAL error reached the client): its end needs no
     /// message of the proxy's.
     pub ended_with_fatal: bool,
@@ -79,6 +82,25 @@ pub struct Exchange {
     /// A digest of the answers of a transaction that may move to the cloud
     /// ([`super::replay`]).
     pub digest: Option<Digest>,
+}
+
+/// The SQLSTATE class of an ErrorResponse body: the first two characters of its `C` field.
+fn sqlstate_class(body: &[u8]) -> Option<[u8; 2]> {
+    let mut rest = body;
+    while let [field, tail @ ..] = rest {
+        if *field == 0 {
+            return None;
+        }
+        let end = memchr::memchr(0, tail)?;
+        if *field == b'C' {
+            return match &tail[..end] {
+                [a, b, ..] => Some([*a, *b]),
+                _ => None,
+            };
+        }
+        rest = &tail[end + 1..];
+    }
+    None
 }
 
 /// How many failed requests of the proxy's own an exchange remembers.
@@ -133,6 +155,7 @@ impl Default for Exchange {
             silenced: std::collections::VecDeque::new(),
             silenced_failed: std::collections::VecDeque::new(),
             errors: 0,
+            error_classes: Vec::new(),
             ended_with_fatal: false,
             syncs_after_execute: 0,
             sent_in_batch: 0,
@@ -838,6 +861,16 @@ impl Inspect for ServerFrames<'_> {
         }
         if header.tag == BE_ERROR_RESPONSE {
             self.exchange.errors += 1;
+            if !silent {
+                let class = frame
+                    .and_then(|f| sqlstate_class(&f[5..]))
+                    .unwrap_or(*b"??");
+                let classes = &mut self.exchange.error_classes;
+                match classes.iter_mut().find(|(c, _)| *c == class) {
+                    Some((_, n)) => *n += 1,
+                    None => classes.push((class, 1)),
+                }
+            }
             if silent {
                 let failed = &mut self.exchange.silenced_failed;
                 if failed.len() == FAILED_KEPT {
@@ -1018,6 +1051,20 @@ impl ServerFrames<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_errors_class_is_read_from_its_code_field() {
+        let mut body = Vec::new();
+        for (field, value) in [(b'S', "ERROR"), (b'C', "23505"), (b'M', "duplicate key")] {
+            body.push(field);
+            body.extend_from_slice(value.as_bytes());
+            body.push(0);
+        }
+        body.push(0);
+        assert_eq!(sqlstate_class(&body), Some(*b"23"));
+        assert_eq!(sqlstate_class(b"SERROR\0\0"), None);
+        assert_eq!(sqlstate_class(b"SERR"), None, "a field without its end");
+    }
 
     fn hdr(tag: u8) -> Header {
         Header { tag, len: 4 }

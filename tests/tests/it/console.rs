@@ -137,6 +137,12 @@ async fn the_console_shows_sessions_and_kills_one() {
     assert!(stats
         .iter()
         .any(|r| get(r, "metric") == Some("lokadb_requests_total{side=\"cloud\"}")));
+    // Latency percentiles per database and route, once requests were timed (published
+    // once a second).
+    let p99 = "lokadb_request_p99_ms{database=\"app\",route=\"cloud\"}";
+    let stats = show_until(&console, "SHOW STATS", |r| get(r, "metric") == Some(p99)).await;
+    let value: f64 = get(&stats, "value").unwrap().parse().unwrap();
+    assert!(value > 0.0, "{value}");
 
     // KILL ends the session as if its client had left; the cloud rolls its transaction back.
     assert_eq!(

@@ -35,7 +35,8 @@ fn scrape(addr: SocketAddr) -> HashMap<String, u64> {
         }
         let (name, value) = line.rsplit_once(' ').unwrap();
         assert!(name.starts_with("lokadb_"), "{line}");
-        samples.insert(name.to_owned(), value.parse().unwrap());
+        // Counters and gauges are whole; a histogram's _sum is in seconds (whole here).
+        samples.insert(name.to_owned(), value.parse::<f64>().unwrap() as u64);
     }
     samples
 }
@@ -78,11 +79,31 @@ async fn the_endpoint_follows_the_traffic() {
         c.simple_query("SELECT 1").await.unwrap();
     }
     assert!(c.simple_query("SELECT 1/0").await.is_err());
+    let timed = "lokadb_request_duration_seconds_count{database=\"app\",route=\"cloud\"}";
     let during = scrape_until(addr, |s| {
         s["lokadb_requests_total{side=\"cloud\"}"] >= 11
             && s["lokadb_backend_errors_total{side=\"cloud\"}"] >= 1
+            && s.get(timed).is_some_and(|n| *n >= 11)
     })
     .await;
+    // Errors by SQLSTATE class (22012, division by zero), latencies as a histogram.
+    assert_eq!(
+        during["lokadb_client_errors_total{database=\"app\",class=\"22\"}"],
+        1
+    );
+    assert_eq!(
+        during["lokadb_request_duration_seconds_bucket{database=\"app\",route=\"cloud\",le=\"+Inf\"}"],
+        during[timed]
+    );
+    assert_eq!(
+        during["lokadb_request_duration_seconds_count{database=\"app\",route=\"direct\"}"],
+        0
+    );
+    let page = http(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+    assert!(
+        page.contains("# TYPE lokadb_request_duration_seconds histogram"),
+        "{page}"
+    );
     assert_eq!(during["lokadb_client_connections"], 1);
     assert!(during["lokadb_sessions_total"] >= 1);
     assert_eq!(during["lokadb_requests_total{side=\"direct\"}"], 0);
