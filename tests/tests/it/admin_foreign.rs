@@ -6,7 +6,7 @@
 use crate::admin_cli::{lokadb, ok, stderr};
 use crate::admin_enable::SCHEMA;
 use crate::tunnel_world::{
-    addrs, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
+    addrs, org_add, start_agent, start_relay, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
 };
 use lokadb_tests::pg::Cluster;
 use serde_json::json;
@@ -108,19 +108,7 @@ fn world() -> World {
     let via = addrs(&relay).postgres.to_string();
     ok(&lokadb(
         &dsn,
-        &[
-            "org",
-            "add",
-            "2",
-            "--via-relay",
-            &via,
-            "--dbname",
-            ORG_DB,
-            "--user",
-            APP_USER,
-            "--password",
-            APP_PASSWORD,
-        ],
+        &org_add("2", std::slice::from_ref(&via), &[]),
     ));
     move_org2(&cloud, "documents", DOC_COLUMNS);
     move_org2(&cloud, "document_versions", VERSION_COLUMNS);

@@ -104,21 +104,7 @@ async fn org_add_checks_the_database_through_the_relay() {
     let add = |id: &str| {
         lokadb(
             &dsn,
-            &[
-                "org",
-                "add",
-                id,
-                "--via-relay",
-                &via,
-                "--dbname",
-                ORG_DB,
-                "--user",
-                APP_USER,
-                "--password",
-                APP_PASSWORD,
-                "--profile",
-                "fdw+direct",
-            ],
+            &org_add(id, std::slice::from_ref(&via), &["--profile", "fdw+direct"]),
         )
     };
     let out = add("acme");

@@ -8,7 +8,8 @@ use crate::admin_cli::{lokadb, ok, stderr, stdout};
 use crate::admin_enable::SCHEMA;
 use crate::moves::org_db;
 use crate::tunnel_world::{
-    addrs, start_agent, start_relay, token_hash, Certs, Org, APP_PASSWORD, APP_USER, ORG_DB,
+    addrs, org_add, start_agent, start_relay, token_hash, Certs, Org, APP_PASSWORD, APP_USER,
+    ORG_DB,
 };
 use lokadb_tests::agent::Agent;
 use lokadb_tests::pg::Cluster;
@@ -107,19 +108,7 @@ fn world_with(with_proxy: bool, move_3: bool, shared: bool) -> World {
     for o in &orgs {
         ok(&lokadb(
             &dsn,
-            &[
-                "org",
-                "add",
-                &o.id,
-                "--via-relay",
-                &via,
-                "--dbname",
-                ORG_DB,
-                "--user",
-                APP_USER,
-                "--password",
-                APP_PASSWORD,
-            ],
+            &org_add(&o.id, std::slice::from_ref(&via), &[]),
         ));
     }
     ok(&lokadb(&dsn, &["move-org", "2", "--profile", "fdw"]));

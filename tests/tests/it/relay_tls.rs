@@ -6,7 +6,7 @@
 
 use crate::admin_cli::{lokadb, ok, stderr};
 use crate::several_proxies::{dsn, last_route, world_with};
-use crate::tunnel_world::{addrs, WorldOptions, APP_PASSWORD, APP_USER, ORG_DB, RELAY_CA};
+use crate::tunnel_world::{addrs, org_add, WorldOptions, APP_PASSWORD, APP_USER, ORG_DB, RELAY_CA};
 use crate::world::connect;
 use lokadb_tests::certs::TestCa;
 use lokadb_tests::pg::Cluster;
@@ -88,24 +88,8 @@ async fn the_cloud_and_the_proxy_reach_the_relay_over_verified_tls() {
 
     // org add: verify-full needs a CA; a CA that did not sign the relay's certificate, or
     // plain TCP to a relay that requires TLS, fail and change nothing.
-    let via = addrs(&w.relay).postgres.to_string();
-    let add = |extra: &[&str]| {
-        let mut args = vec![
-            "org",
-            "add",
-            "2b",
-            "--via-relay",
-            &via,
-            "--dbname",
-            ORG_DB,
-            "--user",
-            APP_USER,
-            "--password",
-            APP_PASSWORD,
-        ];
-        args.extend_from_slice(extra);
-        lokadb(&cloud_dsn, &args)
-    };
+    let via = [addrs(&w.relay).postgres.to_string()];
+    let add = |extra: &[&str]| lokadb(&cloud_dsn, &org_add("2b", &via, extra));
     let out = add(&["--relay-sslmode", "verify-full"]);
     assert!(!out.status.success());
     assert!(

@@ -69,6 +69,25 @@ impl Org {
     }
 }
 
+/// `org add ID --via-relay R… --dbname orgdb --user app --password …`, then `extra`: an
+/// organization registered through `relays` (each `HOST:PORT`) as the tests do.
+pub fn org_add<'a>(id: &'a str, relays: &'a [String], extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["org", "add", id];
+    for relay in relays {
+        args.extend(["--via-relay", relay.as_str()]);
+    }
+    args.extend([
+        "--dbname",
+        ORG_DB,
+        "--user",
+        APP_USER,
+        "--password",
+        APP_PASSWORD,
+    ]);
+    args.extend_from_slice(extra);
+    args
+}
+
 /// `sha256:<hex>` of a token, as `lokadb token new` prints it.
 pub fn token_hash(token: &str) -> String {
     let digest = Sha256::digest(token.as_bytes());
@@ -291,24 +310,12 @@ pub fn moved_world_with(
     let via: Vec<String> = all.iter().map(|r| addrs(r).postgres.to_string()).collect();
     let ca = certs.readable_ca();
     for (org, profile) in [("2", "fdw+direct"), ("3", "fdw")] {
-        let mut args = vec!["org", "add", org];
-        for v in &via {
-            args.extend(["--via-relay", v.as_str()]);
-        }
-        args.extend([
-            "--dbname",
-            ORG_DB,
-            "--user",
-            APP_USER,
-            "--password",
-            APP_PASSWORD,
-        ]);
-        args.extend(
-            options
-                .org_add
-                .iter()
-                .map(|a| if *a == RELAY_CA { ca.as_str() } else { a }),
-        );
+        let extra: Vec<&str> = options
+            .org_add
+            .iter()
+            .map(|a| if *a == RELAY_CA { ca.as_str() } else { a })
+            .collect();
+        let args = org_add(org, &via, &extra);
         ok(&lokadb(&dsn, &args));
         ok(&lokadb(&dsn, &["move-org", org, "--profile", profile]));
     }
