@@ -18,7 +18,7 @@ use sendfd::{RecvWithFd, SendWithFd};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,26 +55,6 @@ struct Header {
 }
 
 impl Listeners {
-    /// Copies of the descriptors (the process keeps using its own).
-    ///
-    /// # Errors
-    ///
-    /// `dup` failed (out of descriptors).
-    pub fn dup_of(
-        proxy: &[RawFd],
-        metrics: Option<RawFd>,
-        relay: Option<(RawFd, RawFd)>,
-    ) -> std::io::Result<Listeners> {
-        Ok(Listeners {
-            proxy: proxy.iter().map(|&fd| dup(fd)).collect::<Result<_, _>>()?,
-            metrics: metrics.map(dup).transpose()?,
-            relay: match relay {
-                Some((a, p)) => Some((dup(a)?, dup(p)?)),
-                None => None,
-            },
-        })
-    }
-
     fn header(&self) -> Header {
         Header {
             proxy: self.proxy.len(),
@@ -122,6 +102,24 @@ impl Taken {
             tracing::warn!(error = %e, "handover: the old process did not hear READY; it goes on serving beside this one");
         }
     }
+}
+
+/// Takes the listeners of the process listening at `path`, when the config names one.
+///
+/// # Errors
+///
+/// As [`take`].
+pub fn take_from(path: Option<&Path>) -> anyhow::Result<Option<Taken>> {
+    let Some(path) = path else { return Ok(None) };
+    let taken = take(path)?;
+    if let Some(t) = &taken {
+        tracing::info!(
+            sockets = t.listeners.proxy.len(),
+            relay = t.listeners.relay.is_some(),
+            "handover: took the listening sockets of the running process"
+        );
+    }
+    Ok(taken)
 }
 
 /// Takes the listeners of the process listening at `path`; `None` when none does (no
@@ -187,19 +185,20 @@ pub fn take(path: &Path) -> anyhow::Result<Option<Taken>> {
 }
 
 /// Listens at `path` for the next process: it gets copies of `listeners`, and once it
-/// says it accepts, `on_handover` runs (the drain) and this process stops listening there.
-/// When `shutdown` is raised otherwise (SIGTERM), the copies are closed at once, so a
-/// drain without a successor leaves no listening socket that nobody accepts on.
-///
-/// # Errors
-///
-/// The socket cannot be made at `path`.
-pub fn serve(
-    path: PathBuf,
-    listeners: Listeners,
-    shutdown: Arc<AtomicBool>,
-    on_handover: impl Fn() + Send + 'static,
-) -> anyhow::Result<()> {
+/// says it accepts, `shutdown` is raised (the drain, as on SIGTERM) and this process stops
+/// listening there. When `shutdown` is raised otherwise (SIGTERM), the copies are closed at
+/// once, so a drain without a successor leaves no listening socket nobody accepts on. A
+/// socket that cannot be made at `path` is logged: this process serves on without it.
+pub fn offer(path: PathBuf, listeners: Listeners, shutdown: Arc<AtomicBool>) {
+    if let Err(e) = serve(path, listeners, shutdown) {
+        tracing::error!(
+            error = format!("{e:#}"),
+            "handover: the next process will not find this one; its start will bind the ports anew"
+        );
+    }
+}
+
+fn serve(path: PathBuf, listeners: Listeners, shutdown: Arc<AtomicBool>) -> anyhow::Result<()> {
     // A socket left there (by the process that handed over to us, or one that crashed).
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)
@@ -228,7 +227,7 @@ pub fn serve(
             match hand_over(&conn, &listeners) {
                 Ok(()) => {
                     tracing::info!(path = %path.display(), "handover: the new process accepts on our sockets; draining");
-                    on_handover();
+                    shutdown.store(true, Ordering::Relaxed);
                     return;
                 }
                 Err(e) => tracing::warn!(error = format!("{e:#}"), "handover: a process asked for the sockets and did not take them; serving on"),
@@ -272,11 +271,6 @@ pub fn same_address(bound: SocketAddr, wanted: SocketAddr) -> bool {
     wanted.port() == 0 || bound == wanted
 }
 
-/// The raw descriptors, each now owned by its taker.
-pub fn into_raw(fds: Vec<OwnedFd>) -> Vec<RawFd> {
-    fds.into_iter().map(IntoRawFd::into_raw_fd).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,23 +289,28 @@ mod tests {
             TcpListener::bind("127.0.0.1:0").unwrap(),
         );
         let addr = a.local_addr().unwrap();
-        let ours = Listeners::dup_of(
-            &[a.as_raw_fd()],
-            Some(m.as_raw_fd()),
-            Some((ra.as_raw_fd(), rp.as_raw_fd())),
-        )
-        .unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
+        let ours = Listeners {
+            proxy: vec![dup(a.as_raw_fd()).unwrap()],
+            metrics: Some(dup(m.as_raw_fd()).unwrap()),
+            relay: Some((dup(ra.as_raw_fd()).unwrap(), dup(rp.as_raw_fd()).unwrap())),
+        };
         let shutdown = Arc::new(AtomicBool::new(false));
-        serve(path.clone(), ours, shutdown, move || tx.send(()).unwrap()).unwrap();
+        serve(path.clone(), ours, shutdown.clone()).unwrap();
+        let drains = |within: Duration| {
+            let deadline = std::time::Instant::now() + within;
+            while std::time::Instant::now() < deadline {
+                if shutdown.load(Ordering::Relaxed) {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            false
+        };
 
         let taken = take(&path).unwrap().expect("the running one answers");
         assert_eq!(taken.listeners.proxy.len(), 1);
         assert!(taken.listeners.metrics.is_some() && taken.listeners.relay.is_some());
-        assert!(
-            rx.recv_timeout(Duration::from_millis(200)).is_err(),
-            "no drain before READY"
-        );
+        assert!(!drains(Duration::from_millis(200)), "no drain before READY");
         // A connection queued on the old socket is accepted through the new descriptor.
         let _client = std::net::TcpStream::connect(addr).unwrap();
         let Taken { listeners, conn } = taken;
@@ -322,8 +321,7 @@ mod tests {
             conn,
         }
         .ready();
-        rx.recv_timeout(STEP_TIMEOUT)
-            .expect("the old process drains after READY");
+        assert!(drains(STEP_TIMEOUT), "the old process drains after READY");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -52,23 +52,11 @@ pub fn run(
     let shared = Arc::new(Shared::new(config)?);
     let resolved = Arc::new(shared.resolve_databases()?);
     // A process running at `handover` gives us its listening sockets.
-    let taken = match &shared.config.handover {
-        Some(path) => crate::handover::take(path)?,
-        None => None,
-    };
-    let (taken, inherited) = match taken {
-        Some(mut t) => {
-            let listeners = std::mem::take(&mut t.listeners);
-            (Some(t), listeners)
-        }
-        None => (None, crate::handover::Listeners::default()),
-    };
-    if taken.is_some() {
-        tracing::info!(
-            sockets = inherited.proxy.len(),
-            "handover: took the listening sockets of the running process"
-        );
-    }
+    let mut taken = crate::handover::take_from(shared.config.handover.as_deref())?;
+    let inherited = taken
+        .as_mut()
+        .map(|t| std::mem::take(&mut t.listeners))
+        .unwrap_or_default();
     let sockets = crate::net::listener::adopt_or_bind(shared.config.listen, cores, inherited.proxy)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
     // Copies of every listener for the next process; without `handover` none are kept
@@ -215,18 +203,7 @@ pub fn run(
         taken.ready();
     }
     if let Some(path) = &shared.config.handover {
-        let flag = shared.shutdown.clone();
-        let serving = crate::handover::serve(
-            path.clone(),
-            successor,
-            shared.shutdown.clone(),
-            move || {
-                flag.store(true, Ordering::Relaxed);
-            },
-        );
-        if let Err(e) = serving {
-            tracing::error!(error = format!("{e:#}"), "handover: the next process will not find this one; a restart will refuse clients while the port is bound anew");
-        }
+        crate::handover::offer(path.clone(), successor, shared.shutdown.clone());
     }
     for t in threads {
         t.join()
@@ -262,10 +239,7 @@ pub fn run_relay(
     });
     crate::signals::install(flag.clone(), on_hangup)?;
     // A relay running at `handover` gives us its two listeners.
-    let mut taken = match &config.handover {
-        Some(path) => crate::handover::take(path)?,
-        None => None,
-    };
+    let mut taken = crate::handover::take_from(config.handover.as_deref())?;
     let inherited = taken.as_mut().and_then(|t| t.listeners.relay.take());
     let relay_flag = flag.clone();
     let mut relay = crate::relay::start(
@@ -286,16 +260,7 @@ pub fn run_relay(
             relay: copies,
             ..Default::default()
         };
-        let on_handover = flag.clone();
-        let serving = crate::handover::serve(path, successor, flag, move || {
-            on_handover.store(true, Ordering::Relaxed);
-        });
-        if let Err(e) = serving {
-            tracing::error!(
-                error = format!("{e:#}"),
-                "handover: the next relay process will not find this one"
-            );
-        }
+        crate::handover::offer(path, successor, flag);
     }
     relay.join()
 }

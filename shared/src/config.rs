@@ -137,17 +137,6 @@ pub enum PostgresTls {
     Off,
 }
 
-impl PostgresTls {
-    /// The value as written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PostgresTls::Offer => "offer",
-            PostgresTls::Require => "require",
-            PostgresTls::Off => "off",
-        }
-    }
-}
-
 /// TLS certificate and key for client connections (PEM files).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -401,7 +401,11 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     let mut up = Pipe::new(max);
     let mut down = Pipe::new(u32::MAX);
     down.preload(&std::mem::take(&mut backend.rbuf));
-    let mut timing = Timing::default();
+    // Timed where it is read (`GET /metrics`, the console), as `live` is kept.
+    let mut timing = Timing {
+        on: live.is_some(),
+        since: None,
+    };
     // Sessions end at their first idle point after `idle_cut` (shutdown + a grace).
     let cut_slot = core.idle_cut.slot();
 
@@ -740,8 +744,9 @@ fn log_error(e: &SessionError) {
 
 /// A session's request being timed, for its database's latency histogram, and the errors
 /// by class it hands to its core ([`crate::metrics::DbStats`]).
-#[derive(Default)]
 struct Timing {
+    /// Whether anything reads the figures (`metrics` or `admin_users` set).
+    on: bool,
     /// When the proxy found requests in flight, and the direct side's answers then.
     since: Option<(Instant, u64)>,
 }
@@ -751,8 +756,7 @@ impl Timing {
     /// written back to the client stops it. Pipelined requests are timed together.
     fn follow(&mut self, core: &Core, database: &Rc<str>, ex: &mut Exchanges, unwritten: bool) {
         let classes = [&mut ex.cloud, &mut ex.direct].map(|e| std::mem::take(&mut e.error_classes));
-        // Only read by `GET /metrics` and the console: without either, nothing is timed.
-        if !core.shared.publishes() {
+        if !self.on {
             return;
         }
         let busy = ex.cloud.pending > 0 || ex.direct.pending > 0;

@@ -226,6 +226,8 @@ impl Meta {
         let mut tables = Vec::new();
         let mut orgs = HashMap::new();
         let mut resolved: HashMap<String, Option<SocketAddr>> = HashMap::new();
+        type TlsKey = (String, Option<String>, Option<String>);
+        let mut relay_tls: HashMap<TlsKey, Result<RelayTls, String>> = HashMap::new();
         for row in client.query(LOAD_SQL, &[])? {
             let kind: &str = row.get(0);
             let a: Option<String> = row.get(1);
@@ -253,14 +255,19 @@ impl Meta {
                         .unwrap_or_default();
                     let mut relays = Vec::with_capacity(listed.len());
                     for relay in &listed {
-                        let tls = RelayTls::new(
-                            sslmode.as_deref(),
-                            sslrootcert.as_deref(),
-                            relay_rootcert,
-                            host_of(relay),
-                        );
-                        // Organizations share a few relays: each address is resolved once
-                        // per load, not once per organization.
+                        // Organizations share a few relays and CAs: each relay's TLS (its CA
+                        // file read) and address are made once per load, not per organization.
+                        let tls = relay_tls
+                            .entry((relay.clone(), sslmode.clone(), sslrootcert.clone()))
+                            .or_insert_with(|| {
+                                RelayTls::new(
+                                    sslmode.as_deref(),
+                                    sslrootcert.as_deref(),
+                                    relay_rootcert,
+                                    host_of(relay),
+                                )
+                            })
+                            .clone();
                         let addr = *resolved
                             .entry(relay.clone())
                             .or_insert_with(|| resolve(relay));
