@@ -21,6 +21,11 @@ const ASYNCPG: &str = "asyncpg-0.32.0";
 const SUITE_DATABASES: &[&str] = &["asyncpg_intro_test", "testdb"];
 /// How often a test that failed only through the proxy is run again on each side.
 const RETRIES: usize = 3;
+/// asyncpg's tests that fail straight at a cloud too often to tell anything: left out of both
+/// runs. test_pool_config_persistence opens and closes 100 connections at once and fails
+/// about two times in five straight at PostgreSQL 18 here ("unexpected connection_lost()
+/// call"), so three runs on each side could not tell it from a failure of the proxy.
+const FLAKY_AT_CLOUD: &[&str] = &["tests/test_pool.py::TestPool::test_pool_config_persistence"];
 
 /// What one run of (part of) the suite reported, per test id.
 #[derive(Debug, Default)]
@@ -70,6 +75,9 @@ fn run(port: u16, tests: &[&str]) -> Outcome {
         .env_remove("PGDATA");
     if tests.is_empty() {
         cmd.arg("tests");
+        for t in FLAKY_AT_CLOUD {
+            cmd.args(["--deselect", t]);
+        }
     } else {
         cmd.args(tests);
     }
@@ -165,8 +173,7 @@ fn asyncpgs_own_tests_pass_through_the_proxy_as_at_the_cloud() {
     // Each such test again on its own, up to RETRIES times through the proxy; one that never
     // passes there is run as often at the cloud: only a test that fails every time through
     // the proxy and passes every time at the cloud tells the two apart. (Some are bound to
-    // timings, and one, test_pool_config_persistence, fails about one time in two at the cloud
-    // here too.)
+    // timings; the ones that fail often at the cloud too are left out, see FLAKY_AT_CLOUD.)
     let mut again = Outcome::default();
     let mut logs = String::new();
     let mut still = Vec::new();
