@@ -298,9 +298,9 @@ pub struct Core {
     pub sessions: Cell<usize>,
     /// Counters for `GET /metrics` ([`crate::metrics`]).
     pub stats: crate::metrics::CoreStats,
-    /// Per database: request latencies and errors by SQLSTATE class (`SHOW STATS`,
-    /// `GET /metrics`).
-    pub db_stats: RefCell<HashMap<Rc<str>, crate::metrics::DbStats>>,
+    /// Per database: request latencies and errors by SQLSTATE class, also per
+    /// organization (`SHOW STATS`, `GET /metrics`); its sessions hold their database's.
+    pub db_stats: RefCell<HashMap<Rc<str>, Rc<RefCell<crate::metrics::DbStats>>>>,
     /// This core's sessions by id, for the console ([`crate::frontend::console`]).
     pub clients: RefCell<HashMap<u32, crate::frontend::console::ClientInfo>>,
     /// What the console's PAUSE holds, as this core last copied it, and the count of

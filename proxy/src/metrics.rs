@@ -8,7 +8,9 @@
 //! next scrape, never a session.
 
 use crate::frontend::console::{ClientRow, ServerRow};
+use std::borrow::Cow;
 use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -133,14 +135,61 @@ impl Histogram {
     }
 }
 
-/// One database's request latencies (cloud, direct) and errors by SQLSTATE class, on one
-/// core; merged over the cores when published.
+/// One database's request latencies (cloud, direct) and errors by SQLSTATE class, and the
+/// same per organization, on one core; merged over the cores when published.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DbStats {
     /// Requests answered by the cloud, by an organization's database (direct path).
     pub latency: [Histogram; 2],
     /// ErrorResponses the clients got, by SQLSTATE class.
-    pub errors: std::collections::BTreeMap<[u8; 2], u64>,
+    pub errors: BTreeMap<[u8; 2], u64>,
+    /// Per organization its statements named; past [`MAX_ORGS`] on a core the others
+    /// share [`OTHER_ORGS`].
+    pub orgs: HashMap<String, OrgStats>,
+}
+
+/// Organizations a core counts apart per database: an organization is whatever value a
+/// statement names, so clients could otherwise grow the map without bound.
+pub const MAX_ORGS: usize = 10_000;
+/// Where the statements of organizations past [`MAX_ORGS`] are counted.
+pub const OTHER_ORGS: &str = "(other)";
+
+/// The routes a statement of an organization took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Through the cloud (where the organization's rows are, or postgres_fdw).
+    Cloud = 0,
+    /// Straight to the organization's database (the direct path).
+    Direct = 1,
+    /// Refused by the proxy (the client got its error).
+    Refused = 2,
+}
+
+impl Route {
+    pub const NAMES: [&'static str; 3] = ["cloud", "direct", "refused"];
+}
+
+/// One organization's figures: statements (Query, Bind) by route, requests' latency and
+/// errors by SQLSTATE class. A request is counted under the organization of its first
+/// statement (a pipelined batch naming several is counted under the first).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OrgStats {
+    /// By [`Route`].
+    pub statements: [u64; 3],
+    pub latency: Histogram,
+    pub errors: BTreeMap<[u8; 2], u64>,
+}
+
+impl OrgStats {
+    fn merge(&mut self, other: &OrgStats) {
+        for (a, b) in self.statements.iter_mut().zip(other.statements) {
+            *a += b;
+        }
+        self.latency.merge(&other.latency);
+        for (class, n) in &other.errors {
+            *self.errors.entry(*class).or_default() += n;
+        }
+    }
 }
 
 impl DbStats {
@@ -151,6 +200,28 @@ impl DbStats {
         for (class, n) in &other.errors {
             *self.errors.entry(*class).or_default() += n;
         }
+        for (org, s) in &other.orgs {
+            match self.orgs.get_mut(org) {
+                Some(mine) => mine.merge(s),
+                None => {
+                    self.orgs.insert(org.clone(), s.clone());
+                }
+            }
+        }
+    }
+
+    /// `org`'s figures (those of [`OTHER_ORGS`] once the core counts [`MAX_ORGS`]);
+    /// allocates only for an organization not seen before.
+    pub fn org(&mut self, org: &str) -> &mut OrgStats {
+        let key = if self.orgs.contains_key(org) || self.orgs.len() < MAX_ORGS {
+            org
+        } else {
+            OTHER_ORGS
+        };
+        if !self.orgs.contains_key(key) {
+            self.orgs.insert(key.to_owned(), OrgStats::default());
+        }
+        self.orgs.get_mut(key).expect("inserted")
     }
 }
 
@@ -254,7 +325,7 @@ impl Published {
             .db_stats
             .borrow()
             .iter()
-            .map(|(name, s)| (name.to_string(), s.clone()))
+            .map(|(name, s)| (name.to_string(), s.borrow().clone()))
             .collect();
         cores[core.id] = CorePublished {
             stats,
@@ -450,6 +521,7 @@ impl Published {
         for (name, s) in &databases {
             for (class, n) in &s.errors {
                 let class = String::from_utf8_lossy(class);
+                let name = label_value(name);
                 errors.push((format!("{{database=\"{name}\",class=\"{class}\"}}"), *n));
             }
         }
@@ -459,6 +531,44 @@ impl Published {
             "counter",
             "ErrorResponses the clients got from the backends, by database and SQLSTATE class (its first two characters).",
             &errors,
+        );
+        let (mut statements, mut org_errors) = (Vec::new(), Vec::new());
+        for (name, s) in &databases {
+            let name = label_value(name);
+            let mut orgs: Vec<_> = s.orgs.iter().collect();
+            orgs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (org, o) in orgs {
+                let org = label_value(org);
+                for (route, n) in Route::NAMES.iter().zip(o.statements) {
+                    statements.push((
+                        format!("{{database=\"{name}\",org=\"{org}\",route=\"{route}\"}}"),
+                        n,
+                    ));
+                }
+                for (class, n) in &o.errors {
+                    let class = String::from_utf8_lossy(class);
+                    org_errors.push((
+                        format!("{{database=\"{name}\",org=\"{org}\",class=\"{class}\"}}"),
+                        *n,
+                    ));
+                }
+            }
+        }
+        let statements: Vec<(&str, u64)> =
+            statements.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "org_statements_total",
+            "counter",
+            "Statements (a Query, or a Bind) naming an organization, by database, organization and route: cloud, direct, or refused by the proxy.",
+            &statements,
+        );
+        let org_errors: Vec<(&str, u64)> =
+            org_errors.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "org_errors_total",
+            "counter",
+            "ErrorResponses the clients got, by database, organization (of the request's first statement) and SQLSTATE class.",
+            &org_errors,
         );
         let latency = latency_samples(&databases);
         for (name, value) in relay {
@@ -478,8 +588,55 @@ impl Published {
             );
         }
         out.extend(latency);
+        out.extend(org_latency_samples(&databases));
         out
     }
+}
+
+/// A label's value as Prometheus' text format reads it: an organization is any text a
+/// statement named.
+pub fn label_value(v: &str) -> Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return Cow::Borrowed(v);
+    }
+    Cow::Owned(
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n"),
+    )
+}
+
+/// `lokadb_org_request_duration_seconds`, a summary (sum and count) per database and
+/// organization: a histogram per organization would be thousands of series; SHOW STATS
+/// gives its percentiles.
+fn org_latency_samples(databases: &BTreeMap<String, DbStats>) -> Vec<Sample> {
+    const FAMILY: &str = "lokadb_org_request_duration_seconds";
+    let sample = |suffix: &str, labels: String, value: f64| {
+        Sample {
+        name: format!("{FAMILY}{suffix}"),
+        family: FAMILY.to_owned(),
+        labels,
+        kind: "summary",
+        help: "Requests from sent to answered, by database and organization (of the request's first statement).",
+        value,
+    }
+    };
+    let mut out = Vec::new();
+    for (name, s) in databases {
+        let name = label_value(name);
+        let mut orgs: Vec<_> = s.orgs.iter().filter(|(_, o)| o.latency.count > 0).collect();
+        orgs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (org, o) in orgs {
+            let labels = format!("{{database=\"{name}\",org=\"{}\"}}", label_value(org));
+            out.push(sample(
+                "_sum",
+                labels.clone(),
+                o.latency.sum_us as f64 / 1e6,
+            ));
+            out.push(sample("_count", labels, o.latency.count as f64));
+        }
+    }
+    out
 }
 
 /// `lokadb_request_duration_seconds`, a Prometheus histogram by database and route.
@@ -626,14 +783,34 @@ mod tests {
         assert_eq!(h.quantile_us(0.8), Some(1_000));
         assert_eq!(h.quantile_us(0.99), None, "in +Inf");
         let mut merged = DbStats::default();
-        let one = DbStats {
+        let mut one = DbStats {
             latency: [h, Histogram::default()],
             errors: [(*b"22", 2)].into(),
+            orgs: HashMap::new(),
         };
+        one.org("acme").statements[Route::Direct as usize] += 3;
+        one.org("acme").latency.record(150);
         merged.merge(&one);
         merged.merge(&one);
         assert_eq!(merged.latency[0].count, 10);
         assert_eq!(merged.errors[b"22"], 4);
+        assert_eq!(merged.orgs["acme"].statements, [0, 6, 0]);
+        assert_eq!(merged.orgs["acme"].latency.count, 2);
+    }
+
+    #[test]
+    fn organizations_past_the_cap_share_one_entry_and_labels_are_escaped() {
+        let mut db = DbStats::default();
+        for i in 0..MAX_ORGS + 5 {
+            db.org(&i.to_string()).statements[0] += 1;
+        }
+        assert_eq!(db.orgs.len(), MAX_ORGS + 1);
+        assert_eq!(db.orgs[OTHER_ORGS].statements[0], 5);
+        // One counted before the cap keeps its own.
+        db.org("7").statements[0] += 1;
+        assert_eq!(db.orgs["7"].statements[0], 2);
+        assert_eq!(label_value("plain"), "plain");
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 
     #[test]

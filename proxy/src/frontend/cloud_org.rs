@@ -253,29 +253,10 @@ impl ClientFrames<'_> {
     /// whether the analysis placed it; `None` for one on no LokaDB table (the setting stays
     /// as it is), or one Postgres runs only alone.
     pub(super) fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<(Cow<'_, str>, bool)> {
-        let meta = self.meta?;
+        self.meta?;
         let mut f = Fields::new(&frame[5..], "message");
         let org = match tag {
-            FE_QUERY => {
-                let sql = f.cstr().ok()?;
-                let session = self.router.session_org.as_deref().map(Cow::Borrowed);
-                // A session limited to its organization sends every statement on LokaDB
-                // tables limited to it, or refused.
-                if session.is_some() {
-                    return meta
-                        .meta
-                        .catalog
-                        .may_touch(sql)
-                        .then_some(session)
-                        .flatten()
-                        .map(|org| (org, false));
-                }
-                match self.place(meta, sql) {
-                    Placement::NoLokaTable => return None,
-                    Placement::Org(Org::Literal(v)) => Some(Cow::Owned(v)),
-                    Placement::Org(_) | Placement::Unplaced => None,
-                }
-            }
+            FE_QUERY => return self.sql_org(f.cstr().ok()?),
             FE_BIND => {
                 let _portal = f.cstr().ok()?;
                 let name = f.cstr().ok()?;
@@ -300,6 +281,29 @@ impl ClientFrames<'_> {
             _ => return None,
         };
         Some((org.unwrap_or(Cow::Borrowed("")), false))
+    }
+
+    /// [`Self::statement_org`] of a statement's text (a Query's, or a Parse's).
+    pub(super) fn sql_org(&self, sql: &str) -> Option<(Cow<'_, str>, bool)> {
+        let meta = self.meta?;
+        let session = self.router.session_org.as_deref().map(Cow::Borrowed);
+        // A session limited to its organization sends every statement on LokaDB tables
+        // limited to it, or refused.
+        if session.is_some() {
+            return meta
+                .meta
+                .catalog
+                .may_touch(sql)
+                .then_some(session)
+                .flatten()
+                .map(|org| (org, false));
+        }
+        let org = match self.place(meta, sql) {
+            Placement::NoLokaTable => return None,
+            Placement::Org(Org::Literal(v)) => Cow::Owned(v),
+            Placement::Org(_) | Placement::Unplaced => Cow::Borrowed(""),
+        };
+        Some((org, false))
     }
 
     /// A client's Query or Parse: forgets the value the cloud holds when the statement may

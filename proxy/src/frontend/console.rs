@@ -11,6 +11,7 @@ use super::auth::{authenticate, Authenticated};
 use super::session::Admitted;
 use crate::core::Core;
 use crate::error::SessionError;
+use crate::metrics::label_value;
 use crate::net::stream::{send, ClientStream};
 use crate::rt::net::TcpStream;
 use futures_lite::AsyncReadExt;
@@ -153,34 +154,43 @@ pub fn command_text(body: &[u8]) -> String {
         .to_owned()
 }
 
-/// The commands, for the error that lists them.
-/// `request_p50_ms{database,route}` and p95, p99 of each database's latency histogram: the
-/// upper bound of the bucket that holds it (`GET /metrics` leaves this to the scraper).
+/// `request_p50_ms{database,route}` and p95, p99 of each database's latency histogram, and
+/// `org_request_p50_ms{database,org}` … of each organization's: the upper bound of the
+/// bucket that holds it (`GET /metrics` leaves this to the scraper).
 fn percentile_rows(
     databases: &std::collections::BTreeMap<String, crate::metrics::DbStats>,
 ) -> Vec<Vec<Option<String>>> {
     let mut out = Vec::new();
+    let mut rows = |name: &str, labels: String, h: &crate::metrics::Histogram| {
+        if h.count == 0 {
+            return;
+        }
+        for (label, q) in [("p50", 0.5), ("p95", 0.95), ("p99", 0.99)] {
+            let value = h
+                .quantile_us(q)
+                .map_or("> 10000".to_owned(), |us| format!("{}", us as f64 / 1000.0));
+            out.push(vec![
+                Some(format!("lokadb_{name}_{label}_ms{{{labels}}}")),
+                Some(value),
+            ]);
+        }
+    };
     for (name, s) in databases {
         for (route, h) in ["cloud", "direct"].iter().zip(&s.latency) {
-            if h.count == 0 {
-                continue;
-            }
-            for (label, q) in [("p50", 0.5), ("p95", 0.95), ("p99", 0.99)] {
-                let value = h
-                    .quantile_us(q)
-                    .map_or("> 10000".to_owned(), |us| format!("{}", us as f64 / 1000.0));
-                out.push(vec![
-                    Some(format!(
-                        "lokadb_request_{label}_ms{{database=\"{name}\",route=\"{route}\"}}"
-                    )),
-                    Some(value),
-                ]);
-            }
+            let labels = format!("database=\"{name}\",route=\"{route}\"");
+            rows("request", labels, h);
+        }
+        let mut orgs: Vec<_> = s.orgs.iter().collect();
+        orgs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (org, o) in orgs {
+            let labels = format!("database=\"{name}\",org=\"{}\"", label_value(org));
+            rows("org_request", labels, &o.latency);
         }
     }
     out
 }
 
+/// The commands, for the error that lists them.
 const COMMANDS: &str = "SHOW CLIENTS | SERVERS | POOLS | DATABASES | STATS | ORGS | TUNNELS | CONFIG | VERSION, PAUSE [db], RESUME [db], KILL <client id>";
 
 /// `PAUSE [db]`: the sessions of `db` (of every database without one) send nothing more

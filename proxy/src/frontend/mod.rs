@@ -14,3 +14,4 @@ pub mod session;
 pub mod session_org;
 pub mod startup;
 pub mod statement;
+pub mod tally;

@@ -385,6 +385,10 @@ pub struct Router {
     /// An opener whose transaction just moved to the cloud, for the core to learn
     /// ([`CoreMeta::opener_moved`]) at the next message.
     pub opener_moved: Option<Box<str>>,
+    /// Per-organization figures, where something reads them ([`super::tally`]).
+    pub tally: Option<super::tally::Tally>,
+    /// The message just routed was refused by the proxy (for the tally).
+    pub refused_now: bool,
 }
 
 impl Router {
@@ -1395,6 +1399,7 @@ impl ClientFrames<'_> {
         if self.route_log {
             tracing::info!(target: "lokadb::route", route = "refused", %message);
         }
+        self.router.refused_now = true;
         let sql = super::statement::raise_sql(code, message, hint);
         let mut out = Vec::new();
         let side = self.router.target;

@@ -315,6 +315,7 @@ impl Inspect for ClientFrames<'_> {
             FE_BIND => {
                 self.route_log
                     || self.router.org_ever_set
+                    || (self.router.tally.is_some() && self.meta.is_some_and(|m| m.has_tables()))
                     || (self.router.cloud_org.tell && self.meta.is_some_and(|m| m.has_tables()))
                     || self.meta.is_some_and(|m| m.has_owing())
             }
@@ -332,6 +333,15 @@ impl Inspect for ClientFrames<'_> {
 
     #[inline]
     fn on_frame(&mut self, header: Header, frame: Option<&[u8]>) -> Action {
+        let action = self.route_frame(header, frame);
+        self.tally(header.tag, frame, &action);
+        action
+    }
+}
+
+impl ClientFrames<'_> {
+    /// Where a client's message goes, and as what.
+    fn route_frame(&mut self, header: Header, frame: Option<&[u8]>) -> Action {
         if header.tag == FE_TERMINATE {
             self.exchanges.cloud.terminated = true;
             return Action::Stop;
@@ -414,6 +424,7 @@ impl Inspect for ClientFrames<'_> {
         if let Some(f) = routed.filter(|_| matches!(header.tag, FE_QUERY | FE_PARSE)) {
             self.note_for_cloud_org(header.tag, f);
         }
+        self.router.refused_now |= refused;
         if refused && self.route_log {
             if let Some(f) = frame {
                 log_refused(header.tag, &f[5..]);

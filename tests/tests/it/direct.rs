@@ -25,7 +25,7 @@ fn direct_world_env(db: Value, env: &[(&str, &str)]) -> (World, Proxy) {
 }
 
 /// The world's organization 2 moved with fdw+direct, its database logging every statement.
-fn direct_world_setup(w: &World) {
+pub(crate) fn direct_world_setup(w: &World) {
     w.org
         .db
         .psql(
@@ -43,6 +43,11 @@ fn direct_world_setup(w: &World) {
 /// A proxy with the direct path configured for `w` (`db` merged into its database block,
 /// `env` its environment).
 pub(crate) fn direct_proxy(w: &World, db: Value, env: &[(&str, &str)]) -> Proxy {
+    direct_proxy_with(w, db, json!({}), env)
+}
+
+/// [`direct_proxy`] with `top` merged into the configuration's top level.
+pub(crate) fn direct_proxy_with(w: &World, db: Value, top: Value, env: &[(&str, &str)]) -> Proxy {
     let mut database = json!({
         "cloud": format!("host=127.0.0.1 port={} dbname=app", w.cloud.port()),
         "auth_user": "lokadb_auth",
@@ -52,11 +57,15 @@ pub(crate) fn direct_proxy(w: &World, db: Value, env: &[(&str, &str)]) -> Proxy 
     if let (Some(base), Value::Object(extra)) = (database.as_object_mut(), db) {
         base.extend(extra);
     }
-    let mut builder = Proxy::builder(json!({
+    let mut config = json!({
         "listen": "127.0.0.1:0",
         "route_log": true,
         "databases": { "app": database },
-    }));
+    });
+    if let (Some(base), Value::Object(extra)) = (config.as_object_mut(), top) {
+        base.extend(extra);
+    }
+    let mut builder = Proxy::builder(config);
     for (k, v) in env {
         builder = builder.env(k, v);
     }

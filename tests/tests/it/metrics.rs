@@ -179,6 +179,110 @@ async fn the_endpoint_follows_the_traffic() {
     assert!(e.to_string().contains("metrics: cannot listen on"), "{e}");
 }
 
+/// Per organization: statements by route (organization 2 on fdw+direct reads direct,
+/// organization 1 in the cloud, a statement refused in a session limited to organization
+/// 2), errors by SQLSTATE class and latency under the organization their request named;
+/// in `GET /metrics` and in the console's `SHOW STATS` with percentiles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn figures_per_organization_follow_each_route() {
+    let w = crate::moves::world_at(0, false, None);
+    crate::direct::direct_world_setup(&w);
+    w.cloud.create_role("ops", "ops-secret").unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", lokadb_tests::free_port())
+        .parse()
+        .unwrap();
+    let proxy = crate::direct::direct_proxy_with(
+        &w,
+        json!({}),
+        json!({ "metrics": addr, "admin_users": ["ops"] }),
+        &[],
+    );
+    let c = crate::direct::client(&proxy).await;
+    for _ in 0..5 {
+        c.simple_query("SELECT count(*) FROM documents WHERE organization_id = 2")
+            .await
+            .unwrap();
+    }
+    // Bound in binary, as most drivers send it.
+    let bound = "SELECT count(*) FROM documents WHERE organization_id = $1";
+    for org in [2i64, 2, 1] {
+        c.query_one(bound, &[&org]).await.unwrap();
+    }
+    for _ in 0..3 {
+        c.simple_query("SELECT count(*) FROM documents WHERE organization_id = 1")
+            .await
+            .unwrap();
+    }
+    let e = c
+        .simple_query("SELECT 1 / (id - id) FROM documents WHERE organization_id = 1 LIMIT 1")
+        .await
+        .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "22012");
+    // Nothing names an organization: counted for the database only.
+    c.simple_query("SELECT 1").await.unwrap();
+    // A session limited to organization 2 naming organization 1: refused, under 2.
+    c.simple_query("SET lokadb.org = 2").await.unwrap();
+    let e = c
+        .simple_query("SELECT count(*) FROM documents WHERE organization_id = 1")
+        .await
+        .unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "42501");
+
+    let key = |org: &str, route: &str| {
+        format!("lokadb_org_statements_total{{database=\"app\",org=\"{org}\",route=\"{route}\"}}")
+    };
+    let s = scrape_until(addr, |s| {
+        s.get(&key("2", "refused")).is_some_and(|n| *n >= 1)
+            && s.get(&key("1", "cloud")).is_some_and(|n| *n >= 5)
+    })
+    .await;
+    assert_eq!(s[&key("2", "direct")], 7, "{s:?}");
+    assert_eq!(s[&key("2", "cloud")], 0, "{s:?}");
+    assert_eq!(s[&key("2", "refused")], 1, "{s:?}");
+    assert_eq!(s[&key("1", "cloud")], 5, "{s:?}");
+    assert_eq!(s[&key("1", "direct")], 0, "{s:?}");
+    assert_eq!(
+        s["lokadb_org_errors_total{database=\"app\",org=\"1\",class=\"22\"}"],
+        1
+    );
+    assert_eq!(
+        s["lokadb_org_errors_total{database=\"app\",org=\"2\",class=\"42\"}"],
+        1
+    );
+    assert!(!s.keys().any(|k| k.contains("org=\"\"")), "{s:?}");
+    // Every request of each is timed (the refused one too).
+    let count = |org: &str| {
+        s[&format!("lokadb_org_request_duration_seconds_count{{database=\"app\",org=\"{org}\"}}")]
+    };
+    assert_eq!(count("1"), 5);
+    assert_eq!(count("2"), 8);
+
+    // The console: the same counters, and percentiles per organization.
+    let ops = crate::world::connect(&format!(
+        "host=127.0.0.1 port={} user=ops password=ops-secret dbname=lokadb",
+        proxy.port()
+    ))
+    .await
+    .unwrap();
+    let rows = ops.simple_query("SHOW STATS").await.unwrap();
+    let value = |metric: &str| {
+        rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some(metric) => {
+                r.get(1).map(str::to_owned)
+            }
+            _ => None,
+        })
+    };
+    assert_eq!(value(&key("2", "direct")).as_deref(), Some("7"));
+    for q in ["p50", "p95", "p99"] {
+        let ms = value(&format!(
+            "lokadb_org_request_{q}_ms{{database=\"app\",org=\"1\"}}"
+        ))
+        .unwrap_or_else(|| panic!("no {q} for organization 1: {rows:?}"));
+        assert!(ms.parse::<f64>().is_ok_and(|v| v > 0.0), "{q}: {ms}");
+    }
+}
+
 /// `LOKADB_LOG_FORMAT=json`: every log line is a JSON object, with the level, the message
 /// and its fields (what a log collector filters on).
 #[tokio::test]
