@@ -168,11 +168,18 @@ impl ClientFrames<'_> {
             // Every statement fails until the transaction ends; so would the proxy's.
             return None;
         }
-        let (org, placed) = self.statement_org(tag, frame)?;
-        if self.router.cloud_org.known.as_deref() == Some(&*org) {
-            return None;
-        }
-        let org: Rc<str> = Rc::from(&*org);
+        // The tally counts the statement under it too (`frame` is what goes to the cloud).
+        let mut tally = self.router.tally.take();
+        let found = self.statement_org(tag, frame).map(|(org, placed)| {
+            if let Some(t) = &mut tally {
+                t.remember(&org);
+            }
+            let known = self.router.cloud_org.known.as_deref() == Some(&*org);
+            ((!known).then(|| Rc::<str>::from(&*org)), placed)
+        });
+        self.router.tally = tally;
+        let (org, placed) = found?;
+        let org = org?;
         let holds = self.router.holds_message();
         let ex = &mut self.exchanges.cloud;
         let state = &mut self.router.cloud_org;

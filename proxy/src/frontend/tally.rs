@@ -6,10 +6,9 @@
 
 use super::pump::Action;
 use super::router::Side;
-use super::statement::ClientFrames;
+use super::statement::{statement_of, ClientFrames};
 use crate::metrics::{DbStats, Route};
 use lokadb_shared::wire::tags::*;
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -22,6 +21,9 @@ pub struct Tally {
     /// latency and errors; the buffer is reused.
     org: String,
     has_org: bool,
+    /// The organization routing read for the message being routed ([`Self::remember`]).
+    seen: String,
+    has_seen: bool,
 }
 
 impl Tally {
@@ -30,7 +32,17 @@ impl Tally {
             stats,
             org: String::new(),
             has_org: false,
+            seen: String::new(),
+            has_seen: false,
         }
+    }
+
+    /// Keeps the organization routing read for the message being routed (telling the
+    /// cloud): counting it then costs no second analysis.
+    pub fn remember(&mut self, org: &str) {
+        self.seen.clear();
+        self.seen.push_str(org);
+        self.has_seen = true;
     }
 
     /// The request in flight's organization, taken (its request is done).
@@ -73,21 +85,33 @@ impl ClientFrames<'_> {
         let Some(mut tally) = self.router.tally.take() else {
             return;
         };
-        let direct = match route {
-            Route::Direct => self.router.direct_org.clone(),
-            _ => None,
-        };
-        let org = match (&direct, frame) {
-            (Some(org), _) => Some(Cow::Borrowed(&**org)),
-            (None, Some(f)) if tag == FE_PARSE => super::statement::statement_of(tag, &f[5..])
-                .and_then(|(_, sql, _)| self.sql_org(sql))
-                .map(|(org, _)| org),
-            (None, Some(f)) => self.statement_org(tag, f).map(|(org, _)| org),
-            (None, None) => None,
-        };
-        // No LokaDB table, or none the analysis could place in one organization.
-        if let Some(org) = org.filter(|o| !o.is_empty()) {
-            tally.note(&org, route);
+        let seen = std::mem::take(&mut tally.has_seen);
+        match route {
+            Route::Direct => {
+                if let Some(org) = self.router.direct_org.clone() {
+                    tally.note(&org, route);
+                }
+            }
+            Route::Cloud if seen => {
+                let org = std::mem::take(&mut tally.seen);
+                if !org.is_empty() {
+                    tally.note(&org, route);
+                }
+                tally.seen = org;
+            }
+            _ => {
+                let org = match frame {
+                    Some(f) if tag == FE_PARSE => statement_of(tag, &f[5..])
+                        .and_then(|(_, sql, _)| self.sql_org(sql))
+                        .map(|(org, _)| org),
+                    Some(f) => self.statement_org(tag, f).map(|(org, _)| org),
+                    None => None,
+                };
+                // No LokaDB table, or none the analysis could place in one organization.
+                if let Some(org) = org.filter(|o| !o.is_empty()) {
+                    tally.note(&org, route);
+                }
+            }
         }
         self.router.tally = Some(tally);
     }
