@@ -90,6 +90,8 @@ class Mode:
         self.t_after = 2.0 if quick else 3.0  # ... and after it
         self.move_back = True  # once per size, after the first scenario
         self.move_back_writers = 2
+        # Organization 1's rows in DEFAULT as a multiple of organization 2's (the one moved).
+        self.default_factor = 1
 
 
 # --------------------------------------------------------------------------------------
@@ -285,13 +287,16 @@ def org_pairs(size_mb: int) -> int:
     return int(size_mb * 1e6 / (BODY_BYTES + 45))
 
 
-def load_sql(pairs: int) -> str:
+def load_sql(pairs: int, factor: int = 1) -> str:
     # Triggers off for the bulk load (session_replication_role = replica): the rows are
     # consistent by construction, the FK checks and the audit trigger would only slow it.
+    # Organization 2 gets `pairs`, organization 1 `factor` times as many, interleaved.
     return f"""
 SET session_replication_role = replica;
 INSERT INTO documents (organization_id, project_id, title)
-  SELECT 1 + g % 2, 10 * (1 + g % 2), 'bulk ' || g FROM generate_series(1, {2 * pairs}) g;
+  SELECT o, 10 * o, 'bulk ' || g
+    FROM (SELECT g, CASE WHEN g % {factor + 1} = 0 THEN 2 ELSE 1 END AS o
+            FROM generate_series(1, {(factor + 1) * pairs}) g) s;
 INSERT INTO document_versions (organization_id, document_id, body)
   SELECT organization_id, id, left(repeat(md5(id::text), {BODY_BYTES // 32 + 1}), {BODY_BYTES})
     FROM documents WHERE title LIKE 'bulk %';
@@ -323,7 +328,8 @@ def build_template(ctx, size_mb: int) -> dict:
             c.execute(schema_sql())
         T["init_schema"] = round(time.time() - t, 1)
         t = time.time()
-        sql = load_sql(info["pairs_per_org"])
+        info["default_factor"] = ctx.mode.default_factor
+        sql = load_sql(info["pairs_per_org"], ctx.mode.default_factor)
         ctx.commands.append(f"(cloud, database app) {sql.strip()}")
         with cloud.conn("app") as c:
             c.execute(sql)
@@ -1299,6 +1305,9 @@ def main() -> int:
     ap.add_argument("--modes", help="comma-separated: trigger,logical")
     ap.add_argument("--writers", help="comma-separated writer counts (default: quick 2, full 2,8)")
     ap.add_argument("--no-move-back", action="store_true", help="skip the move-back measurement")
+    ap.add_argument("--default-factor", type=int, default=1,
+                    help="organization 1's rows in DEFAULT as a multiple of organization 2's (default 1; "
+                         "20 for the issue's 'DEFAULT at least 20 times the organization')")
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
     ap.add_argument("--trace-admin", action="store_true",
                     help="diagnostic: both clusters log every statement with its duration; the lines of "
@@ -1318,6 +1327,9 @@ def main() -> int:
         mode.writers = [int(x) for x in args.writers.split(",")]
     if args.no_move_back:
         mode.move_back = False
+    if not 1 <= args.default_factor <= 1000:
+        ap.error("--default-factor must be 1 to 1000")
+    mode.default_factor = args.default_factor
     started, run_id, outdir = result_dir(args.out, "-moves", mode.quick)
     catch_signals()
 

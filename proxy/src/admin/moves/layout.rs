@@ -130,6 +130,43 @@ impl MoveTable {
         format!("({})", k.join(", "))
     }
 
+    /// The CHECK the split puts on DEFAULT while it runs: validated, it proves DEFAULT holds
+    /// none of the organization's rows, so attaching its table next to DEFAULT needs no scan
+    /// of DEFAULT under its lock (docs/moving.md).
+    pub fn split_check_name(&self) -> String {
+        suffixed(&self.name, &format!("__lokadb_{}_s", org_key(&self.org)))
+    }
+
+    /// Adds [`Self::split_check_name`] without checking the rows DEFAULT holds (a moment's
+    /// ACCESS EXCLUSIVE lock on DEFAULT).
+    pub fn split_check_add(&self) -> String {
+        format!(
+            "ALTER TABLE {} ADD CONSTRAINT {} CHECK ({} <> {}) NOT VALID",
+            self.default(),
+            ident(&self.split_check_name()),
+            ident(&self.org_column),
+            self.org_literal
+        )
+    }
+
+    /// Validates it: a scan of DEFAULT under SHARE UPDATE EXCLUSIVE, which lets every other
+    /// organization read and write on.
+    pub fn split_check_validate(&self) -> String {
+        format!(
+            "ALTER TABLE {} VALIDATE CONSTRAINT {}",
+            self.default(),
+            ident(&self.split_check_name())
+        )
+    }
+
+    pub fn split_check_drop(&self) -> String {
+        format!(
+            "ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}",
+            self.default(),
+            ident(&self.split_check_name())
+        )
+    }
+
     /// `org_column = 'org'`, for `alias`.
     pub fn org_filter(&self, alias: &str) -> String {
         format!("{alias}.{} = {}", ident(&self.org_column), self.org_literal)

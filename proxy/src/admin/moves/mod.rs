@@ -1131,7 +1131,8 @@ fn abort(m: &mut Move) -> Result<(), AdminError> {
         match m.direction {
             Direction::Out => {
                 if place == Place::Default {
-                    // An unfinished split: its capture on DEFAULT and its tables.
+                    // An unfinished split: its capture on DEFAULT, its check, its tables.
+                    split::drop_checks(&mut m.cloud, std::slice::from_ref(t))?;
                     sql.extend(capture::remove_sql(t, &t.default()));
                     sql.push(format!("DROP TABLE IF EXISTS {} CASCADE", t.own()));
                 } else {

@@ -3,11 +3,13 @@
 //! Its rows are copied (inside the cloud) into `<table>__lokadb_<org>_c`, under the
 //! organization's own partitioned table, while it keeps working; triggers on the DEFAULT
 //! partition record what it writes meanwhile, and catch-up rounds apply it. Then its
-//! writes pause (`lokadb.write_gate`) and, in one transaction, its rows are deleted from
-//! DEFAULT and its table attached (the CHECK on the partition spares a scan of it; the
-//! DEFAULT partition is scanned once, as Postgres requires, under its lock). Writers that
-//! wait at the pause hold a lock on DEFAULT the attach needs: they are told to retry
-//! (40001) — only those waiting at that moment.
+//! writes pause (`lokadb.write_gate`); a CHECK excluding it is put on DEFAULT, not
+//! validated (a moment's lock); and in one transaction its rows are deleted from DEFAULT,
+//! the check validated (a scan of DEFAULT that lets the other organizations read and
+//! write on), and its table attached: the CHECK on the partition spares a scan of it, the
+//! validated check one of DEFAULT, so the other organizations wait only for the attach's
+//! catalog work. Writers that wait at the pause hold a lock on DEFAULT the check and the
+//! attach need: they are told to retry (40001) — only those waiting at those moments.
 
 use super::capture::{self, CatchUp};
 use super::layout::{self, MoveTable, Place};
@@ -79,6 +81,9 @@ pub fn run(m: &mut Move) -> Result<(), AdminError> {
     if todo.is_empty() {
         return Ok(());
     }
+    // A split killed between adding its check and attaching left it: DEFAULT would refuse
+    // the organization's writes while it copies.
+    drop_checks(&mut m.cloud, &todo)?;
     let started = Instant::now();
     for t in &todo {
         // A split cut short left an unattached table: start its copy again.
@@ -183,6 +188,8 @@ fn switch(
         let source = |t: &MoveTable| (t.default(), true);
         let dest = |t: &MoveTable| t.cloud_part();
         cu.drain(todo, src, &source, dst, &dest)?;
+        add_checks(m, todo)?;
+        failpoint("split-check");
         for attempt in 1..=ATTACH_ATTEMPTS {
             match attach(m, todo) {
                 Ok(()) => return Ok(()),
@@ -202,6 +209,12 @@ fn switch(
         }
         unreachable!("the last attempt returns")
     })();
+    if result.is_err() {
+        // DEFAULT refuses the organization's rows while its check is there.
+        if let Err(e) = drop_checks(&mut m.cloud, todo) {
+            eprintln!("lokadb: split of {org}: {e}; a rerun or --abort removes the check");
+        }
+    }
     // Ends the pause; the move's own lock stays.
     let unpause = m.cloud.batch_execute(&format!(
         "SELECT pg_advisory_unlock(lokadb.pause_key({o}));
@@ -212,9 +225,64 @@ fn switch(
     unpause?;
     let ms = paused.elapsed().as_millis();
     m.say(format!(
-        "split of {org}: its writes paused {ms} ms (the DELETE from DEFAULT and the attach)"
+        "split of {org}: its writes paused {ms} ms (the DELETE from DEFAULT, the check of DEFAULT and the attach)"
     ));
     Ok(())
+}
+
+/// How long adding the split's check may wait for DEFAULT's lock: every statement on
+/// DEFAULT queues behind the request meanwhile.
+const CHECK_LOCK_WAIT: &str = "100ms";
+
+/// Puts the split's check on each DEFAULT partition, not validated ([`MoveTable::split_check_add`]):
+/// a moment's lock. The organization's writers waiting at its pause hold DEFAULT and are
+/// told to retry first, as at the attach.
+fn add_checks(m: &mut Move, todo: &[MoveTable]) -> Result<(), AdminError> {
+    let mut sql = vec![format!(
+        "SELECT pg_advisory_xact_lock(lokadb.evict_key({}))",
+        crate::admin::db::literal(&m.org.id)
+    )];
+    for t in todo {
+        sql.push(t.split_check_drop());
+        sql.push(t.split_check_add());
+    }
+    crate::admin::fkeys::with_lock_retry_within(
+        &mut m.cloud,
+        &format!(
+            "split of {}: checking DEFAULT holds none of its rows",
+            m.org.id
+        ),
+        CHECK_LOCK_WAIT,
+        |tx| run_all(tx, &sql),
+    )
+}
+
+/// Removes the split's checks a failed or interrupted split left on DEFAULT (only where
+/// there is one: dropping takes DEFAULT's lock).
+///
+/// # Errors
+///
+/// The lock was not granted, or a query failed.
+pub fn drop_checks(c: &mut postgres::Client, tables: &[MoveTable]) -> Result<(), AdminError> {
+    let mut sql = Vec::new();
+    for t in tables {
+        let left = c.query_opt(
+            "SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2",
+            &[&t.default(), &t.split_check_name()],
+        )?;
+        if left.is_some() {
+            sql.push(t.split_check_drop());
+        }
+    }
+    if sql.is_empty() {
+        return Ok(());
+    }
+    crate::admin::fkeys::with_lock_retry_within(
+        c,
+        "removing the split's check of DEFAULT",
+        CHECK_LOCK_WAIT,
+        |tx| run_all(tx, &sql),
+    )
 }
 
 enum Retry {
@@ -256,6 +324,12 @@ fn attach(m: &mut Move, todo: &[MoveTable]) -> Result<(), Retry> {
     // The references of its rows, recorded before the attach: other organizations' writers
     // wait for the attach (DEFAULT's lock), not for this. Nobody sees them before the commit,
     // and the organization's rows do not change meanwhile (paused, changes drained).
+    // DEFAULT holds none of its rows now: the check is validated by a scan under a lock that
+    // lets every other organization read and write on, and the attach needs no scan of its
+    // own (Postgres takes the validated check as proof).
+    for t in todo {
+        tx.batch_execute(&t.split_check_validate()).map_err(fail)?;
+    }
     for t in todo {
         tx.batch_execute(&format!(
             "SELECT lokadb.refs_fill_under({}::regclass, {}::regclass, {})",
@@ -288,6 +362,8 @@ fn attach(m: &mut Move, todo: &[MoveTable]) -> Result<(), Retry> {
             t.org_literal
         )];
         sql.extend(capture::remove_sql(t, &t.default()));
+        // DEFAULT's own partition constraint excludes the organization from here.
+        sql.push(t.split_check_drop());
         for s in &sql {
             tx.batch_execute(s).map_err(fail)?;
         }
