@@ -983,6 +983,40 @@ fn an_aborted_move_leaves_nothing_behind() {
     assert_moved(&w, d2, v2, d1);
 }
 
+/// A split killed after putting its check on DEFAULT, then `--abort`: the check is gone
+/// (organization 2 writes into DEFAULT again), and so is everything else the split made.
+#[test]
+fn an_aborted_split_removes_its_check_of_default() {
+    let w = world(500, false);
+    let before = counts(&w);
+    let out = std::process::Command::new(lokadb_tests::proxy::find_binary().unwrap())
+        .args(["move-org", "2"])
+        .env("LOKADB_CLOUD", &w.dsn)
+        .env("LOKADB_MOVE_FAILPOINT", "split-check")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(99), "{}", stderr(&out));
+    let checks = "SELECT count(*) FROM pg_constraint WHERE conname LIKE '%\\_\\_lokadb\\_2\\_s'";
+    assert_eq!(q(&w.cloud, checks), "2");
+    let out = ok(&lokadb(&w.dsn, &["move-org", "2", "--abort"]));
+    assert!(out.contains("rolled back"), "{out}");
+    assert_eq!(q(&w.cloud, checks), "0");
+    q(
+        &w.cloud,
+        "INSERT INTO documents (organization_id, project_id, title) VALUES (2, 20, 'after abort')",
+    );
+    let (d2, v2, d1) = before;
+    assert_eq!(counts(&w), (d2 + 1, v2, d1));
+    assert_eq!(
+        q(
+            &w.cloud,
+            "SELECT count(*) FROM pg_class WHERE relname LIKE '%\\_\\_lokadb\\_2%'"
+        ),
+        "0"
+    );
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+}
+
 #[test]
 fn bad_moves_are_refused_and_change_nothing() {
     let mut w = world(100, false);
