@@ -402,7 +402,7 @@ fn finish(client: &mut postgres::Client, r: &Registered) -> Result<String, Admin
     for (km, (seen, _)) in pending.iter().zip(&copied) {
         let stale = client.execute(&km.cleanup_sql(&name), &[])?;
         client.execute(
-            "UPDATE lokadb.keys SET backfilled = true WHERE keymap = $1",
+            "UPDATE lokadb.keys SET backfilled = true, backfill_last = NULL WHERE keymap = $1",
             &[&km.name],
         )?;
         let mut line = format!(

@@ -280,12 +280,17 @@ $lokadb$",
             .iter()
             .map(|c| format!("(SELECT {}::text FROM last)", ident(&c.name)))
             .collect();
+        // The batch's last key is recorded in the same statement, so a killed run's rerun
+        // goes on after it ([`backfill`]).
         format!(
             "WITH batch AS (SELECT {cols}, {org} FROM ONLY {partition}{filter} ORDER BY {cols} LIMIT {batch} FOR KEY SHARE),
              added AS (INSERT INTO {km} ({cols}, {org}) SELECT {cols}, {org} FROM batch ON CONFLICT DO NOTHING RETURNING 1),
-             last AS (SELECT {cols} FROM batch ORDER BY {order} LIMIT 1)
+             last AS (SELECT {cols} FROM batch ORDER BY {order} LIMIT 1),
+             progress AS (UPDATE lokadb.keys SET backfill_last = ARRAY[{last}]
+                          WHERE keymap = {name} AND EXISTS (SELECT 1 FROM last))
              SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM added), ARRAY[{last}]",
             km = self.qualified(),
+            name = super::db::literal(&self.name),
             order = self
                 .columns
                 .iter()
@@ -315,8 +320,8 @@ $lokadb$",
 pub const BATCH: i64 = 10_000;
 
 /// Copies the keys of the rows of `partition` into the key map, batch by batch, each batch
-/// its own transaction, showing progress on stderr. Idempotent: a rerun copies again and
-/// skips what is there.
+/// its own transaction, showing progress on stderr. A rerun goes on after the last key a
+/// killed run recorded (`lokadb.keys.backfill_last`); copying again skips what is there.
 ///
 /// # Errors
 ///
@@ -333,7 +338,20 @@ pub fn backfill(
         )?
         .get(0);
     let progress = Progress::new(&km.name, estimate as u64);
-    let mut last: Option<Vec<String>> = None;
+    // Where a killed run stopped.
+    let mut last: Option<Vec<String>> = client
+        .query_opt(
+            "SELECT backfill_last FROM lokadb.keys WHERE keymap = $1",
+            &[&km.name],
+        )?
+        .and_then(|r| r.get(0));
+    if let Some(key) = &last {
+        eprintln!(
+            "lokadb: key map {}: resuming the backfill after key ({})",
+            km.display(),
+            key.join(", ")
+        );
+    }
     let (mut seen, mut added) = (0u64, 0u64);
     loop {
         let sql = km.backfill_sql(partition, last.is_none(), BATCH);
@@ -359,6 +377,7 @@ pub fn backfill(
         added += row.get::<_, i64>(1) as u64;
         last = Some(row.get::<_, Vec<String>>(2));
         progress.set(seen);
+        crate::failpoint::exit_at("LOKADB_ENABLE_FAILPOINT", "backfill-batch");
     }
     progress.finish(seen);
     Ok((seen, added))

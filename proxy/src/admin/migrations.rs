@@ -92,6 +92,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "the watcher and the resolver read the migration tables through SECURITY DEFINER functions; the resolver forgets only the prepared rows it read before listing an organization",
         include_str!("sql/0017_resolver_fixes.sql"),
     ),
+    (
+        18,
+        "lokadb enable's key map backfill resumes after the last key a killed run copied",
+        include_str!("sql/0018_backfill_resume.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

@@ -291,6 +291,65 @@ fn enable_keeps_rows_indexes_defaults_identity_grants_triggers_and_constraints()
     );
 }
 
+/// `enable` killed during its key map backfill: the rerun goes on after the last key the
+/// killed run copied (not from the first), and the map ends with every key, also of rows
+/// written between the two runs.
+#[test]
+fn a_killed_backfill_resumes_after_its_last_key() {
+    let (cloud, dsn) = cloud();
+    q(
+        &cloud,
+        "INSERT INTO documents (organization_id, project_id, title)
+         SELECT 1 + g % 2, 10 * (1 + g % 2), 'more ' || g FROM generate_series(1, 24800) g",
+    );
+    let out = std::process::Command::new(lokadb_tests::proxy::find_binary().unwrap())
+        .args(["enable", "documents"])
+        .env("LOKADB_CLOUD", &dsn)
+        .env("LOKADB_ENABLE_FAILPOINT", "backfill-batch")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(99), "{}", stderr(&out));
+    // One batch (10,000 keys in key order) copied, and where it ended recorded.
+    assert_eq!(
+        q(&cloud, "SELECT count(*) FROM lokadb.km_documents_id"),
+        "10000"
+    );
+    let last = q(
+        &cloud,
+        "SELECT backfill_last[1] FROM lokadb.keys WHERE keymap = 'km_documents_id'",
+    );
+    assert_eq!(
+        last,
+        q(&cloud, "SELECT max(id) FROM lokadb.km_documents_id")
+    );
+    // Written meanwhile: the key map's trigger keeps it.
+    q(
+        &cloud,
+        "INSERT INTO documents (organization_id, project_id, title) VALUES (1, 10, 'between')",
+    );
+    let out = lokadb(&dsn, &["enable", "documents"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("resuming the backfill after key ({last})")),
+        "{}",
+        stderr(&out)
+    );
+    // The 15,000 keys after it, and the row written meanwhile (above them all).
+    let copied = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(copied.contains("15001 existing keys copied"), "{copied}");
+    assert_eq!(
+        q(&cloud, "SELECT count(*) FROM lokadb.km_documents_id"),
+        q(&cloud, "SELECT count(*) FROM documents")
+    );
+    assert_eq!(
+        q(
+            &cloud,
+            "SELECT backfilled, backfill_last IS NULL FROM lokadb.keys WHERE keymap = 'km_documents_id'"
+        ),
+        "t|t"
+    );
+}
+
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
     let (cloud, dsn) = cloud();
