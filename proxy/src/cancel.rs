@@ -198,6 +198,21 @@ pub async fn handle(core: &Core, pid: u32, secret: Vec<u8>, to_peers: bool) {
     } else {
         &[]
     };
+    // A session still draining in the process this one took the sockets from.
+    {
+        let mut predecessor = core
+            .shared
+            .predecessor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = predecessor.as_mut() {
+            if p.cancel(pid, &secret) {
+                tracing::debug!(pid, "cancel request handed to the draining process");
+            } else {
+                *predecessor = None;
+            }
+        }
+    }
     let forwarded = core.peers.len().saturating_sub(1);
     let left = Arc::new(AtomicUsize::new(forwarded + peers.len()));
     for &peer in peers {

@@ -145,6 +145,9 @@ pub struct Shared {
     pub env_direct_password: Option<String>,
     /// What the cores and the relay published last, for `GET /metrics`.
     pub published: crate::metrics::Published,
+    /// The process this one took its sockets from, while it drains: cancels for its
+    /// sessions arrive here now ([`crate::handover::Predecessor`]).
+    pub predecessor: std::sync::Mutex<Option<crate::handover::Predecessor>>,
 }
 
 impl Shared {
@@ -168,6 +171,7 @@ impl Shared {
             env_auth_password,
             env_direct_password,
             published: crate::metrics::Published::default(),
+            predecessor: std::sync::Mutex::new(None),
         })
     }
 

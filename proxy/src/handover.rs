@@ -12,6 +12,12 @@
 //! The sockets are the same kernel objects in both processes: connections queued on
 //! them are accepted by whichever process asks first, and none is lost when the old
 //! process closes its copies.
+//!
+//! 4. the connection stays open while the old process drains: a client of a draining
+//!    session cancels through the listening socket, which the new process serves now; a
+//!    key it does not know it sends on as `CANCEL <pid> <secret in hex>\n`, and the old
+//!    process hands it to its cores (which send it to the backend, if one of theirs has
+//!    it). It goes no further, so a cancel never loops.
 
 use anyhow::Context as _;
 use sendfd::{RecvWithFd, SendWithFd};
@@ -96,13 +102,58 @@ pub struct Taken {
 }
 
 impl Taken {
-    /// Tells the old process this one accepts now: it stops accepting and drains.
-    pub fn ready(mut self) {
+    /// Tells the old process this one accepts now: it stops accepting and drains. Returns
+    /// the way to hand it cancels for its sessions meanwhile.
+    pub fn ready(mut self) -> Option<Predecessor> {
         if let Err(e) = self.conn.write_all(READY.as_bytes()) {
             tracing::warn!(error = %e, "handover: the old process did not hear READY; it goes on serving beside this one");
+            return None;
         }
+        // A cancel is a few bytes into a socket buffer nobody else writes: a peer that
+        // stopped reading costs a core at most this long, once.
+        self.conn
+            .set_write_timeout(Some(CANCEL_WRITE_TIMEOUT))
+            .ok()?;
+        Some(Predecessor { conn: self.conn })
     }
 }
+
+/// How long sending a cancel to the predecessor may block.
+const CANCEL_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
+/// Cancels the predecessor reads per second at most (a client may send many).
+const CANCEL_LINE_MAX: usize = 64;
+
+/// The draining process this one took its sockets from.
+pub struct Predecessor {
+    conn: UnixStream,
+}
+
+impl Predecessor {
+    /// Hands it a cancel key no session here has. `false`: it is gone (drained and exited).
+    pub fn cancel(&mut self, pid: u32, secret: &[u8]) -> bool {
+        let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        self.conn
+            .write_all(format!("CANCEL {pid} {hex}\n").as_bytes())
+            .is_ok()
+    }
+}
+
+/// A `CANCEL` line from the successor: the key's process ID and secret.
+fn cancel_line(line: &str) -> Option<(u32, Vec<u8>)> {
+    let mut words = line.strip_suffix('\n')?.split(' ');
+    let (verb, pid, hex) = (words.next()?, words.next()?, words.next()?);
+    if verb != "CANCEL" || words.next().is_some() || hex.len() % 2 != 0 || hex.len() > 16 {
+        return None;
+    }
+    let secret = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some((pid.parse().ok()?, secret))
+}
+
+/// What the old process does with a cancel the successor could not place.
+pub type OnCancel = Box<dyn Fn(u32, Vec<u8>) + Send>;
 
 /// Takes the listeners of the process listening at `path`, when the config names one.
 ///
@@ -189,8 +240,13 @@ pub fn take(path: &Path) -> anyhow::Result<Option<Taken>> {
 /// listening there. When `shutdown` is raised otherwise (SIGTERM), the copies are closed at
 /// once, so a drain without a successor leaves no listening socket nobody accepts on. A
 /// socket that cannot be made at `path` is logged: this process serves on without it.
-pub fn offer(path: PathBuf, listeners: Listeners, shutdown: Arc<AtomicBool>) {
-    if let Err(e) = serve(path, listeners, shutdown) {
+pub fn offer(
+    path: PathBuf,
+    listeners: Listeners,
+    shutdown: Arc<AtomicBool>,
+    on_cancel: Option<OnCancel>,
+) {
+    if let Err(e) = serve(path, listeners, shutdown, on_cancel) {
         tracing::error!(
             error = format!("{e:#}"),
             "handover: the next process will not find this one; its start will bind the ports anew"
@@ -198,7 +254,12 @@ pub fn offer(path: PathBuf, listeners: Listeners, shutdown: Arc<AtomicBool>) {
     }
 }
 
-fn serve(path: PathBuf, listeners: Listeners, shutdown: Arc<AtomicBool>) -> anyhow::Result<()> {
+fn serve(
+    path: PathBuf,
+    listeners: Listeners,
+    shutdown: Arc<AtomicBool>,
+    on_cancel: Option<OnCancel>,
+) -> anyhow::Result<()> {
     // A socket left there (by the process that handed over to us, or one that crashed).
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)
@@ -225,9 +286,13 @@ fn serve(path: PathBuf, listeners: Listeners, shutdown: Arc<AtomicBool>) -> anyh
             };
             let _ = conn.set_nonblocking(false);
             match hand_over(&conn, &listeners) {
-                Ok(()) => {
+                Ok(reader) => {
                     tracing::info!(path = %path.display(), "handover: the new process accepts on our sockets; draining");
                     shutdown.store(true, Ordering::Relaxed);
+                    drop(listeners);
+                    if let Some(on_cancel) = &on_cancel {
+                        serve_cancels(reader, on_cancel);
+                    }
                     return;
                 }
                 Err(e) => tracing::warn!(error = format!("{e:#}"), "handover: a process asked for the sockets and did not take them; serving on"),
@@ -236,7 +301,10 @@ fn serve(path: PathBuf, listeners: Listeners, shutdown: Arc<AtomicBool>) -> anyh
     Ok(())
 }
 
-fn hand_over(conn: &UnixStream, listeners: &Listeners) -> anyhow::Result<()> {
+fn hand_over<'c>(
+    conn: &'c UnixStream,
+    listeners: &Listeners,
+) -> anyhow::Result<BufReader<&'c UnixStream>> {
     conn.set_read_timeout(Some(STEP_TIMEOUT))?;
     let mut reader = BufReader::new(conn);
     let mut line = String::new();
@@ -247,7 +315,32 @@ fn hand_over(conn: &UnixStream, listeners: &Listeners) -> anyhow::Result<()> {
     line.clear();
     reader.read_line(&mut line)?;
     anyhow::ensure!(line == READY, "it did not say READY (it said {line:?})");
-    Ok(())
+    Ok(reader)
+}
+
+/// While this process drains: the successor's `CANCEL` lines, each handed to `on_cancel`,
+/// until it closes the connection (it exited or handed over in turn) or this process exits.
+fn serve_cancels(mut reader: BufReader<&UnixStream>, on_cancel: &OnCancel) {
+    let _ = reader.get_ref().set_read_timeout(None);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        // A line longer than any CANCEL is not one: the successor is not ours to trust
+        // blindly, but it is this user's process; stop listening to it.
+        match std::io::Read::take(&mut reader, CANCEL_LINE_MAX as u64).read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => match cancel_line(&line) {
+                Some((pid, secret)) => {
+                    tracing::debug!(pid, "handover: a cancel request from the new process");
+                    on_cancel(pid, secret);
+                }
+                None => {
+                    tracing::warn!("handover: the new process sent a line that is not a cancel; no more cancels from it");
+                    return;
+                }
+            },
+        }
+    }
 }
 
 /// A TCP listener from a taken descriptor, checked against the address the config asks
@@ -274,6 +367,7 @@ pub fn same_address(bound: SocketAddr, wanted: SocketAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
 
     #[test]
     fn the_sockets_cross_to_a_new_process_and_the_old_one_hears_ready() {
@@ -295,7 +389,11 @@ mod tests {
             relay: Some((dup(ra.as_raw_fd()).unwrap(), dup(rp.as_raw_fd()).unwrap())),
         };
         let shutdown = Arc::new(AtomicBool::new(false));
-        serve(path.clone(), ours, shutdown.clone()).unwrap();
+        let cancels = Arc::new(Mutex::new(Vec::new()));
+        let seen = cancels.clone();
+        let on_cancel: OnCancel =
+            Box::new(move |pid, secret| seen.lock().unwrap().push((pid, secret)));
+        serve(path.clone(), ours, shutdown.clone(), Some(on_cancel)).unwrap();
         let drains = |within: Duration| {
             let deadline = std::time::Instant::now() + within;
             while std::time::Instant::now() < deadline {
@@ -316,13 +414,43 @@ mod tests {
         let Taken { listeners, conn } = taken;
         let taker = tcp_listener(listeners.proxy.into_iter().next().unwrap(), addr).unwrap();
         taker.accept().unwrap();
-        Taken {
+        let mut predecessor = Taken {
             listeners: Listeners::default(),
             conn,
         }
-        .ready();
+        .ready()
+        .expect("READY heard");
         assert!(drains(STEP_TIMEOUT), "the old process drains after READY");
+        // A cancel the new process could not place reaches the old one's cores.
+        assert!(predecessor.cancel(4242, &[0xde, 0xad, 0xbe, 0xef]));
+        let deadline = std::time::Instant::now() + STEP_TIMEOUT;
+        while cancels.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            *cancels.lock().unwrap(),
+            vec![(4242, vec![0xde, 0xad, 0xbe, 0xef])]
+        );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cancel_lines_are_read_strictly() {
+        assert_eq!(
+            cancel_line("CANCEL 7 0a0b0c0d\n"),
+            Some((7, vec![10, 11, 12, 13]))
+        );
+        for bad in [
+            "CANCEL 7 0a0b0c0d",
+            "CANCEL x 0a0b\n",
+            "CANCEL 7 0a0\n",
+            "CANCEL 7 zz\n",
+            "CANCEL 7 0a 0b\n",
+            "TAKE 1\n",
+            "CANCEL 7 000000000000000000\n",
+        ] {
+            assert_eq!(cancel_line(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

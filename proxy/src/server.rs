@@ -200,10 +200,27 @@ pub fn run(
     // Every core accepts: the process we took the sockets from may drain now, and the next
     // one may take them from us.
     if let Some(taken) = taken {
-        taken.ready();
+        *shared.predecessor.lock().unwrap_or_else(|p| p.into_inner()) = taken.ready();
     }
     if let Some(path) = &shared.config.handover {
-        crate::handover::offer(path.clone(), successor, shared.shutdown.clone());
+        // While draining, the cancels the successor cannot place go to every core here.
+        let cores_cancel = peers.clone();
+        let on_cancel: crate::handover::OnCancel = Box::new(move |pid, secret| {
+            let left = Arc::new(std::sync::atomic::AtomicUsize::new(cores_cancel.len()));
+            for core in cores_cancel.iter() {
+                core.send(CancelMsg {
+                    pid,
+                    secret: secret.clone(),
+                    left: left.clone(),
+                });
+            }
+        });
+        crate::handover::offer(
+            path.clone(),
+            successor,
+            shared.shutdown.clone(),
+            Some(on_cancel),
+        );
     }
     for t in threads {
         t.join()
@@ -251,7 +268,9 @@ pub fn run_relay(
     )?;
     on_listening(relay.agents, relay.postgres);
     if let Some(taken) = taken {
-        taken.ready();
+        // A relay's cancels go to the organizations' databases by its own keys: nothing to
+        // hand the old one.
+        drop(taken.ready());
     }
     // Kept only for a successor: a copy would hold the listeners open through the drain.
     let copies = relay.copies.take();
@@ -260,7 +279,7 @@ pub fn run_relay(
             relay: copies,
             ..Default::default()
         };
-        crate::handover::offer(path, successor, flag);
+        crate::handover::offer(path, successor, flag, None);
     }
     relay.join()
 }

@@ -80,6 +80,13 @@ async fn a_new_proxy_takes_the_sockets_and_the_old_one_drains() {
     // A session in a transaction on the old process: it may finish it there.
     let held = connect(&dsn).await.unwrap();
     held.simple_query("BEGIN; SELECT 1").await.unwrap();
+    // And one running a long statement there, which its client cancels after the handover.
+    let busy = connect(&dsn).await.unwrap();
+    let cancel = busy.cancel_token();
+    let sleeping = tokio::spawn(async move {
+        let r = busy.simple_query("SELECT pg_sleep(120)").await;
+        (busy, r)
+    });
     let churn = Churn::start(dsn.clone(), "SELECT 1");
     churn.wait_more(20).await;
 
@@ -99,6 +106,16 @@ async fn a_new_proxy_takes_the_sockets_and_the_old_one_drains() {
         "{}",
         w.proxy.output()
     );
+    // The cancel reaches the listening socket, served by the new process now, which hands
+    // the key it does not know to the old one.
+    cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let (busy, r) = tokio::time::timeout(Duration::from_secs(60), sleeping)
+        .await
+        .expect("the cancel of a draining session's statement was lost")
+        .unwrap();
+    let e = r.expect_err("cancelled");
+    assert_eq!(world::sqlstate(&e), "57014", "{e:?}");
+    drop(busy);
     // The transaction goes on and commits on the old process, which then ends the session.
     held.simple_query("SELECT 2").await.unwrap();
     held.simple_query("COMMIT").await.unwrap();
