@@ -570,6 +570,9 @@ sleep 1.5
 wait "$SLEEPER" || true
 curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^lokadb_(requests_total|sessions_total|relay_organizations_connected)' | sed 's/^/    /' ||
     die "GET /metrics did not answer"
+echo "    per organization (statements by route, what the demo ran so far):"
+curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^lokadb_org_statements_total' | grep -v ' 0$' | sed 's/^/      /' ||
+    die "GET /metrics has no figures per organization"
 sed -i 's/"route_log": true/"route_log": false/' "$DEMO/lokadb.json"
 kill -HUP "$PROXY_PID"
 for _ in $(seq 100); do
