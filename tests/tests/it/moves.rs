@@ -452,6 +452,86 @@ fn move_org_in_logical_mode_under_writers() {
     move_under_writers("logical", true);
 }
 
+/// Rows written straight into the organization's database (not through the cloud): one
+/// with a key organization 1 holds, then a version of a document the cloud lacks. Each
+/// makes move-back refuse, naming the key, with nothing switched; fixed there, the rerun
+/// takes the rest back, and the key maps learn the keys written there.
+#[test]
+fn move_back_refuses_rows_the_cloud_would_refuse() {
+    let w = world(200, false);
+    ok(&lokadb(&w.dsn, &["move-org", "2"]));
+    let taken = q(
+        &w.cloud,
+        "SELECT min(id) FROM documents WHERE organization_id = 1",
+    );
+    org_q(
+        &w,
+        &format!("INSERT INTO documents (id, organization_id, project_id, title) VALUES ({taken}, 2, 20, 'straight')"),
+    );
+    let refused = |expect: &str| {
+        let out = lokadb(&w.dsn, &["move-back", "2"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(stderr(&out).contains(expect), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("nothing was switched"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(
+            q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+            "returning"
+        );
+    };
+    refused(&format!(
+        "hold keys of public.documents that another organization holds (key map lokadb.km_documents_id): (id)=({taken})"
+    ));
+    // Organization 2's reads still come from its database, as before the attempt.
+    assert_eq!(
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM documents WHERE title = 'straight'"
+        ),
+        1
+    );
+    org_q(&w, "DELETE FROM documents WHERE title = 'straight'");
+    org_q(
+        &w,
+        "INSERT INTO documents (id, organization_id, project_id, title) VALUES (900001, 2, 20, 'fresh');
+         INSERT INTO document_versions (id, organization_id, document_id, body) VALUES (900001, 2, 900002, 'orphan')",
+    );
+    refused("break public.document_versions's foreign key document_versions_document_id_fkey");
+    org_q(&w, "DELETE FROM document_versions WHERE id = 900001");
+    let out = lokadb(&w.dsn, &["move-back", "2", "--fold-max-rows", "0"]);
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("key maps: 1 keys written in 2's database taken into the cloud's key maps"),
+        "{said}"
+    );
+    assert_eq!(
+        q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+        "cloud"
+    );
+    assert_eq!(
+        q(
+            &w.cloud,
+            "SELECT organization_id FROM lokadb.km_documents_id WHERE id = 900001"
+        ),
+        "2"
+    );
+    // The key is the organization's now: another may not take it.
+    let e = w
+        .cloud
+        .psql(
+            "app",
+            "INSERT INTO documents (id, organization_id, project_id, title) VALUES (900001, 1, 10, 'clash')",
+        )
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("duplicate key"), "{e:#}");
+    ok(&lokadb(&w.dsn, &["verify", "2"]));
+}
+
 #[test]
 fn move_back_returns_every_row_under_writers() {
     let w = world(5_000, false);

@@ -154,13 +154,13 @@ pub fn fold(
         // checked here, as they stand now, under the lock. A guard keeps most of them for a
         // moved organization, not those that include the organization column.
         for (name, sql) in &checks {
-            if tx
-                .query_opt(sql.as_str(), &[])
-                .map_err(|e| StepError::Pg(e, sql.clone()))?
-                .is_some()
-            {
+            let found = tx
+                .query(sql.as_str(), &[])
+                .map_err(|e| StepError::Pg(e, sql.clone()))?;
+            if !found.is_empty() {
                 return Err(StepError::Admin(AdminError::failed(format!(
-                    "organization {org}'s rows break the DEFAULT partition's foreign key {name} (a row references a key its target lacks; find it with: {sql}); nothing was changed"
+                    "organization {org}'s rows break the DEFAULT partition's foreign key {name}: {}; nothing was changed",
+                    offending(&found)
                 ))));
             }
         }
@@ -204,11 +204,28 @@ pub fn fold(
     })
 }
 
-/// For each foreign key of `t`'s DEFAULT partition: its name, and a query that finds a row
-/// of the organization's cloud partition it would refuse (MATCH SIMPLE: rows with a NULL
-/// column pass).
-fn foreign_key_checks(
-    c: &mut postgres::Client,
+/// The rows a check found, for an error: `(col, …)=(value, …)` of up to [`SHOWN`] of them.
+pub fn offending(rows: &[postgres::Row]) -> String {
+    let shown: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+    format!(
+        "{}{}",
+        shown.join(", "),
+        if rows.len() >= SHOWN as usize {
+            " …"
+        } else {
+            ""
+        }
+    )
+}
+
+/// How many offending rows an error names.
+pub const SHOWN: i64 = 5;
+
+/// For each foreign key of `t`'s DEFAULT partition: its name, and a query that finds up to
+/// [`SHOWN`] rows of the organization's cloud partition it would refuse, each as the text
+/// `(columns)=(values)` (MATCH SIMPLE: rows with a NULL column pass).
+pub fn foreign_key_checks(
+    c: &mut impl postgres::GenericClient,
     t: &MoveTable,
 ) -> Result<Vec<(String, String)>, AdminError> {
     let rows = c.query(
@@ -231,8 +248,16 @@ fn foreign_key_checks(
                 .zip(&refd)
                 .map(|(c, k)| format!("t.{k} = c.{c}"))
                 .collect();
+            let shown = format!(
+                "format('(%s)=(%s)', {}, concat_ws(', ', {}))",
+                crate::admin::db::literal(&cols.join(", ")),
+                cols.iter()
+                    .map(|c| format!("c.{c}::text"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             let sql = format!(
-                "SELECT 1 FROM {} c WHERE {} AND NOT EXISTS (SELECT 1 FROM {target} t WHERE {}) LIMIT 1",
+                "SELECT {shown} FROM {} c WHERE {} AND NOT EXISTS (SELECT 1 FROM {target} t WHERE {}) LIMIT {SHOWN}",
                 t.cloud_part(),
                 present.join(" AND "),
                 equal.join(" AND ")

@@ -21,6 +21,7 @@ pub mod shapes;
 pub mod split;
 pub mod status;
 pub mod switch;
+pub mod take_back;
 pub mod verify;
 
 use crate::admin::db::{connect, describe, AdminError};

@@ -104,6 +104,12 @@ pub fn switch(m: &mut Move) -> Result<Switched, AdminError> {
             )?
         };
         let caught_up = paused.elapsed();
+        // What comes back was written in the organization's database: checked against the
+        // cloud's key maps and foreign keys before it is attached.
+        let learned = match direction {
+            Direction::Back => super::take_back::check(&mut tx, &tables, &org)?,
+            Direction::Out => 0,
+        };
         for t in &tables {
             let (old, new) = match direction {
                 Direction::Out => (t.cloud_part(), t.foreign_part()),
@@ -151,6 +157,11 @@ pub fn switch(m: &mut Move) -> Result<Switched, AdminError> {
             applied,
             caught_up.as_secs_f64() * 1e3
         ));
+        if learned > 0 {
+            m.say(format!(
+                "key maps: {learned} keys written in {org}'s database taken into the cloud's key maps"
+            ));
+        }
         return Ok(Switched::Yes(Box::new(dst)));
     }
     unreachable!("the last attempt returns")
