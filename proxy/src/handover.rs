@@ -120,7 +120,7 @@ impl Taken {
 
 /// How long sending a cancel to the predecessor may block.
 const CANCEL_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
-/// Cancels the predecessor reads per second at most (a client may send many).
+/// The longest line the predecessor reads from its successor (a `CANCEL` line is shorter).
 const CANCEL_LINE_MAX: usize = 64;
 
 /// The draining process this one took its sockets from.

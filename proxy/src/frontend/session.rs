@@ -401,18 +401,16 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     let mut up = Pipe::new(max);
     let mut down = Pipe::new(u32::MAX);
     down.preload(&std::mem::take(&mut backend.rbuf));
-    // Timed where it is read (`GET /metrics`, the console), as `live` is kept.
-    let mut timing = Timing {
-        stats: live.is_some().then(|| {
-            core.db_stats
-                .borrow_mut()
-                .entry(db.name.clone())
-                .or_default()
-                .clone()
-        }),
-        since: None,
-    };
-    router.tally = timing.stats.clone().map(super::tally::Tally::new);
+    // Timed and counted where it is read (`GET /metrics`, the console), as `live` is kept.
+    router.tally = live.is_some().then(|| {
+        let stats = core
+            .db_stats
+            .borrow_mut()
+            .entry(db.name.clone())
+            .or_default()
+            .clone();
+        super::tally::Tally::new(stats)
+    });
     // Sessions end at their first idle point after `idle_cut` (shutdown + a grace).
     let cut_slot = core.idle_cut.slot();
 
@@ -603,7 +601,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             if !progress {
                 // Idle until the next event: what was answered so far is counted now.
                 core.stats.follow(&mut seen, counts(&exchanges));
-                timing.follow(&mut router, &mut exchanges, down.has_unwritten());
+                super::tally::follow(&mut router, &mut exchanges, down.has_unwritten());
                 if let Some(live) = &live {
                     let busy = exchanges.cloud.pending > 0 || exchanges.direct.pending > 0;
                     let status = match exchanges.direct.status {
@@ -623,7 +621,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     .await;
 
     core.stats.follow(&mut seen, counts(&exchanges));
-    timing.follow(&mut router, &mut exchanges, false);
+    super::tally::follow(&mut router, &mut exchanges, false);
     if live.is_some() {
         core.clients.borrow_mut().remove(&session.get());
     }
@@ -746,67 +744,6 @@ fn log_error(e: &SessionError) {
             tracing::info!(error = %e, sqlstate, "connection refused")
         }
         ErrorKind::Upstream => tracing::warn!(error = %e, sqlstate, "cloud error"),
-    }
-}
-
-/// A session's request being timed, for its database's latency histogram, and the errors
-/// by class it hands to its core ([`crate::metrics::DbStats`]), also under the request's
-/// organization ([`super::tally`]).
-struct Timing {
-    /// Its database's figures on this core, where anything reads them (`metrics` or
-    /// `admin_users` set).
-    stats: Option<Rc<RefCell<crate::metrics::DbStats>>>,
-    /// When the proxy found requests in flight, and the direct side's answers then.
-    since: Option<(Instant, u64)>,
-}
-
-impl Timing {
-    /// At a pause of the session: a request in flight starts its clock; one answered and
-    /// written back to the client stops it. Pipelined requests are timed together.
-    fn follow(&mut self, router: &mut Router, ex: &mut Exchanges, unwritten: bool) {
-        let classes = [&mut ex.cloud, &mut ex.direct].map(|e| std::mem::take(&mut e.error_classes));
-        let Some(stats) = &self.stats else {
-            return;
-        };
-        let busy = ex.cloud.pending > 0 || ex.direct.pending > 0;
-        let done = match self.since {
-            None if busy => {
-                self.since = Some((Instant::now(), ex.direct.answered));
-                None
-            }
-            Some(start) if !busy && !unwritten => {
-                self.since = None;
-                Some(start)
-            }
-            _ => None,
-        };
-        if done.is_none() && classes.iter().all(Vec::is_empty) {
-            return;
-        }
-        let mut db = stats.borrow_mut();
-        let took = done.map(|(started, direct_answered)| {
-            let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            (us, usize::from(ex.direct.answered != direct_answered))
-        });
-        if let Some((us, route)) = took {
-            db.latency[route].record(us);
-        }
-        for (class, n) in classes.iter().flatten() {
-            *db.errors.entry(*class).or_default() += n;
-        }
-        let org = match (done, router.tally.as_mut()) {
-            (Some(_), Some(t)) => t.take_org(),
-            (None, Some(t)) => t.org(),
-            (_, None) => None,
-        };
-        if let Some(org) = org.map(|o| db.org(o)) {
-            if let Some((us, _)) = took {
-                org.latency.record(us);
-            }
-            for (class, n) in classes.into_iter().flatten() {
-                *org.errors.entry(class).or_default() += n;
-            }
-        }
     }
 }
 

@@ -2,15 +2,17 @@
 //! organization is counted under it by the route it took (cloud, direct, refused by the
 //! proxy), and its request's latency and errors with it. Kept only where something reads
 //! them (`metrics` or `admin_users` set): the organization is read from the statement's
-//! analysis, which routing already cached.
+//! analysis, which routing already cached. Requests are timed here too, for the database's
+//! latency histograms ([`DbStats`]).
 
 use super::pump::Action;
-use super::router::Side;
+use super::router::{Exchanges, Router, Side};
 use super::statement::{statement_of, ClientFrames};
 use crate::metrics::{DbStats, Route};
 use lokadb_shared::wire::tags::*;
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Instant;
 
 /// A session's share of its database's figures on its core.
 #[derive(Debug)]
@@ -24,6 +26,8 @@ pub struct Tally {
     /// The organization routing read for the message being routed ([`Self::remember`]).
     seen: String,
     has_seen: bool,
+    /// When the proxy found requests in flight, and the direct side's answers then.
+    since: Option<(Instant, u64)>,
 }
 
 impl Tally {
@@ -34,6 +38,7 @@ impl Tally {
             has_org: false,
             seen: String::new(),
             has_seen: false,
+            since: None,
         }
     }
 
@@ -45,14 +50,48 @@ impl Tally {
         self.has_seen = true;
     }
 
-    /// The request in flight's organization, taken (its request is done).
-    pub fn take_org(&mut self) -> Option<&str> {
-        std::mem::take(&mut self.has_org).then_some(self.org.as_str())
-    }
-
-    /// The request in flight's organization, if a statement of it named one.
-    pub fn org(&self) -> Option<&str> {
-        self.has_org.then_some(self.org.as_str())
+    /// At a pause of the session: a request in flight starts its clock; one answered and
+    /// written back to the client stops it (pipelined requests are timed together). Its
+    /// latency and the errors since go to the database's figures and its organization's.
+    fn follow(&mut self, ex: &Exchanges, classes: [Vec<([u8; 2], u64)>; 2], unwritten: bool) {
+        let busy = ex.cloud.pending > 0 || ex.direct.pending > 0;
+        let done = match self.since {
+            None if busy => {
+                self.since = Some((Instant::now(), ex.direct.answered));
+                None
+            }
+            Some(start) if !busy && !unwritten => {
+                self.since = None;
+                Some(start)
+            }
+            _ => None,
+        };
+        if done.is_none() && classes.iter().all(Vec::is_empty) {
+            return;
+        }
+        let mut db = self.stats.borrow_mut();
+        let took = done.map(|(started, direct_answered)| {
+            let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            (us, usize::from(ex.direct.answered != direct_answered))
+        });
+        if let Some((us, route)) = took {
+            db.latency[route].record(us);
+        }
+        for (class, n) in classes.iter().flatten() {
+            *db.errors.entry(*class).or_default() += n;
+        }
+        // The request's organization, kept until it is done.
+        if !self.has_org {
+            return;
+        }
+        self.has_org = done.is_none();
+        let org = db.org(&self.org);
+        if let Some((us, _)) = took {
+            org.latency.record(us);
+        }
+        for (class, n) in classes.into_iter().flatten() {
+            *org.errors.entry(class).or_default() += n;
+        }
     }
 
     fn note(&mut self, org: &str, route: Route) {
@@ -62,6 +101,15 @@ impl Tally {
             self.org.push_str(org);
             self.has_org = true;
         }
+    }
+}
+
+/// A session's pause: the errors its backends answered are taken (they are kept only
+/// until then), and timed and counted where something reads them.
+pub fn follow(router: &mut Router, ex: &mut Exchanges, unwritten: bool) {
+    let classes = [&mut ex.cloud, &mut ex.direct].map(|e| std::mem::take(&mut e.error_classes));
+    if let Some(t) = &mut router.tally {
+        t.follow(ex, classes, unwritten);
     }
 }
 

@@ -221,6 +221,17 @@ pub fn offending(rows: &[postgres::Row]) -> String {
 /// How many offending rows an error names.
 pub const SHOWN: i64 = 5;
 
+/// An SQL expression showing a row's key as the text `(names)=(value, …)` (`values`: the
+/// key's columns as SQL expressions), for [`offending`].
+pub fn shown_key(names: &str, values: &[String]) -> String {
+    let text: Vec<String> = values.iter().map(|v| format!("{v}::text")).collect();
+    format!(
+        "format('(%s)=(%s)', {}, concat_ws(', ', {}))",
+        crate::admin::db::literal(names),
+        text.join(", ")
+    )
+}
+
 /// For each foreign key of `t`'s DEFAULT partition: its name, and a query that finds up to
 /// [`SHOWN`] rows of the organization's cloud partition it would refuse, each as the text
 /// `(columns)=(values)` (MATCH SIMPLE: rows with a NULL column pass).
@@ -248,14 +259,8 @@ pub fn foreign_key_checks(
                 .zip(&refd)
                 .map(|(c, k)| format!("t.{k} = c.{c}"))
                 .collect();
-            let shown = format!(
-                "format('(%s)=(%s)', {}, concat_ws(', ', {}))",
-                crate::admin::db::literal(&cols.join(", ")),
-                cols.iter()
-                    .map(|c| format!("c.{c}::text"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            let values: Vec<String> = cols.iter().map(|c| format!("c.{c}")).collect();
+            let shown = shown_key(&cols.join(", "), &values);
             let sql = format!(
                 "SELECT {shown} FROM {} c WHERE {} AND NOT EXISTS (SELECT 1 FROM {target} t WHERE {}) LIMIT {SHOWN}",
                 t.cloud_part(),

@@ -7,18 +7,35 @@
 //! there, which the cloud's triggers never saw, before the foreign keys that go through the
 //! key maps are checked.
 
-use super::fold::{foreign_key_checks, offending, SHOWN};
+use super::fold::{foreign_key_checks, offending, shown_key, SHOWN};
 use super::layout::MoveTable;
 use crate::admin::catalog::qualify;
-use crate::admin::db::{describe, ident, literal, AdminError};
+use crate::admin::db::{describe, ident, AdminError};
 use postgres::Transaction;
 
-/// A key map of a table: its table in schema `lokadb`, and its key's columns.
+/// A key map of a table: its table in schema `lokadb`, and its key's columns (quoted).
 struct KeyMap {
     table: String,
     /// `lokadb.km_…`, for messages.
     display: String,
-    columns: Vec<String>,
+    names: Vec<String>,
+    cols: Vec<String>,
+}
+
+impl KeyMap {
+    /// `c.k = k.k AND …`: a row of the copy (`c`) and its key in the map (`k`).
+    fn on(&self) -> String {
+        self.cols
+            .iter()
+            .map(|c| format!("k.{c} = c.{c}"))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// `c.k1, c.k2`.
+    fn of_copy(&self) -> Vec<String> {
+        self.cols.iter().map(|c| format!("c.{c}")).collect()
+    }
 }
 
 fn key_maps(tx: &mut Transaction<'_>, t: &MoveTable) -> Result<Vec<KeyMap>, AdminError> {
@@ -31,10 +48,12 @@ fn key_maps(tx: &mut Transaction<'_>, t: &MoveTable) -> Result<Vec<KeyMap>, Admi
         .iter()
         .map(|r| {
             let name: String = r.get(0);
+            let names: Vec<String> = r.get(1);
             KeyMap {
                 table: qualify("lokadb", &name),
                 display: format!("lokadb.{name}"),
-                columns: r.get(1),
+                cols: names.iter().map(|c| ident(c)).collect(),
+                names,
             }
         })
         .collect())
@@ -66,21 +85,14 @@ pub fn check(tx: &mut Transaction<'_>, tables: &[MoveTable], org: &str) -> Resul
     }
     // Keys another organization holds.
     for (t, km) in &maps {
-        let cols: Vec<String> = km.columns.iter().map(|c| ident(c)).collect();
-        let on: Vec<String> = cols.iter().map(|c| format!("k.{c} = c.{c}")).collect();
         let org_col = ident(&t.org_column);
         let sql = format!(
-            "SELECT format('(%s)=(%s)', {names}, concat_ws(', ', {values})) FROM {part} c
-             JOIN {map} k ON {on} WHERE k.{org_col} IS DISTINCT FROM c.{org_col} LIMIT {SHOWN}",
-            names = literal(&km.columns.join(", ")),
-            values = cols
-                .iter()
-                .map(|c| format!("c.{c}::text"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            "SELECT {shown} FROM {part} c JOIN {map} k ON {on}
+             WHERE k.{org_col} IS DISTINCT FROM c.{org_col} LIMIT {SHOWN}",
+            shown = shown_key(&km.names.join(", "), &km.of_copy()),
             part = t.cloud_part(),
             map = km.table,
-            on = on.join(" AND "),
+            on = km.on(),
         );
         let found = tx.query(&sql, &[]).map_err(failed)?;
         if !found.is_empty() {
@@ -95,25 +107,20 @@ pub fn check(tx: &mut Transaction<'_>, tables: &[MoveTable], org: &str) -> Resul
     // The keys written there: the key maps learn them.
     let mut learned = 0;
     for (t, km) in &maps {
-        let cols: Vec<String> = km.columns.iter().map(|c| ident(c)).collect();
         let org_col = ident(&t.org_column);
-        let present: Vec<String> = cols.iter().map(|c| format!("c.{c} IS NOT NULL")).collect();
-        let on: Vec<String> = cols.iter().map(|c| format!("k.{c} = c.{c}")).collect();
+        let values = km.of_copy();
+        let present: Vec<String> = values.iter().map(|v| format!("{v} IS NOT NULL")).collect();
         let sql = format!(
             "INSERT INTO {map} ({list}, {org_col})
              SELECT {values}, c.{org_col} FROM {part} c
              WHERE {present} AND NOT EXISTS (SELECT 1 FROM {map} k WHERE {on})
              ON CONFLICT DO NOTHING",
             map = km.table,
-            list = cols.join(", "),
-            values = cols
-                .iter()
-                .map(|c| format!("c.{c}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            list = km.cols.join(", "),
+            values = values.join(", "),
             part = t.cloud_part(),
             present = present.join(" AND "),
-            on = on.join(" AND "),
+            on = km.on(),
         );
         learned += tx.execute(&sql, &[]).map_err(failed)?;
     }
