@@ -94,9 +94,12 @@ async fn a_new_proxy_takes_the_sockets_and_the_old_one_drains() {
         .start()
         .unwrap();
     assert_eq!(next.port(), w.proxy.port(), "{}", next.output());
+    // stdout and stderr are read apart: the log line may come after "listening on".
     assert!(
-        next.output()
-            .contains("handover: took the listening sockets"),
+        next.wait_for_output(
+            "handover: took the listening sockets",
+            Duration::from_secs(20)
+        ),
         "{}",
         next.output()
     );
@@ -147,7 +150,9 @@ async fn a_new_proxy_takes_the_sockets_and_the_old_one_drains() {
         served + errors.len() as u64,
         &errors[..errors.len().min(5)]
     );
-    let c = connect(&dsn).await.unwrap();
+    let c = connect(&dsn)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", third.output()));
     c.simple_query("SELECT 1").await.unwrap();
 }
 
