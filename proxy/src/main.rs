@@ -178,6 +178,30 @@ enum Command {
     },
 }
 
+/// A size as Postgres writes one: a number and `kB`, `MB` or `GB` (1024-based).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size: write a number and kB, MB or GB"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "kb" => 1 << 10,
+        "mb" => 1 << 20,
+        "gb" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{s:?} is not a size: write a number and kB, MB or GB"
+            ))
+        }
+    };
+    match n.checked_mul(scale) {
+        Some(b) if b > 0 => Ok(b),
+        _ => Err(format!("{s:?}: the size must be above 0 and below 16 EB")),
+    }
+}
+
 /// What move-org and move-back share.
 #[derive(clap::Args)]
 struct MoveArgs {
@@ -187,9 +211,12 @@ struct MoveArgs {
     /// Finish an interrupted move (what a plain rerun does too).
     #[arg(long, conflicts_with = "abort")]
     resume: bool,
-    /// Tables copied at once.
+    /// Copy streams at once, each a pair of connections (a large table is copied in parts).
     #[arg(long, default_value_t = 4)]
     jobs: usize,
+    /// About this much of a table's heap per copy part (kB, MB or GB; 1024-based).
+    #[arg(long, default_value = "16MB", value_parser = parse_size)]
+    part_size: u64,
     /// Connection string of the organization's database as this command reaches it
     /// (default: through the relay, as its postgres_fdw user mapping's role).
     #[arg(long)]
@@ -211,6 +238,7 @@ impl MoveArgs {
             mode,
             profile,
             jobs: self.jobs,
+            part_bytes: self.part_size,
             abort: self.abort,
             resume: self.resume,
             org_dsn: self.org_dsn.clone(),
@@ -608,6 +636,21 @@ fn init_logging() {
                 value = other,
                 "LOKADB_LOG_FORMAT is text or json; logging text"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_are_read_as_postgres_writes_them() {
+        assert_eq!(parse_size("16MB"), Ok(16 << 20));
+        assert_eq!(parse_size("128kB"), Ok(128 << 10));
+        assert_eq!(parse_size("1 gb"), Ok(1 << 30));
+        for bad in ["", "MB", "16", "16 MiB", "0kB", "-1MB", "99999999999999GB"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
         }
     }
 }

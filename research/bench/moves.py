@@ -92,6 +92,8 @@ class Mode:
         self.move_back_writers = 2
         # Organization 1's rows in DEFAULT as a multiple of organization 2's (the one moved).
         self.default_factor = 1
+        # Extra arguments of every move-org and move-back (e.g. ["--part-size", "1GB"]).
+        self.move_args: list[str] = []
 
 
 # --------------------------------------------------------------------------------------
@@ -914,7 +916,7 @@ def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_
         rec["cloud_settings"] = ctx.cloud.settings
         rec["org_settings"] = ctx.org.settings
         start_tunnel(ctx, ORG, "relay-run", RTT_MS)
-        args = ["move-org", ORG, "--mode", mode_name]
+        args = ["move-org", ORG, "--mode", mode_name, *ctx.mode.move_args]
         if logical:
             # The subscription (the org database dialing the cloud) crosses a link of the same
             # 40 ms RTT, as it would from the organization's site.
@@ -942,7 +944,7 @@ def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_
             rec["ceiling"] = ceilings(ctx, ctx.org)
             rec["ceiling_s"] = round(time.time() - t, 1)
             if move_back:
-                mb = measured_move(ctx, f"{label}: move-back", ["move-back", ORG], ctx.mode.move_back_writers,
+                mb = measured_move(ctx, f"{label}: move-back", ["move-back", ORG, *ctx.mode.move_args], ctx.mode.move_back_writers,
                                    f"b{len(ctx.runs)}")
                 rec["move_back"] = mb
                 cb = check_back(mb["counts_before"], mb["counts_after"], mb["writers_tally"]["ok"])
@@ -1308,6 +1310,9 @@ def main() -> int:
     ap.add_argument("--default-factor", type=int, default=1,
                     help="organization 1's rows in DEFAULT as a multiple of organization 2's (default 1; "
                          "20 for the issue's 'DEFAULT at least 20 times the organization')")
+    ap.add_argument("--move-args", default="",
+                    help="extra arguments of every move-org and move-back, e.g. '--part-size 1GB' "
+                         "(one copy stream per table, as before copies in parts)")
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
     ap.add_argument("--trace-admin", action="store_true",
                     help="diagnostic: both clusters log every statement with its duration; the lines of "
@@ -1330,6 +1335,7 @@ def main() -> int:
     if not 1 <= args.default_factor <= 1000:
         ap.error("--default-factor must be 1 to 1000")
     mode.default_factor = args.default_factor
+    mode.move_args = shlex.split(args.move_args)
     started, run_id, outdir = result_dir(args.out, "-moves", mode.quick)
     catch_signals()
 

@@ -332,7 +332,8 @@ fn move_under_writers(mode: &str, logical: bool) {
     let handles = writers(&w.dsn, WRITERS, stop.clone());
     std::thread::sleep(Duration::from_millis(500));
     let out = std::process::Command::new(lokadb_tests::proxy::find_binary().unwrap())
-        .args(["move-org", "2", "--mode", mode])
+        // Parts of 128 kB: each table is copied in several, under one snapshot.
+        .args(["move-org", "2", "--mode", mode, "--part-size", "128kB"])
         .env("LOKADB_CLOUD", &w.dsn)
         .env("LOKADB_CLOUD_FROM_ORG", &w.sub_dsn)
         .env("LOKADB_MOVE_COPY_STALL_S", "20")
@@ -359,6 +360,9 @@ fn move_under_writers(mode: &str, logical: bool) {
     assert!(out.status.success(), "{report}\n{}", logs());
     assert!(report.contains("checksum equal"), "{report}");
     assert!(!report.contains("DIFFERS"), "{report}");
+    if !logical {
+        assert!(report.contains(" parts)"), "not copied in parts: {report}");
+    }
     assert!(tally.inserted[1] > 0 && tally.inserted[2] > 0, "{tally:?}");
     // Organization 1 never saw an error; organization 2's writers only the split's
     // documented retry (40001) for writes waiting at that moment.
@@ -540,13 +544,25 @@ fn move_back_returns_every_row_under_writers() {
     let stop = Arc::new(AtomicBool::new(false));
     let handles = writers(&w.dsn, 2, stop.clone());
     std::thread::sleep(Duration::from_millis(300));
-    // Kept in its own partition (the fold has a test of its own).
-    let out = lokadb(&w.dsn, &["move-back", "2", "--fold-max-rows", "0"]);
+    // Kept in its own partition (the fold has a test of its own); copied back in parts,
+    // read from the organization's database under one snapshot.
+    let out = lokadb(
+        &w.dsn,
+        &[
+            "move-back",
+            "2",
+            "--fold-max-rows",
+            "0",
+            "--part-size",
+            "32kB",
+        ],
+    );
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let tally = join(handles);
     let report = format!("{}\n{}", stdout(&out), stderr(&out));
     assert!(out.status.success(), "{report}");
+    assert!(report.contains(" parts)"), "not copied in parts: {report}");
     assert!(tally.errors.is_empty(), "{:?}\n{report}", tally.errors);
     assert_eq!(
         q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),

@@ -1,19 +1,27 @@
 //! The initial copy: each table's rows of the organization streamed with COPY from the
 //! source to the destination (through the relay and the tunnel when one side is the
-//! organization's database), tables in parallel, with progress.
+//! organization's database), with progress.
+//!
+//! A large table is copied in parts, ranges of its heap's blocks (`ctid`, a TID range scan),
+//! each over its own pair of connections, so one big table fills the link as several
+//! tables would: one stream is bounded by the tunnel's window over the round trip. Every
+//! part reads the same snapshot, exported by a transaction this command holds open for the
+//! copy (`pg_export_snapshot`), so the parts together are one consistent read, as a single
+//! COPY would be: no row is seen twice, whatever moves between blocks meanwhile.
 
 use super::layout::MoveTable;
 use crate::admin::db::{connect, AdminError};
+use std::collections::VecDeque;
 use std::io::{BufRead, IsTerminal, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One table to copy.
 pub struct Job {
     pub table: MoveTable,
-    /// `COPY (…) TO STDOUT` on the source.
-    pub out_sql: String,
+    /// The source relation the table's rows are read from.
+    pub source: String,
     /// The destination relation (emptied first: a copy cut short is started again).
     pub dest: String,
     /// Estimated bytes, for the ETA.
@@ -33,9 +41,60 @@ pub struct Done {
     pub rows: u64,
     pub bytes: u64,
     pub seconds: f64,
+    /// The parts it was copied in.
+    pub parts: usize,
 }
 
-/// Copies `jobs`, `parallel` at a time, calling `done` (on this thread) as each ends.
+/// How tables are cut into parts.
+#[derive(Clone, Copy, Debug)]
+pub struct Split {
+    /// Pairs of connections copying at once.
+    pub streams: usize,
+    /// About this many bytes of a table's heap per part.
+    pub part_bytes: u64,
+}
+
+/// The most parts of one table: a few more than streams, so that parts of uneven density
+/// still end close together.
+fn most_parts(streams: usize) -> usize {
+    streams * 2
+}
+
+/// The ranges of heap blocks a table of `blocks` blocks (`block_bytes` each) is copied in,
+/// as `WHERE` conditions on `s.ctid`; one part (no condition) when it is small. The first
+/// range is open below and the last open above, so rows anywhere are read by exactly one.
+pub fn ranges(blocks: u64, block_bytes: u64, split: Split) -> Vec<Option<String>> {
+    let wanted = (blocks.saturating_mul(block_bytes)).div_ceil(split.part_bytes.max(1));
+    let n = wanted.clamp(1, most_parts(split.streams.max(1)) as u64);
+    if n == 1 {
+        return vec![None];
+    }
+    let bound = |k: u64| blocks * k / n;
+    (0..n)
+        .map(|k| {
+            let lo = (k > 0).then(|| format!("s.ctid >= '({},0)'::tid", bound(k)));
+            let hi = (k + 1 < n).then(|| format!("s.ctid < '({},0)'::tid", bound(k + 1)));
+            Some(match (lo, hi) {
+                (Some(lo), Some(hi)) => format!("{lo} AND {hi}"),
+                (Some(c), None) | (None, Some(c)) => c,
+                (None, None) => unreachable!("n > 1"),
+            })
+        })
+        .collect()
+}
+
+/// One part of one table.
+struct Part {
+    job: usize,
+    index: usize,
+    sql: String,
+}
+
+/// What a part reports: (rows, bytes, started).
+type PartResult = Result<(u64, u64, Instant), AdminError>;
+
+/// Copies `jobs` in parts over `split.streams` pairs of connections, calling `done` (on
+/// this thread) as each table ends.
 ///
 /// # Errors
 ///
@@ -45,55 +104,178 @@ pub fn run(
     source_dsn: &str,
     dest_dsn: &str,
     jobs: Vec<Job>,
-    parallel: usize,
+    split: Split,
     mut done: impl FnMut(&Done, &str) -> Result<(), AdminError>,
 ) -> Result<(), AdminError> {
     if jobs.is_empty() {
         return Ok(());
     }
+    // The snapshot every part reads, held until the copy ends.
+    let mut holder = connect(source_dsn)?;
+    super::session_settings(&mut holder)?;
+    // Sizes first, outside the snapshot's transaction, which then holds no lock on the
+    // tables (a migration waits for no more than a COPY of the table it changes); rows
+    // that land in blocks past the size read here are read by the last part, open above.
+    let settings = holder.query_one(
+        "SELECT current_setting('server_version_num')::int >= 140000,
+                current_setting('block_size')::bigint",
+        &[],
+    )?;
+    let (tid_ranges, block_bytes): (bool, i64) = (settings.get(0), settings.get(1));
+    let mut blocks = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        let n: i64 = holder
+            .query_one(
+                "SELECT coalesce(pg_relation_size(to_regclass($1)), 0) / current_setting('block_size')::bigint",
+                &[&job.source],
+            )?
+            .get(0);
+        blocks.push(n.unsigned_abs());
+    }
+    // The snapshot every part reads, held until the copy ends.
+    holder.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    let snapshot: String = holder.query_one("SELECT pg_export_snapshot()", &[])?.get(0);
+    let mut parts = VecDeque::new();
+    // Per table: its parts, and how many have not reported yet.
+    let mut of_table = Vec::with_capacity(jobs.len());
+    for (i, job) in jobs.iter().enumerate() {
+        // Before version 14 a range of ctid is a scan of the whole table: one part.
+        let conditions = if tid_ranges {
+            ranges(blocks[i], block_bytes.unsigned_abs(), split)
+        } else {
+            vec![None]
+        };
+        let of = conditions.len();
+        of_table.push(of);
+        for (index, c) in conditions.into_iter().enumerate() {
+            let filter = c.map(|c| format!(" WHERE {c}")).unwrap_or_default();
+            parts.push_back(Part {
+                job: i,
+                index,
+                sql: format!(
+                    "COPY (SELECT {} FROM {} s{filter}) TO STDOUT",
+                    job.table.cols_of("s"),
+                    job.source
+                ),
+            });
+        }
+    }
+    // Emptied once, before any part writes.
+    let mut dest = connect(dest_dsn)?;
+    super::session_settings(&mut dest)?;
+    for job in &jobs {
+        dest.batch_execute(&format!("TRUNCATE {}", job.dest))?;
+    }
+    drop(dest);
+
     let total_estimate: u64 = jobs.iter().map(|j| j.estimate).sum();
     let counters: Vec<Arc<Counter>> = jobs.iter().map(|_| Arc::default()).collect();
+    let failed: Arc<Vec<AtomicBool>> =
+        Arc::new(jobs.iter().map(|_| AtomicBool::new(false)).collect());
     let names: Vec<String> = jobs.iter().map(|j| j.table.display()).collect();
     let display = Display::new(&names, &jobs, total_estimate);
-    let (tx, rx) = mpsc::channel::<(usize, Result<Done, AdminError>)>();
-    let queue = Arc::new(std::sync::Mutex::new(
-        jobs.into_iter().enumerate().collect::<Vec<_>>(),
-    ));
-    let workers = parallel.max(1).min(names.len());
+    let targets: Arc<Vec<(String, String)>> = Arc::new(
+        jobs.iter()
+            .map(|j| (j.dest.clone(), j.table.cols()))
+            .collect(),
+    );
+    let total_parts = parts.len();
+    let mut left = of_table.clone();
+    let (tx, rx) = mpsc::channel::<(usize, usize, PartResult)>();
+    let queue = Arc::new(Mutex::new(parts));
+    let workers = split.streams.max(1).min(total_parts);
     let mut handles = Vec::new();
     for _ in 0..workers {
-        let (queue, tx, counters) = (queue.clone(), tx.clone(), counters.clone());
-        let (src, dst) = (source_dsn.to_owned(), dest_dsn.to_owned());
-        handles.push(std::thread::spawn(move || loop {
-            let next = queue.lock().ok().and_then(|mut q| q.pop());
-            let Some((i, job)) = next else { return };
-            let r = copy_one(&src, &dst, &job, &counters[i]);
-            if tx.send((i, r)).is_err() {
-                return;
+        let (queue, tx, counters, failed, targets) = (
+            queue.clone(),
+            tx.clone(),
+            counters.clone(),
+            failed.clone(),
+            targets.clone(),
+        );
+        let (src, dst, snapshot) = (source_dsn.to_owned(), dest_dsn.to_owned(), snapshot.clone());
+        handles.push(std::thread::spawn(move || {
+            let mut streams = None;
+            loop {
+                let next = queue.lock().ok().and_then(|mut q| q.pop_front());
+                let Some(part) = next else { return };
+                if failed[part.job].load(Ordering::Relaxed) {
+                    continue;
+                }
+                let started = Instant::now();
+                let r = match &mut streams {
+                    Some(s) => Ok(s),
+                    None => open(&src, &dst).map(|s| streams.insert(s)),
+                }
+                .and_then(|(source, dest)| {
+                    let (table, cols) = &targets[part.job];
+                    copy_part(
+                        source,
+                        dest,
+                        &snapshot,
+                        &part.sql,
+                        table,
+                        cols,
+                        &counters[part.job],
+                    )
+                });
+                if r.is_err() {
+                    // A connection that failed mid-copy is not reused.
+                    failed[part.job].store(true, Ordering::Relaxed);
+                    streams = None;
+                }
+                let r = r.map(|(rows, bytes)| (rows, bytes, started));
+                if tx.send((part.job, part.index, r)).is_err() {
+                    return;
+                }
             }
         }));
     }
     drop(tx);
     let started = Instant::now();
     let mut first_error = None;
-    let mut left = names.len();
-    while left > 0 {
+    let mut sums: Vec<(u64, u64, Option<Instant>)> = vec![(0, 0, None); jobs.len()];
+    let mut parts_left = total_parts;
+    while parts_left > 0 {
         match rx.recv_timeout(Duration::from_millis(250)) {
-            Ok((i, Ok(d))) => {
-                left -= 1;
-                display.finish(i, &d);
-                let line = display.line(&counters, started);
-                if let Err(e) = done(&d, &line) {
-                    first_error.get_or_insert(e);
+            Ok((i, index, result)) => {
+                parts_left -= 1;
+                left[i] -= 1;
+                match result {
+                    Ok((rows, bytes, began)) => {
+                        let s = &mut sums[i];
+                        s.0 += rows;
+                        s.1 += bytes;
+                        s.2 = Some(s.2.map_or(began, |b| b.min(began)));
+                    }
+                    Err(e) => {
+                        display.fail(i);
+                        let part = if of_table[i] > 1 {
+                            format!(" (part {} of {})", index + 1, of_table[i])
+                        } else {
+                            String::new()
+                        };
+                        first_error.get_or_insert(AdminError::failed(format!(
+                            "copying {}{part}: {}",
+                            names[i], e.message
+                        )));
+                    }
                 }
-            }
-            Ok((i, Err(e))) => {
-                left -= 1;
-                display.fail(i);
-                first_error.get_or_insert(AdminError::failed(format!(
-                    "copying {}: {}",
-                    names[i], e.message
-                )));
+                if left[i] == 0 && !failed[i].load(Ordering::Relaxed) {
+                    let (rows, bytes, began) = sums[i];
+                    let d = Done {
+                        table: names[i].clone(),
+                        rows,
+                        bytes,
+                        seconds: began.unwrap_or(started).elapsed().as_secs_f64(),
+                        parts: of_table[i],
+                    };
+                    display.finish(i, &d);
+                    let line = display.line(&counters, started);
+                    if let Err(e) = done(&d, &line) {
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => display.tick(&counters, started),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -103,22 +285,36 @@ pub fn run(
         let _ = h.join();
     }
     display.clear();
+    let _ = holder.batch_execute("COMMIT");
     first_error.map_or(Ok(()), Err)
 }
-
-fn copy_one(src: &str, dst: &str, job: &Job, counter: &Counter) -> Result<Done, AdminError> {
-    let started = Instant::now();
+/// A worker's pair of connections, source and destination.
+fn open(src: &str, dst: &str) -> Result<(postgres::Client, postgres::Client), AdminError> {
     let mut source = connect(src)?;
     let mut dest = connect(dst)?;
     super::session_settings(&mut source)?;
     super::session_settings(&mut dest)?;
-    dest.batch_execute(&format!("TRUNCATE {}", job.dest))?;
-    let mut reader = source.copy_out(&job.out_sql)?;
-    let mut writer = dest.copy_in(&format!(
-        "COPY {} ({}) FROM STDIN",
-        job.dest,
-        job.table.cols()
+    Ok((source, dest))
+}
+
+/// Streams one part: `sql` (a `COPY … TO STDOUT`) read under `snapshot`, written into
+/// `table`'s `cols`. Returns (rows, bytes).
+fn copy_part(
+    source: &mut postgres::Client,
+    dest: &mut postgres::Client,
+    snapshot: &str,
+    sql: &str,
+    table: &str,
+    cols: &str,
+    counter: &Counter,
+) -> Result<(u64, u64), AdminError> {
+    source.batch_execute(&format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
+        crate::admin::db::literal(snapshot)
     ))?;
+    let mut reader = source.copy_out(sql)?;
+    let mut writer = dest.copy_in(&format!("COPY {table} ({cols}) FROM STDIN"))?;
+    let mut bytes = 0u64;
     loop {
         let buf = reader
             .fill_buf()
@@ -131,6 +327,7 @@ fn copy_one(src: &str, dst: &str, job: &Job, counter: &Counter) -> Result<Done, 
             Ordering::Relaxed,
         );
         counter.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        bytes += buf.len() as u64;
         writer
             .write_all(buf)
             .map_err(|e| AdminError::failed(format!("writing the destination: {e}")))?;
@@ -140,12 +337,8 @@ fn copy_one(src: &str, dst: &str, job: &Job, counter: &Counter) -> Result<Done, 
     }
     drop(reader);
     let rows = writer.finish()?;
-    Ok(Done {
-        table: job.table.display(),
-        rows,
-        bytes: counter.bytes.load(Ordering::Relaxed),
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    source.batch_execute("COMMIT")?;
+    Ok((rows, bytes))
 }
 
 /// Bars on a terminal, else a line every 5 s.
@@ -228,8 +421,13 @@ impl Display {
     }
 
     fn finish(&self, i: usize, d: &Done) {
+        let parts = if d.parts > 1 {
+            format!(", {} parts", d.parts)
+        } else {
+            String::new()
+        };
         let msg = format!(
-            "copied {}: {} rows, {:.1} MB in {:.1} s ({:.1} MB/s)",
+            "copied {}: {} rows, {:.1} MB in {:.1} s ({:.1} MB/s{parts})",
             d.table,
             d.rows,
             d.bytes as f64 / 1e6,
@@ -255,5 +453,47 @@ impl Display {
         if let Some((m, _)) = &self.multi {
             let _ = m.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPLIT: Split = Split {
+        streams: 4,
+        part_bytes: 16 << 20,
+    };
+
+    #[test]
+    fn a_small_table_is_one_part_without_condition() {
+        assert_eq!(ranges(0, 8192, SPLIT), vec![None]);
+        assert_eq!(ranges(2048, 8192, SPLIT), vec![None]);
+    }
+
+    #[test]
+    fn parts_cover_every_block_once_open_at_both_ends() {
+        // 60 MiB: four parts of 16 MiB or less.
+        let r = ranges(7680, 8192, SPLIT);
+        assert_eq!(
+            r,
+            vec![
+                Some("s.ctid < '(1920,0)'::tid".to_owned()),
+                Some("s.ctid >= '(1920,0)'::tid AND s.ctid < '(3840,0)'::tid".to_owned()),
+                Some("s.ctid >= '(3840,0)'::tid AND s.ctid < '(5760,0)'::tid".to_owned()),
+                Some("s.ctid >= '(5760,0)'::tid".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn parts_are_at_most_twice_the_streams() {
+        // 600 MiB with 4 streams: 8 parts, not 38.
+        assert_eq!(ranges(76_800, 8192, SPLIT).len(), 8);
+        let one = Split {
+            streams: 1,
+            part_bytes: 1 << 20,
+        };
+        assert_eq!(ranges(76_800, 8192, one).len(), 2);
     }
 }

@@ -67,8 +67,10 @@ pub struct MoveOptions {
     pub mode: Mode,
     /// The profile after the move (default: the organization's).
     pub profile: Option<crate::profile::Profile>,
-    /// Tables copied at once.
+    /// Copy streams at once (pairs of connections; a large table is copied in parts).
     pub jobs: usize,
+    /// About this many bytes of a table's heap per copy part.
+    pub part_bytes: u64,
     /// Roll back a move that has not switched.
     pub abort: bool,
     /// Only finish an interrupted move (refused when there is none).
@@ -386,6 +388,11 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
     crate::admin::org::check_id(&opts.org)?;
     if opts.jobs == 0 || opts.jobs > 64 {
         return Err(AdminError::usage("--jobs must be between 1 and 64"));
+    }
+    if opts.part_bytes < 8 << 10 {
+        return Err(AdminError::usage(
+            "--part-size must be at least 8kB (one block of a table's heap)",
+        ));
     }
     let mut cloud = connect(dsn)?;
     require_current(&mut cloud)?;
@@ -917,11 +924,7 @@ fn copy_out(m: &mut Move) -> Result<(), AdminError> {
             )?
             .get(0);
         jobs.push(copy::Job {
-            out_sql: format!(
-                "COPY (SELECT {} FROM {} s) TO STDOUT",
-                t.cols_of("s"),
-                t.cloud_part()
-            ),
+            source: t.cloud_part(),
             dest: t.org_table(),
             estimate: estimate.unsigned_abs(),
             table: t.clone(),
@@ -934,13 +937,22 @@ fn run_copy(m: &mut Move, src: &str, dst: &str, jobs: Vec<copy::Job>) -> Result<
     let mut journal = m.cloud_session()?;
     let org = m.org.id.clone();
     let mut lines = Vec::new();
-    copy::run(src, dst, jobs, m.opts.jobs, |d, progress| {
+    let split = copy::Split {
+        streams: m.opts.jobs,
+        part_bytes: m.opts.part_bytes,
+    };
+    copy::run(src, dst, jobs, split, |d, progress| {
         journal.execute(
             "UPDATE lokadb.moves SET copied = array_append(copied, $2), progress = $3, updated_at = now() WHERE org = $1",
             &[&org, &d.table, &progress],
         )?;
+        let parts = if d.parts > 1 {
+            format!(" ({} parts)", d.parts)
+        } else {
+            String::new()
+        };
         lines.push(format!(
-            "copied {}: {} rows, {:.1} MB in {:.1} s",
+            "copied {}: {} rows, {:.1} MB in {:.1} s{parts}",
             d.table,
             d.rows,
             d.bytes as f64 / 1e6,
@@ -1065,11 +1077,7 @@ fn copy_back(m: &mut Move) -> Result<(), AdminError> {
             )?
             .get(0);
         jobs.push(copy::Job {
-            out_sql: format!(
-                "COPY (SELECT {} FROM {} s) TO STDOUT",
-                t.cols_of("s"),
-                t.org_table()
-            ),
+            source: t.org_table(),
             dest: t.cloud_part(),
             estimate: estimate.unsigned_abs(),
             table: t.clone(),
