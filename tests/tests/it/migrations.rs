@@ -707,17 +707,26 @@ fn verify_reports_schema_differences() {
 /// Runs `lokadb ARGS` in the background, stalled at move failpoint `point` until the test
 /// lets it go on; returns the child and the path that lets it.
 fn stalled(w: &World, args: &[&str], point: &str) -> (std::process::Child, std::path::PathBuf) {
+    stalled_at(&w.dsn, w.cloud.port(), args, point)
+}
+
+/// [`stalled`] for the cloud at `dsn` (`port` tells the stall files of parallel tests apart).
+pub(crate) fn stalled_at(
+    dsn: &str,
+    port: u16,
+    args: &[&str],
+    point: &str,
+) -> (std::process::Child, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!(
-        "lokadb-stall-{}-{point}-{}",
+        "lokadb-stall-{}-{point}-{port}",
         std::process::id(),
-        w.cloud.port()
     ));
     let _ = std::fs::remove_file(&dir);
     let reached = dir.with_extension("reached");
     let _ = std::fs::remove_file(&reached);
-    let child = std::process::Command::new(lokadb_tests::proxy::find_binary().unwrap())
+    let mut child = std::process::Command::new(lokadb_tests::proxy::find_binary().unwrap())
         .args(args)
-        .env("LOKADB_CLOUD", &w.dsn)
+        .env("LOKADB_CLOUD", dsn)
         .env(
             "LOKADB_MOVE_STALL",
             format!("{point}:{}", dir.to_str().unwrap()),
@@ -728,6 +737,14 @@ fn stalled(w: &World, args: &[&str], point: &str) -> (std::process::Child, std::
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while !reached.exists() {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} ended before {point}: {}{}",
+                crate::admin_cli::stdout(&out),
+                crate::admin_cli::stderr(&out)
+            );
+        }
         assert!(Instant::now() < deadline, "{args:?} never reached {point}");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -735,13 +752,23 @@ fn stalled(w: &World, args: &[&str], point: &str) -> (std::process::Child, std::
     (child, dir)
 }
 
-/// Lets a stalled command go on and returns its output, asserting it succeeded.
+/// Lets a stalled command go on and returns its output.
 #[track_caller]
-fn go_on(child: std::process::Child, path: &std::path::Path) -> String {
+pub(crate) fn go_on_output(
+    child: std::process::Child,
+    path: &std::path::Path,
+) -> std::process::Output {
     std::fs::write(path, b"").unwrap();
     let out = child.wait_with_output().unwrap();
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_file(path.with_extension("reached"));
+    out
+}
+
+/// Lets a stalled command go on and returns its output, asserting it succeeded.
+#[track_caller]
+fn go_on(child: std::process::Child, path: &std::path::Path) -> String {
+    let out = go_on_output(child, path);
     crate::admin_cli::stderr(&out) + &ok(&out)
 }
 

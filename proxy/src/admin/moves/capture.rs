@@ -184,6 +184,9 @@ pub struct CatchUp {
     /// Final mode (under the pause, nothing new can arrive): SQL sent to the destination
     /// with the last round, the backlog not counted, records left for the clean-up.
     tail: Option<String>,
+    /// When kept: per table (displayed name), the keys each round applied, as the JSON
+    /// array of key objects its statements used.
+    applied: Option<Vec<(String, String)>>,
 }
 
 impl Default for CatchUp {
@@ -197,7 +200,18 @@ impl CatchUp {
         CatchUp {
             limit: ROUND_RECORDS,
             tail: None,
+            applied: None,
         }
+    }
+
+    /// Keeps the keys the next rounds apply, for [`CatchUp::take_applied`].
+    pub fn keep_applied(&mut self) {
+        self.applied = Some(Vec::new());
+    }
+
+    /// The keys applied since [`CatchUp::keep_applied`]: (table, JSON array of keys).
+    pub fn take_applied(&mut self) -> Vec<(String, String)> {
+        self.applied.take().unwrap_or_default()
     }
 
     /// Records waiting in the source.
@@ -275,6 +289,9 @@ impl CatchUp {
             round.rows += n;
             round.bytes += (keys.len() + present.len()) as u64;
             batch.push_str(&apply_sql(t, &dest_rel(t), &keys, &present));
+            if let Some(applied) = &mut self.applied {
+                applied.push((t.display(), keys));
+            }
         }
         batch.push_str("COMMIT;");
         if last {

@@ -123,7 +123,7 @@ pub fn fold(
     let mut checks = Vec::new();
     let mut refs = Vec::new();
     for t in tables {
-        checks.extend(foreign_key_checks(c, t)?);
+        checks.extend(foreign_key_checks(c, t, &t.cloud_part())?);
         refs.extend(refs_deletes(c, t)?);
     }
     // In the order the tables were enabled (that of `tables`), as the moves lock them; ONLY:
@@ -233,13 +233,15 @@ pub fn shown_key(names: &str, values: &[String]) -> String {
 }
 
 /// For each foreign key of `t`'s DEFAULT partition: its name, and a query that finds up to
-/// [`SHOWN`] rows of the organization's cloud partition it would refuse, each as the text
-/// `(columns)=(values)` (MATCH SIMPLE: rows with a NULL column pass).
+/// [`SHOWN`] rows of `rows` (the organization's cloud partition, or a subquery of some of
+/// its rows) it would refuse, each as the text `(columns)=(values)` (MATCH SIMPLE: rows
+/// with a NULL column pass).
 pub fn foreign_key_checks(
     c: &mut impl postgres::GenericClient,
     t: &MoveTable,
+    rows: &str,
 ) -> Result<Vec<(String, String)>, AdminError> {
-    let rows = c.query(
+    let keys = c.query(
         "SELECT k.conname::text, k.confrelid::regclass::text,
                 ARRAY(SELECT quote_ident(a.attname) FROM unnest(k.conkey) WITH ORDINALITY u(n, i)
                       JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.n ORDER BY u.i),
@@ -248,7 +250,7 @@ pub fn foreign_key_checks(
          FROM pg_constraint k WHERE k.conrelid = to_regclass($1) AND k.contype = 'f' ORDER BY 1",
         &[&t.default()],
     )?;
-    Ok(rows
+    Ok(keys
         .iter()
         .map(|r| {
             let (name, target): (String, String) = (r.get(0), r.get(1));
@@ -262,8 +264,7 @@ pub fn foreign_key_checks(
             let values: Vec<String> = cols.iter().map(|c| format!("c.{c}")).collect();
             let shown = shown_key(&cols.join(", "), &values);
             let sql = format!(
-                "SELECT {shown} FROM {} c WHERE {} AND NOT EXISTS (SELECT 1 FROM {target} t WHERE {}) LIMIT {SHOWN}",
-                t.cloud_part(),
+                "SELECT {shown} FROM {rows} c WHERE {} AND NOT EXISTS (SELECT 1 FROM {target} t WHERE {}) LIMIT {SHOWN}",
                 present.join(" AND "),
                 equal.join(" AND ")
             );

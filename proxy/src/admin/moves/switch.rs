@@ -55,6 +55,18 @@ pub fn switch(m: &mut Move) -> Result<Switched, AdminError> {
         Direction::Out => ("moved", m.journal.profile.clone()),
         Direction::Back => ("cloud", m.journal.profile.clone()),
     };
+    // What comes back was written in the organization's database: checked against the
+    // cloud's key maps and foreign keys before it is attached. The whole copy here, while
+    // the organization works (the key maps learn its keys, which stays right if the move is
+    // aborted: they are its keys); under the lock only the rows the last rounds write.
+    let mut learned = 0;
+    if direction == Direction::Back {
+        let mut tx = m.cloud.transaction()?;
+        learned = super::take_back::check(&mut tx, &tables, &org, super::take_back::Rows::All)?;
+        tx.commit()?;
+        cu.keep_applied();
+        failpoint("switch-checked");
+    }
     for attempt in 1..=LOCK_ATTEMPTS {
         let mut tx = m.cloud.transaction()?;
         let locked = lock_own(&mut tx, &tables)
@@ -104,12 +116,11 @@ pub fn switch(m: &mut Move) -> Result<Switched, AdminError> {
             )?
         };
         let caught_up = paused.elapsed();
-        // What comes back was written in the organization's database: checked against the
-        // cloud's key maps and foreign keys before it is attached.
-        let learned = match direction {
-            Direction::Back => super::take_back::check(&mut tx, &tables, &org)?,
-            Direction::Out => 0,
-        };
+        if direction == Direction::Back {
+            let applied = cu.take_applied();
+            let rows = super::take_back::Rows::Applied(&applied);
+            learned += super::take_back::check(&mut tx, &tables, &org, rows)?;
+        }
         for t in &tables {
             let (old, new) = match direction {
                 Direction::Out => (t.cloud_part(), t.foreign_part()),
