@@ -28,12 +28,11 @@
 //! again before the next statement.
 
 use super::router::count;
-use super::statement::{statement_of, ClientFrames, Exchange};
+use super::statement::{ClientFrames, Exchange};
 use crate::route::analysis::{mentions, Analysis, Org, RUNS_ALONE};
 use crate::route::literals::one_dml_statement;
 use crate::route::meta::Placement;
-use lokadb_shared::wire::fields::Fields;
-use lokadb_shared::wire::frontend;
+use lokadb_shared::wire::frontend::{self, Bind, Statement};
 use lokadb_shared::wire::tags::*;
 use std::borrow::Cow;
 use std::rc::Rc;
@@ -146,14 +145,11 @@ impl ClientFrames<'_> {
         if !self.router.cloud_org.tell || !matches!(tag, FE_QUERY | FE_BIND) {
             return None;
         }
-        if tag == FE_BIND && self.router.cloud_org.changers {
-            let mut f = Fields::new(&frame[5..], "Bind");
-            if f.cstr()
-                .and_then(|_| f.cstr())
-                .is_ok_and(|s| self.router.changes_setting(s))
-            {
-                self.router.cloud_org.forget();
-            }
+        if tag == FE_BIND
+            && self.router.cloud_org.changers
+            && Bind::decode(&frame[5..]).is_ok_and(|b| self.router.changes_setting(b.statement))
+        {
+            self.router.cloud_org.forget();
         }
         let ex = &self.exchanges.cloud;
         let state = &mut self.router.cloud_org;
@@ -191,7 +187,7 @@ impl ClientFrames<'_> {
             && !holds
             && org.is_ascii()
             && self.meta.is_some_and(|m| m.meta.set_normalized)
-            && statement_of(tag, &frame[5..]).is_some_and(|(_, sql, _)| one_dml_statement(sql));
+            && Statement::decode(tag, &frame[5..]).is_ok_and(|q| one_dml_statement(q.sql));
         if one_statement {
             // In front of the Query's text: its answer (CommandComplete) is dropped by
             // position. Begun outside a transaction with nothing pending, one statement that
@@ -261,12 +257,12 @@ impl ClientFrames<'_> {
     /// as it is), or one Postgres runs only alone.
     pub(super) fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<(Cow<'_, str>, bool)> {
         self.meta?;
-        let mut f = Fields::new(&frame[5..], "message");
+        let body = &frame[5..];
         let org = match tag {
-            FE_QUERY => return self.sql_org(f.cstr().ok()?),
+            FE_QUERY => return self.sql_org(Statement::decode(tag, body).ok()?.sql),
             FE_BIND => {
-                let _portal = f.cstr().ok()?;
-                let name = f.cstr().ok()?;
+                let bind = Bind::decode(body).ok()?;
+                let name = bind.statement;
                 match self.router.prepared_analysis(name) {
                     Some(Analysis::NoLokaTable) => return None,
                     // Inside a batch nothing may go ahead of it; at a batch's front the
@@ -278,7 +274,7 @@ impl ClientFrames<'_> {
                     }
                     Some(Analysis::Org { org, .. }) => {
                         let ty = self.router.org_type(name);
-                        let org = self.router.org_value(org, Some(&mut f), ty).ok()?;
+                        let org = self.router.org_value(org, Some(&bind), ty).ok()?;
                         return Some((readable(org), true));
                     }
                     // Unplaced, or parsed before the metadata was loaded, or forgotten.
@@ -324,7 +320,7 @@ impl ClientFrames<'_> {
         else {
             return;
         };
-        let Some((name, sql, _)) = statement_of(tag, &frame[5..]) else {
+        let Ok(Statement { name, sql, .. }) = Statement::decode(tag, &frame[5..]) else {
             return;
         };
         let state = &mut self.router.cloud_org;

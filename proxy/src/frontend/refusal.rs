@@ -14,7 +14,7 @@ use lokadb_shared::wire::backend::write_frame;
 use lokadb_shared::wire::fields::Fields;
 use std::sync::OnceLock;
 
-use super::statement::statement_frame;
+use lokadb_shared::wire::frontend::Statement;
 
 /// Dollar-quote tag of the refusal's DO block.
 const REFUSAL_TAG: &str = "$lokadb_refusal$";
@@ -51,18 +51,17 @@ pub(super) fn raise_sql(code: &str, message: &str, hint: &str) -> String {
     )
 }
 
-/// The same Query or Parse (`tag`, statement `name`) with a statement that raises `code`,
-/// `message` and `hint` when executed.
-pub(super) fn refusal_frame(
-    tag: u8,
-    name: Option<&str>,
-    code: &str,
-    message: &str,
-    hint: &str,
-) -> Vec<u8> {
+/// The same Query (`name` `None`) or Parse (of statement `name`) with a statement that
+/// raises `code`, `message` and `hint` when executed.
+pub(super) fn refusal_frame(name: Option<&str>, code: &str, message: &str, hint: &str) -> Vec<u8> {
     // No parameter types: the DO block takes none.
     let rest: &[u8] = if name.is_some() { &[0, 0] } else { &[] };
-    statement_frame(tag, name, &raise_sql(code, message, hint), rest)
+    Statement {
+        name,
+        sql: "",
+        rest,
+    }
+    .with_sql(&raise_sql(code, message, hint))
 }
 
 /// A whole ErrorResponse `frame` that a refusal raised, as the error the proxy meant

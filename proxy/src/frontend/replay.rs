@@ -12,8 +12,8 @@
 //! replay, and the cloud's commits (or not) as one, with its fdw writes. A proxy that dies
 //! meanwhile leaves both transactions to roll back with their connections.
 
-use super::statement::statement_frame;
 use lokadb_shared::wire::fields::Fields;
+use lokadb_shared::wire::frontend::{Bind, Statement};
 use lokadb_shared::wire::tags::*;
 use std::hash::Hasher;
 
@@ -84,26 +84,19 @@ impl Log {
 
 /// The same Parse without its statement name.
 fn unnamed_parse(parse: &[u8]) -> Option<Vec<u8>> {
-    let mut f = Fields::new(parse.get(5..)?, "Parse");
-    let _name = f.cstr().ok()?;
-    let sql = f.cstr().ok()?;
-    Some(statement_frame(FE_PARSE, Some(""), sql, f.rest()))
+    let p = Statement::decode(FE_PARSE, parse.get(5..)?).ok()?;
+    Some(
+        Statement {
+            name: Some(""),
+            ..p
+        }
+        .with_sql(p.sql),
+    )
 }
 
 /// The same Bind of the unnamed statement.
 fn unnamed_bind(bind: &[u8]) -> Option<Vec<u8>> {
-    let mut f = Fields::new(bind.get(5..)?, "Bind");
-    let portal = f.cstr_bytes().ok()?;
-    let _statement = f.cstr_bytes().ok()?;
-    let rest = f.rest();
-    let mut out = Vec::with_capacity(bind.len());
-    lokadb_shared::wire::backend::write_frame(&mut out, FE_BIND, |out| {
-        out.extend_from_slice(portal);
-        out.push(0);
-        out.push(0);
-        out.extend_from_slice(rest);
-    });
-    Some(out)
+    Some(Bind::decode(bind.get(5..)?).ok()?.with_statement(""))
 }
 
 /// A digest of the answers a client got (or would get): rows, command tags, empty

@@ -18,9 +18,7 @@
 
 use super::cloud_org::Told;
 use super::pump::Action;
-use super::statement::{
-    bind_param, statement_frame, statement_of, ClientFrames, Exchange, Reported,
-};
+use super::statement::{bind_param, ClientFrames, Exchange, Reported};
 use crate::backend::at_login::TxDefaults;
 use crate::route::analysis::{Analysis, Catalog, KeyOrg, Org};
 use crate::route::meta::{CoreMeta, Placement};
@@ -28,7 +26,7 @@ use crate::route::names::{self, Names};
 use crate::route::param::{param_cast, ValueType};
 use crate::route::setting::may_change_transaction_defaults;
 use lokadb_shared::wire::fields::Fields;
-use lokadb_shared::wire::frontend;
+use lokadb_shared::wire::frontend::{self, Bind, Close, Statement};
 use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::FrameError;
 use std::borrow::Cow;
@@ -98,16 +96,12 @@ const MAX_LOOKUP_KEY: usize = 1024;
 /// The type a Parse message (whole) declared for parameter `$n`: 0 when it left it to the
 /// server (or declared fewer); `None` for a malformed message.
 fn declared_type(parse: &[u8], n: u16) -> Option<u32> {
-    let (_, _, types) = super::statement::statement_of(FE_PARSE, parse.get(5..)?)?;
-    let mut f = Fields::new(types, "Parse");
-    let count = f.i16().ok()?.max(0) as u16;
-    if n == 0 || n > count {
-        return Some(0);
-    }
-    for _ in 1..n {
-        f.i32().ok()?;
-    }
-    Some(f.i32().ok()? as u32)
+    parsed(parse)?.param_type(n).ok()
+}
+
+/// A Parse message (whole), decoded; `None` when malformed.
+fn parsed(parse: &[u8]) -> Option<Statement<'_>> {
+    Statement::decode(FE_PARSE, parse.get(5..)?).ok()
 }
 
 /// Where a statement placed by a key goes ([`ClientFrames::key_org`]).
@@ -125,14 +119,14 @@ enum KeyDest {
 /// ([`ValueType`]). `None` for NULL and any value not read with certainty (the statement
 /// goes through the cloud).
 fn key_param(
-    f: &mut Fields<'_>,
+    bind: &Bind<'_>,
     n: u16,
     key_type: &str,
     parse: Option<&[u8]>,
 ) -> Result<Option<String>, FrameError> {
     let declared = parse.and_then(|p| declared_type(p, n));
     let ty = ValueType::resolve(declared, Some(ValueType::from_sql(key_type)));
-    bind_param(f, n, ty)
+    bind_param(bind, n, ty)
 }
 
 /// The analysis of `sql` in a session whose names are `names` ([`ClientFrames::analyze`]).
@@ -171,8 +165,7 @@ pub(super) fn org_param_type(
         _ => None,
     };
     // A cast written after the parameter gives it its type, not the column.
-    let sql = statement_of(FE_PARSE, parse.get(5..).unwrap_or_default()).map(|(_, sql, _)| sql);
-    let cast = sql.and_then(|sql| param_cast(sql, *n));
+    let cast = parsed(parse).and_then(|p| param_cast(p.sql, *n));
     ValueType::resolve(declared_type(parse, *n), cast.or(column))
 }
 
@@ -500,12 +493,12 @@ impl Router {
     pub(super) fn org_value<'a>(
         &'a self,
         org: &'a Org,
-        bind: Option<&mut Fields<'_>>,
+        bind: Option<&Bind<'_>>,
         ty: ValueType,
     ) -> Result<Option<Cow<'a, str>>, FrameError> {
         Ok(match (org, bind) {
             (Org::Literal(v), _) => Some(Cow::Borrowed(v)),
-            (Org::Param(n), Some(f)) => bind_param(f, *n, ty)?.map(Cow::Owned),
+            (Org::Param(n), Some(b)) => bind_param(b, *n, ty)?.map(Cow::Owned),
             (Org::Param(_), None) => None,
             (Org::Session, _) => self.session_org.as_deref().map(Cow::Borrowed),
             // Known only once the cloud's key map is asked ([`Want::Lookup`]).
@@ -627,13 +620,10 @@ impl ClientFrames<'_> {
     fn statement_text<'f>(&'f self, tag: u8, frame: Option<&'f [u8]>) -> Option<&'f str> {
         let body = frame?.get(5..)?;
         match tag {
-            FE_QUERY => Fields::new(body, "Query").cstr().ok(),
-            FE_PARSE => statement_of(tag, body).map(|(_, sql, _)| sql),
+            FE_QUERY | FE_PARSE => Statement::decode(tag, body).ok().map(|s| s.sql),
             FE_BIND => {
-                let mut f = Fields::new(body, "Bind");
-                let _portal = f.cstr().ok()?;
-                let p = self.router.prepared.get(f.cstr().ok()?)?;
-                statement_of(FE_PARSE, p.parse.get(5..)?).map(|(_, sql, _)| sql)
+                let bind = Bind::decode(body).ok()?;
+                parsed(&self.router.prepared.get(bind.statement)?.parse).map(|p| p.sql)
             }
             _ => None,
         }
@@ -677,7 +667,7 @@ impl ClientFrames<'_> {
             if let Some(f) = frame.filter(|_| super::replay::fails_here(tag)) {
                 self.router.replay_differed = false;
                 let portal = match tag {
-                    FE_BIND => Fields::new(&f[5..], "Bind").cstr().unwrap_or_default(),
+                    FE_BIND => Bind::decode(&f[5..]).map_or("", |b| b.portal),
                     _ => "",
                 };
                 return self.refuse_here(
@@ -868,14 +858,10 @@ impl ClientFrames<'_> {
             if side == Side::Direct {
                 if let Some(log) = &mut self.router.tx_log {
                     let parse = match (tag, cloud_frame) {
-                        (FE_BIND, Some(f)) => {
-                            let mut b = Fields::new(&f[5..], "Bind");
-                            let _portal = b.cstr();
-                            b.cstr()
-                                .ok()
-                                .and_then(|name| self.router.prepared.get(name))
-                                .map(|p| &*p.parse)
-                        }
+                        (FE_BIND, Some(f)) => Bind::decode(&f[5..])
+                            .ok()
+                            .and_then(|b| self.router.prepared.get(b.statement))
+                            .map(|p| &*p.parse),
                         _ => None,
                     };
                     log.note(tag, cloud_frame, parse);
@@ -900,16 +886,13 @@ impl ClientFrames<'_> {
     /// no lock a reader needs. Its COMMIT, ROLLBACK and everything after an error go where
     /// it runs.
     fn transaction_step(&mut self, tag: u8, frame: &[u8], dest: &Dest) -> TxStep {
-        let sql = if tag == FE_QUERY {
-            Fields::new(&frame[5..], "Query").cstr().ok()
-        } else {
-            None
+        let statement = match tag {
+            FE_QUERY | FE_PARSE => Statement::decode(tag, &frame[5..]).ok(),
+            _ => None,
         };
+        let sql = statement.filter(|s| s.name.is_none()).map(|s| s.sql);
         if !self.router.tx_defaults_changed {
-            let text = match tag {
-                FE_PARSE => statement_of(tag, &frame[5..]).map(|(_, sql, _)| sql),
-                _ => sql,
-            };
+            let text = statement.map(|s| s.sql);
             if text.is_some_and(may_change_transaction_defaults) {
                 self.router.tx_defaults_may_change();
             }
@@ -1008,11 +991,11 @@ impl ClientFrames<'_> {
     /// Where a whole message should go. `own`: the direct path would send the client's own
     /// text of a Query (the one routed is the proxy's rewrite of it).
     fn destination(&self, tag: u8, frame: &[u8], own: bool) -> Result<Dest, FrameError> {
-        let mut f = Fields::new(&frame[5..], "message");
+        let body = &frame[5..];
         let held = self.router.held_parse.is_some();
         Ok(match tag {
             FE_QUERY => {
-                let sql = f.cstr()?;
+                let sql = Statement::decode(tag, body)?.sql;
                 match self.meta {
                     Some(m) => {
                         self.direct_dest(&self.analyze(m, sql), None, own, None, ValueType::Other)?
@@ -1021,8 +1004,8 @@ impl ClientFrames<'_> {
                 }
             }
             FE_PARSE => {
-                let name = f.cstr()?;
-                let sql = f.cstr()?;
+                let Statement { name, sql, .. } = Statement::decode(tag, body)?;
+                let name = name.unwrap_or_default();
                 let may_run_direct = self.meta.is_some_and(|m| {
                     m.has_direct_orgs()
                         && matches!(
@@ -1049,8 +1032,8 @@ impl ClientFrames<'_> {
                 }
             }
             FE_BIND => {
-                let _portal = f.cstr()?;
-                let name = f.cstr()?;
+                let bind = Bind::decode(body)?;
+                let name = bind.statement;
                 let prepared = if name.is_empty() && (held || !self.router.unnamed_on_cloud) {
                     // Held, or parsed on the direct side last: placed by its analysis.
                     self.router.prepared.get("")
@@ -1063,7 +1046,7 @@ impl ClientFrames<'_> {
                 match prepared {
                     Some(p) => self.direct_dest(
                         &p.analysis,
-                        Some(&mut f),
+                        Some(&bind),
                         p.direct_parse.is_some(),
                         Some(&p.parse),
                         p.org_type,
@@ -1072,7 +1055,9 @@ impl ClientFrames<'_> {
                 }
             }
             _ if held => Dest::Cloud,
-            FE_CLOSE | FE_DESCRIBE if f.u8()? == b'S' => Dest::PreferCloud,
+            FE_CLOSE | FE_DESCRIBE if Fields::new(body, "message").u8()? == b'S' => {
+                Dest::PreferCloud
+            }
             FE_FUNCTION_CALL => Dest::Cloud,
             _ => Dest::Current,
         })
@@ -1083,12 +1068,12 @@ impl ClientFrames<'_> {
     fn key_org(
         &self,
         key: &KeyOrg,
-        bind: Option<&mut Fields<'_>>,
+        bind: Option<&Bind<'_>>,
         parse: Option<&[u8]>,
     ) -> Result<KeyDest, FrameError> {
         let value = match (&key.key, bind) {
             (Org::Literal(v), _) => Cow::Borrowed(v.as_str()),
-            (Org::Param(n), Some(f)) => match key_param(f, *n, &key.key_type, parse)? {
+            (Org::Param(n), Some(b)) => match key_param(b, *n, &key.key_type, parse)? {
                 Some(v) => Cow::Owned(v),
                 None => return Ok(KeyDest::Cloud),
             },
@@ -1137,7 +1122,7 @@ impl ClientFrames<'_> {
     fn direct_dest(
         &self,
         analysis: &Analysis,
-        bind: Option<&mut Fields<'_>>,
+        bind: Option<&Bind<'_>>,
         own: bool,
         parse: Option<&[u8]>,
         org_type: ValueType,
@@ -1229,12 +1214,12 @@ impl ClientFrames<'_> {
         side: Side,
         hold: bool,
     ) -> Result<Action, FrameError> {
-        let mut f = Fields::new(&frame[5..], "message");
+        let body = &frame[5..];
         let router = &mut *self.router;
         match tag {
             FE_PARSE => {
-                let name = f.cstr()?;
-                let sql = f.cstr()?;
+                let Statement { name, sql, .. } = Statement::decode(tag, body)?;
+                let name = name.unwrap_or_default();
                 let analysis = match self.meta {
                     Some(m) => analyze_in(&router.names, m, sql),
                     None => Analysis::Unplaced("no routing metadata"),
@@ -1275,8 +1260,7 @@ impl ClientFrames<'_> {
                 Ok(Action::Forward)
             }
             FE_BIND => {
-                let _portal = f.cstr()?;
-                let name = f.cstr()?;
+                let name = Bind::decode(body)?.statement;
                 let mut out = Vec::new();
                 if let Some(held) = router.held_parse.take() {
                     router.unnamed_on_cloud = side == Side::Cloud;
@@ -1324,8 +1308,9 @@ impl ClientFrames<'_> {
                 Ok(Action::Replace(out))
             }
             FE_CLOSE => {
-                if f.u8()? == b'S' {
-                    let name = f.cstr()?;
+                let close = Close::decode(body)?;
+                if close.kind == b'S' {
+                    let name = close.name;
                     let only_direct = router.not_on_cloud.contains(name);
                     router.forget(name);
                     if side == Side::Direct && !only_direct {
@@ -1591,14 +1576,9 @@ fn prefixed(bytes: &[u8], text: &str) -> Vec<u8> {
     while let Ok(Some(h)) = lokadb_shared::wire::Header::peek(&bytes[at..], u32::MAX) {
         let end = at + h.frame_len();
         if h.tag == FE_QUERY && end == bytes.len() {
-            if let Some((_, sql, rest)) = statement_of(FE_QUERY, &bytes[at + 5..end]) {
+            if let Ok(query) = Statement::decode(FE_QUERY, &bytes[at + 5..end]) {
                 let mut out = bytes[..at].to_vec();
-                out.extend_from_slice(&statement_frame(
-                    FE_QUERY,
-                    None,
-                    &format!("{text}{sql}"),
-                    rest,
-                ));
+                out.extend_from_slice(&query.with_sql(&format!("{text}{}", query.sql)));
                 return out;
             }
         }
@@ -1642,10 +1622,7 @@ mod tests {
             p
         };
         let key = |body: &[u8], ty: &str, oid: u32| {
-            let mut f = Fields::new(body, "Bind");
-            f.cstr().unwrap();
-            f.cstr().unwrap();
-            key_param(&mut f, 1, ty, Some(&parse(oid))).unwrap()
+            key_param(&Bind::decode(body).unwrap(), 1, ty, Some(&parse(oid))).unwrap()
         };
         let big = 42i64.to_be_bytes();
         assert_eq!(
@@ -1687,11 +1664,8 @@ mod tests {
         // A binary value of a type the key is not read: its bytes would mean something else.
         assert_eq!(key(&bind(1, Some(&seven)), "INTEGER", 1700), None);
         assert_eq!(key(&bind(0, None), "BIGINT", 0), None);
-        let mut f = Fields::new(b"\0\0\0\0\0\0", "Bind");
-        f.cstr().unwrap();
-        f.cstr().unwrap();
         assert_eq!(
-            key_param(&mut f, 1, "BIGINT", None).unwrap(),
+            key_param(&Bind::decode(b"\0\0\0\0\0\0").unwrap(), 1, "BIGINT", None).unwrap(),
             None,
             "no such parameter"
         );

@@ -4,10 +4,10 @@
 //! setting (the client's `SET` is forwarded), which the limited statements read there.
 
 use super::pump::Action;
-use super::statement::{refusal_frame, statement_frame, statement_of, ClientFrames};
+use super::statement::{refusal_frame, ClientFrames};
 use crate::route::scope::{limit, Limited, Mark};
 use crate::route::setting::{setting, Setting};
-use lokadb_shared::wire::fields::Fields;
+use lokadb_shared::wire::frontend::{Bind, Statement};
 use lokadb_shared::wire::tags::*;
 use std::rc::Rc;
 
@@ -31,7 +31,8 @@ impl ClientFrames<'_> {
     /// A Query or Parse: follows a change of the session's organization, and limits a
     /// statement to it. `None`: the message goes as written.
     pub(super) fn org_step(&mut self, tag: u8, body: &[u8]) -> Option<OrgStep> {
-        let (name, sql, rest) = statement_of(tag, body)?;
+        let statement = Statement::decode(tag, body).ok()?;
+        let (name, sql) = (statement.name, statement.sql);
         let thorough = self.router.session_org.is_some() || self.router.default_org.is_some();
         if let Some(s) = setting(sql, thorough) {
             return self.follow(tag, name, s);
@@ -45,11 +46,9 @@ impl ClientFrames<'_> {
         let analysis = self.analyze(meta, sql);
         let step = match org.as_deref().map(|o| limit(sql, &analysis, meta, o)) {
             None | Some(Limited::AsWritten) => None,
-            Some(Limited::Scoped(text)) => {
-                Some(OrgStep::Scoped(statement_frame(tag, name, &text, rest)))
-            }
+            Some(Limited::Scoped(text)) => Some(OrgStep::Scoped(statement.with_sql(&text))),
             Some(Limited::Refused(code, message)) => Some(OrgStep::Refused(refusal_frame(
-                tag, name, code, &message, HINT_LIMIT,
+                name, code, &message, HINT_LIMIT,
             ))),
         };
         if let Some(name) = name.filter(|_| named) {
@@ -70,7 +69,7 @@ impl ClientFrames<'_> {
     fn follow(&mut self, tag: u8, name: Option<&str>, s: Setting) -> Option<OrgStep> {
         let refuse = |message: &str| {
             Some(OrgStep::Refused(refusal_frame(
-                tag, name, "0A000", message, HINT_SET,
+                name, "0A000", message, HINT_SET,
             )))
         };
         let idle = self.idle_outside_transaction();
@@ -129,16 +128,15 @@ impl ClientFrames<'_> {
         if !self.router.org_ever_set {
             return None;
         }
-        let mut f = Fields::new(&frame[5..], "Bind");
-        let portal = f.cstr().ok()?;
-        let name = f.cstr().ok()?;
+        let bind = Bind::decode(&frame[5..]).ok()?;
+        let (portal, name) = (bind.portal, bind.statement);
         // The unnamed statement never outlives a SET: its simple query destroys it.
         let mark = self.router.marks.get(name)?;
         let org = self.router.session_org.clone();
         let ty = self.router.org_type(name);
         let message = mark
             .allows(org.as_deref(), |n| {
-                super::statement::bind_param(&mut f, n, ty).ok().flatten()
+                super::statement::bind_param(&bind, n, ty).ok().flatten()
             })
             .err()?;
         let portal = portal.to_owned();

@@ -18,6 +18,7 @@ use crate::route::meta::CoreMeta;
 use crate::route::param::ValueType;
 use crate::route::rewrite::quote_ident;
 use lokadb_shared::wire::fields::Fields;
+use lokadb_shared::wire::frontend::{Bind, Close, Param, Statement};
 use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::FrameError;
 use lokadb_shared::wire::Header;
@@ -359,9 +360,9 @@ impl ClientFrames<'_> {
         let mut keyed = false;
         let (refusal, refused) = match frame {
             Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => {
-                if let Some((_, sql, _)) = statement_of(header.tag, &f[5..]) {
+                if let Ok(st) = Statement::decode(header.tag, &f[5..]) {
                     let reported = self.router.path_reported();
-                    self.router.names.note_statement(sql, reported);
+                    self.router.names.note_statement(st.sql, reported);
                 }
                 match self
                     .owing_refusal(header.tag, f)
@@ -399,11 +400,8 @@ impl ClientFrames<'_> {
                 (None, false)
             }
             Some(f) if header.tag == FE_CLOSE && !self.router.marks.is_empty() => {
-                let mut fields = Fields::new(&f[5..], "Close");
-                if fields.u8() == Ok(b'S') {
-                    if let Ok(name) = fields.cstr() {
-                        self.router.mark(name, None);
-                    }
+                if let Ok(Close { kind: b'S', name }) = Close::decode(&f[5..]) {
+                    self.router.mark(name, None);
                 }
                 (None, false)
             }
@@ -448,41 +446,11 @@ impl ClientFrames<'_> {
 
 /// The `route_log` line of a refused Query or Parse.
 fn log_refused(tag: u8, body: &[u8]) {
-    let Some((_, sql, _)) = statement_of(tag, body) else {
+    let Ok(Statement { sql, .. }) = Statement::decode(tag, body) else {
         return;
     };
     let kind = if tag == FE_PARSE { "parse" } else { "query" };
     tracing::info!(target: "lokadb::route", route = "refused", kind, statement = %sql.chars().take(200).collect::<String>());
-}
-
-/// A Query's or Parse's statement: the Parse's statement name, the SQL, and what follows it
-/// (a Parse's parameter types).
-pub(super) fn statement_of(tag: u8, body: &[u8]) -> Option<(Option<&str>, &str, &[u8])> {
-    let mut f = Fields::new(body, "statement");
-    let name = if tag == FE_PARSE {
-        Some(f.cstr().ok()?)
-    } else {
-        None
-    };
-    let sql = f.cstr().ok()?;
-    Some((name, sql, f.rest()))
-}
-
-/// The same Query or Parse (`tag`, statement `name`) with `sql` instead and `rest` after it.
-pub(super) fn statement_frame(tag: u8, name: Option<&str>, sql: &str, rest: &[u8]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(sql.len() + rest.len() + 64);
-    frame.push(tag);
-    frame.extend_from_slice(&[0; 4]);
-    if let Some(name) = name {
-        frame.extend_from_slice(name.as_bytes());
-        frame.push(0);
-    }
-    frame.extend_from_slice(sql.as_bytes());
-    frame.push(0);
-    frame.extend_from_slice(rest);
-    let len = (frame.len() - 1) as u32;
-    frame[1..5].copy_from_slice(&len.to_be_bytes());
-    frame
 }
 
 /// The refusal of a statement of an organization that owes migrations.
@@ -511,7 +479,7 @@ impl ClientFrames<'_> {
             return None;
         }
         let (message, hint) = owing_error(&org);
-        Some(refusal_frame(tag, None, "55000", &message, &hint))
+        Some(refusal_frame(None, "55000", &message, &hint))
     }
 
     /// A Bind of a statement placed in an organization that owes migrations: refused as
@@ -525,7 +493,7 @@ impl ClientFrames<'_> {
             return None;
         }
         let (message, hint) = owing_error(&org);
-        let portal = Fields::new(&frame[5..], "Bind").cstr().ok()?.to_owned();
+        let portal = Bind::decode(&frame[5..]).ok()?.portal.to_owned();
         Some(self.refuse_here(FE_BIND, &portal, "55000", &message, &hint))
     }
 
@@ -536,7 +504,11 @@ impl ClientFrames<'_> {
     /// `COPY <LokaDB table> TO …` (the whole message is refused).
     fn refusal(&self, tag: u8, body: &[u8]) -> Option<Vec<u8>> {
         let meta = self.meta?;
-        let (statement, sql, _) = statement_of(tag, body)?;
+        let Statement {
+            name: statement,
+            sql,
+            ..
+        } = Statement::decode(tag, body).ok()?;
         let table = copy_out_of_loka_table(sql, &meta.meta.catalog)?;
         // `notes` may be a temporary table of the session's: the cloud decides.
         if self.router.names.unsure(sql, &meta.meta.catalog) {
@@ -554,7 +526,7 @@ impl ClientFrames<'_> {
             "Copy one organization's rows: COPY (SELECT * FROM {name} WHERE {} = '…') TO STDOUT",
             quote_ident(&table.org_column)
         );
-        Some(refusal_frame(tag, statement, "0A000", &message, &hint))
+        Some(refusal_frame(statement, "0A000", &message, &hint))
     }
 }
 
@@ -565,7 +537,8 @@ impl ClientFrames<'_> {
     /// whether it was the key-map rewrite.
     fn rewrite(&self, tag: u8, body: &[u8]) -> Option<(Vec<u8>, bool)> {
         let meta = self.meta?;
-        let (statement, sql, rest) = statement_of(tag, body)?;
+        let statement = Statement::decode(tag, body).ok()?;
+        let sql = statement.sql;
         // Only a join, or a statement that may look a key up, can be rewritten: the rest
         // pay a short scan, no lookup (a simple query's text differs with every value, so
         // an analysis is a parse). A statement whose WHERE names an organization column needs no
@@ -578,7 +551,7 @@ impl ClientFrames<'_> {
             && meta.meta.orgs.values().any(|o| o.state != "cloud")
         {
             if let Some(rewritten) = crate::route::rewrite::alter_type_using(sql, catalog) {
-                return Some((statement_frame(tag, statement, &rewritten, rest), false));
+                return Some((statement.with_sql(&rewritten), false));
             }
         }
         let keyed = catalog.has_key_maps()
@@ -595,7 +568,7 @@ impl ClientFrames<'_> {
             Analysis::Keyed(rewritten) => (rewritten, true),
             _ => return None,
         };
-        Some((statement_frame(tag, statement, &rewritten, rest), by_key))
+        Some((statement.with_sql(&rewritten), by_key))
     }
 }
 
@@ -603,7 +576,6 @@ impl ClientFrames<'_> {
     /// `route_log`: one line per Query and Parse, and per Bind that places its statement
     /// by a parameter, with the route and what the analysis found.
     fn log_route(&mut self, tag: u8, body: &[u8], scoped: bool) -> Result<(), FrameError> {
-        let mut f = Fields::new(body, "statement");
         let meta = self.meta;
         let analyse = |sql: &str| match meta {
             Some(m) => self.analyze(m, sql),
@@ -611,22 +583,22 @@ impl ClientFrames<'_> {
         };
         let (kind, text, analysis) = match tag {
             FE_QUERY => {
-                let text = f.cstr()?;
+                let text = Statement::decode(tag, body)?.sql;
                 ("query", text, analyse(text))
             }
             FE_PARSE => {
-                let name = f.cstr()?;
-                let text = f.cstr()?;
-                let analysis = analyse(text);
-                (
-                    if name.is_empty() { "parse" } else { "prepare" },
-                    text,
-                    analysis,
-                )
+                let st = Statement::decode(tag, body)?;
+                let analysis = analyse(st.sql);
+                let kind = if st.name == Some("") {
+                    "parse"
+                } else {
+                    "prepare"
+                };
+                (kind, st.sql, analysis)
             }
             FE_BIND => {
-                let _portal = f.cstr()?;
-                let name = f.cstr()?;
+                let bind = Bind::decode(body)?;
+                let name = bind.statement;
                 let Some(Analysis::Org {
                     org: Org::Param(n), ..
                 }) = self.router.prepared_analysis(name)
@@ -635,15 +607,16 @@ impl ClientFrames<'_> {
                 };
                 let n = *n;
                 let mut analysis = self.router.prepared_analysis(name).cloned().expect("above");
-                let value = bind_param(&mut f, n, self.router.org_type(name))?;
+                let value = bind_param(&bind, n, self.router.org_type(name))?;
                 if let Analysis::Org { org, .. } = &mut analysis {
                     *org = Org::Literal(value.unwrap_or_else(|| "?".to_owned()));
                 }
                 ("bind", name, analysis)
             }
             FE_CLOSE => {
-                if f.u8()? == b'S' && !self.router.enabled {
-                    self.router.forget(f.cstr()?);
+                let close = Close::decode(body)?;
+                if close.kind == b'S' && !self.router.enabled {
+                    self.router.forget(close.name);
                 }
                 return Ok(());
             }
@@ -713,63 +686,18 @@ impl ClientFrames<'_> {
     }
 }
 
-/// The value bound to parameter `$n` (1-based) of a Bind body whose portal and statement
-/// names were read, read as type `ty` ([`ValueType::decode`]). `None`: no such parameter,
-/// NULL, or a value not read with certainty (its statement goes through the cloud).
+/// The value `bind` binds to parameter `$n` (1-based), read as type `ty`
+/// ([`ValueType::decode`]). `None`: no such parameter, NULL, or a value not read with
+/// certainty (its statement goes through the cloud).
 pub(super) fn bind_param(
-    f: &mut Fields<'_>,
+    bind: &Bind<'_>,
     n: u16,
     ty: ValueType,
 ) -> Result<Option<String>, FrameError> {
-    Ok(match bind_value(f, n)? {
-        Bound::Missing | Bound::Null => None,
-        Bound::Value { binary, bytes } => ty.decode(binary, bytes),
+    Ok(match bind.param(n)? {
+        Param::Missing | Param::Null => None,
+        Param::Value { binary, bytes } => ty.decode(binary, bytes),
     })
-}
-
-/// A parameter of a Bind.
-pub(super) enum Bound<'a> {
-    /// The Bind has no such parameter.
-    Missing,
-    Null,
-    /// Its bytes, and whether they are in binary format.
-    Value {
-        binary: bool,
-        bytes: &'a [u8],
-    },
-}
-
-/// Parameter `$n` (1-based) of a Bind body whose portal and statement names were read.
-pub(super) fn bind_value<'a>(f: &mut Fields<'a>, n: u16) -> Result<Bound<'a>, FrameError> {
-    let formats: Vec<i16> = (0..f.i16()?.max(0))
-        .map(|_| f.i16())
-        .collect::<Result<_, _>>()?;
-    let count = f.i16()?.max(0) as u16;
-    let index = usize::from(n.saturating_sub(1));
-    if n == 0 || n > count {
-        return Ok(Bound::Missing);
-    }
-    for i in 0..count {
-        let len = f.i32()?;
-        let bytes = if len < 0 {
-            None
-        } else {
-            Some(f.take(len as usize)?)
-        };
-        if usize::from(i) != index {
-            continue;
-        }
-        let binary = match formats.len() {
-            0 => false,
-            1 => formats[0] == 1,
-            _ => formats.get(index) == Some(&1),
-        };
-        return Ok(match bytes {
-            Some(bytes) => Bound::Value { binary, bytes },
-            None => Bound::Null,
-        });
-    }
-    Ok(Bound::Missing)
 }
 
 /// Inspects backend → client frames: ReadyForQuery (the exchange), answers to messages
@@ -1468,7 +1396,11 @@ mod tests {
 
     #[test]
     fn bound_organizations_are_read_by_their_type() {
-        let read = |body: Vec<u8>, n, ty| bind_param(&mut Fields::new(&body, "bind"), n, ty);
+        let read = |tail: Vec<u8>, n, ty| {
+            let mut body = b"\0\0".to_vec();
+            body.extend(tail);
+            bind_param(&Bind::decode(&body)?, n, ty)
+        };
         let text = bind_tail(&[], &[Some(b"x"), Some(b"acme")]);
         assert_eq!(
             read(text.clone(), 2, ValueType::Text).unwrap().as_deref(),

@@ -7,8 +7,9 @@
 
 use super::pump::Action;
 use super::router::{Exchanges, Router, Side};
-use super::statement::{statement_of, ClientFrames};
+use super::statement::ClientFrames;
 use crate::metrics::{DbStats, Route};
+use lokadb_shared::wire::frontend::Statement;
 use lokadb_shared::wire::tags::*;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -149,8 +150,9 @@ impl ClientFrames<'_> {
             }
             _ => {
                 let org = match frame {
-                    Some(f) if tag == FE_PARSE => statement_of(tag, &f[5..])
-                        .and_then(|(_, sql, _)| self.sql_org(sql))
+                    Some(f) if tag == FE_PARSE => Statement::decode(tag, &f[5..])
+                        .ok()
+                        .and_then(|p| self.sql_org(p.sql))
                         .map(|(org, _)| org),
                     Some(f) => self.statement_org(tag, f).map(|(org, _)| org),
                     None => None,
