@@ -467,6 +467,50 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever a client sends, the decoders answer or refuse: no panic, and a value
+        /// read lies inside the body.
+        #[test]
+        fn any_body_decodes_or_is_refused(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64), n in 0u16..6) {
+            for tag in [FE_QUERY, FE_PARSE] {
+                if let Ok(st) = Statement::decode(tag, &body) {
+                    let _ = st.param_type(n);
+                    proptest::prop_assert!(st.sql.len() < body.len());
+                }
+            }
+            if let Ok(b) = Bind::decode(&body) {
+                let _ = b.param_count();
+                if let Ok(Param::Value { bytes, .. }) = b.param(n) {
+                    proptest::prop_assert!(bytes.len() <= body.len());
+                }
+            }
+            let _ = Close::decode(&body);
+        }
+
+        /// What the encoders write, the decoders read back.
+        #[test]
+        fn encoded_binds_read_back(
+            portal in "[a-z]{0,8}",
+            statement in "[a-z0-9_]{0,8}",
+            params in proptest::collection::vec(proptest::option::of("[ -~]{0,12}"), 0..6),
+        ) {
+            let refs: Vec<Option<&str>> = params.iter().map(|p| p.as_deref()).collect();
+            let mut out = Vec::new();
+            bind_portal_text(&mut out, &portal, &statement, &refs);
+            let b = Bind::decode(&out[5..]).unwrap();
+            proptest::prop_assert_eq!((b.portal, b.statement), (portal.as_str(), statement.as_str()));
+            proptest::prop_assert_eq!(b.param_count().unwrap() as usize, params.len());
+            for (i, p) in params.iter().enumerate() {
+                let want = match p {
+                    None => Param::Null,
+                    Some(v) => Param::Value { binary: false, bytes: v.as_bytes() },
+                };
+                proptest::prop_assert_eq!(b.param(i as u16 + 1).unwrap(), want);
+            }
+            proptest::prop_assert_eq!(b.with_statement(&statement), out);
+        }
+    }
+
     #[test]
     fn sasl_initial() {
         let mut out = Vec::new();
