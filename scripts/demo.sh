@@ -107,10 +107,14 @@ stop_previous
 # --- 2. a throwaway cloud cluster -----------------------------------------------------------
 PROXY_PID=""
 AGENT_PID=""
+WATCH_PID=""
 FAILED=1
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    if [[ -n "$WATCH_PID" ]]; then
+        kill -TERM "$WATCH_PID" 2>/dev/null || true
+    fi
     if [[ -n "$AGENT_PID" ]]; then
         kill -TERM "$AGENT_PID" 2>/dev/null || true
     fi
@@ -414,8 +418,16 @@ ACME_BEFORE=$(app_sql "SELECT count(*) FROM notes WHERE organization_id = 'acme'
     done
 ) &
 WRITER_PID=$!
+# Someone else following the move: status --watch reads only the cloud.
+"$LOKADB" status --watch 0.2 --cloud "$CLOUD_DSN" >"$DEMO/watch.out" 2>&1 &
+WATCH_PID=$!
 sleep 1
 "$LOKADB" move-org acme --cloud "$CLOUD_DSN" 2>&1 | sed 's/^/    /'
+kill "$WATCH_PID" 2>/dev/null || true
+wait "$WATCH_PID" 2>/dev/null || true
+echo "  lokadb status --watch 0.2, run beside the move, saw:"
+{ grep -E '^acme: ' "$DEMO/watch.out" || echo "acme: (the move was over before a refresh)"; } |
+    sed 's/ (updated .*//' | uniq | sed 's/^/    /'
 sleep 1
 touch "$DEMO/writer.stop"
 wait "$WRITER_PID" 2>/dev/null || true

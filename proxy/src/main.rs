@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// LokaDB: keep each organization's rows in its own Postgres while the application
 /// keeps one database connection.
@@ -142,8 +143,17 @@ enum Command {
         #[command(flatten)]
         cloud: Cloud,
     },
-    /// Every organization's state, pause and move in progress.
+    /// Every organization's state, pause and move in progress (phase, rows and bytes, rate,
+    /// lag and ETA of each move, from any machine that reaches the cloud).
     Status {
+        /// Show it again every SECONDS (default 2) until interrupted.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2",
+              value_parser = parse_interval)]
+        watch: Option<Duration>,
+        /// With --watch: stop after N refreshes.
+        #[arg(long, value_name = "N", requires = "watch",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
         #[command(flatten)]
         cloud: Cloud,
     },
@@ -199,6 +209,16 @@ fn parse_size(s: &str) -> Result<u64, String> {
     match n.checked_mul(scale) {
         Some(b) if b > 0 => Ok(b),
         _ => Err(format!("{s:?}: the size must be above 0 and below 16 EB")),
+    }
+}
+
+/// A refresh interval in seconds, at least 0.1 and at most a day.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(n) if (0.1..=86_400.0).contains(&n) => Ok(Duration::from_secs_f64(n)),
+        _ => Err(format!(
+            "{s:?} is not an interval: write seconds, from 0.1 to 86400"
+        )),
     }
 }
 
@@ -425,7 +445,16 @@ fn main() -> ExitCode {
                 "--org-dsn is one organization's database: name the organization",
             )),
         }),
-        Command::Status { cloud } => admin(lokadb::admin::moves::status::status(&cloud.dsn)),
+        Command::Status {
+            watch: None, cloud, ..
+        } => admin(lokadb::admin::moves::status::status(&cloud.dsn)),
+        Command::Status {
+            watch: Some(every),
+            count,
+            cloud,
+        } => admin(lokadb::admin::moves::status::watch(
+            &cloud.dsn, every, count,
+        )),
         Command::Resolve { cloud } => admin(resolve(&cloud.dsn)),
         Command::Concurrently { statement, cloud } => {
             admin(lokadb::admin::concurrently::run(&cloud.dsn, &statement))

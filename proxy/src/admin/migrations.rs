@@ -97,6 +97,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "lokadb enable's key map backfill resumes after the last key a killed run copied",
         include_str!("sql/0018_backfill_resume.sql"),
     ),
+    (
+        19,
+        "a move in progress publishes its figures (phase, rows, bytes, rate, lag, ETA) for lokadb status --watch",
+        include_str!("sql/0019_move_figures.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

@@ -456,6 +456,61 @@ fn move_org_in_logical_mode_under_writers() {
     move_under_writers("logical", true);
 }
 
+/// `lokadb status --watch`, run apart from the move (as from another machine: it reads only
+/// the cloud), shows the copy's rows, bytes, rate and ETA, then the catch-up's lag; refreshes
+/// as often as told; and refuses a bad interval or a count without --watch.
+#[test]
+fn status_watch_follows_a_move_from_another_process() {
+    let w = world(3_000, false);
+    let watch = |expect: &[&str]| {
+        let out = ok(&lokadb(
+            &w.dsn,
+            &["status", "--watch", "0.2", "--count", "2"],
+        ));
+        eprintln!("{out}");
+        assert_eq!(out.matches("lokadb status at ").count(), 2, "{out}");
+        for e in expect {
+            assert!(out.contains(e), "no {e:?} in\n{out}");
+        }
+        out
+    };
+    // Stalled after its first table is copied: the copy's figures so far.
+    let (mut child, go) = crate::migrations::stalled_at(
+        &w.dsn,
+        w.cloud.port(),
+        &["move-org", "2"],
+        "after-copy-table",
+    );
+    let out = watch(&["2: copy: ", " rows, ", " MB/s", "(updated "]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("2 ") && l.contains(" move-org ") && l.contains(" copy ")),
+        "{out}"
+    );
+    // Killed there, a rerun finishes the copy and stalls after its catch-up: its lag.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(&go);
+    let (child, go) =
+        crate::migrations::stalled_at(&w.dsn, w.cloud.port(), &["move-org", "2"], "catchup");
+    watch(&["2: catch-up: lag ", " applied, ", " records/s"]);
+    let out = crate::migrations::go_on_output(child, &go);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Done: no move line is left.
+    let out = ok(&lokadb(&w.dsn, &["status"]));
+    assert!(!out.contains("2: "), "{out}");
+    for (args, expect) in [
+        (&["status", "--watch", "0"][..], "is not an interval"),
+        (&["status", "--watch", "soon"][..], "is not an interval"),
+        (&["status", "--count", "3"][..], "--watch"),
+        (&["status", "--watch", "1", "--count", "0"][..], "--count"),
+    ] {
+        let out = lokadb(&w.dsn, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(expect), "{args:?}: {}", stderr(&out));
+    }
+}
+
 /// Rows written straight into the organization's database (not through the cloud): one
 /// with a key organization 1 holds, then a version of a document the cloud lacks. Each
 /// makes move-back refuse, naming the key, with nothing switched; fixed there, the rerun

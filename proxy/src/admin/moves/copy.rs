@@ -9,6 +9,7 @@
 //! copy (`pg_export_snapshot`), so the parts together are one consistent read, as a single
 //! COPY would be: no row is seen twice, whatever moves between blocks meanwhile.
 
+use super::figures::Figures;
 use super::layout::MoveTable;
 use crate::admin::db::{connect, AdminError};
 use std::collections::VecDeque;
@@ -44,6 +45,17 @@ pub struct Done {
     /// The parts it was copied in.
     pub parts: usize,
 }
+
+/// What the copy tells its caller as it goes.
+pub enum Report<'a> {
+    /// A table is copied whole, with the figures of the whole copy so far.
+    Done(&'a Done, Figures),
+    /// The figures of the whole copy, about once a second.
+    Tick(Figures),
+}
+
+/// How often the copy's figures are reported.
+const TICK: Duration = Duration::from_secs(1);
 
 /// How tables are cut into parts.
 #[derive(Clone, Copy, Debug)]
@@ -105,7 +117,7 @@ pub fn run(
     dest_dsn: &str,
     jobs: Vec<Job>,
     split: Split,
-    mut done: impl FnMut(&Done, &str) -> Result<(), AdminError>,
+    mut report: impl FnMut(Report<'_>) -> Result<(), AdminError>,
 ) -> Result<(), AdminError> {
     if jobs.is_empty() {
         return Ok(());
@@ -233,6 +245,7 @@ pub fn run(
     }
     drop(tx);
     let started = Instant::now();
+    let mut ticked = Instant::now();
     let mut first_error = None;
     let mut sums: Vec<(u64, u64, Option<Instant>)> = vec![(0, 0, None); jobs.len()];
     let mut parts_left = total_parts;
@@ -271,14 +284,19 @@ pub fn run(
                         parts: of_table[i],
                     };
                     display.finish(i, &d);
-                    let line = display.line(&counters, started);
-                    if let Err(e) = done(&d, &line) {
+                    let figures = display.figures(&counters, started);
+                    if let Err(e) = report(Report::Done(&d, figures)) {
                         first_error.get_or_insert(e);
                     }
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => display.tick(&counters, started),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if ticked.elapsed() >= TICK && parts_left > 0 {
+            ticked = Instant::now();
+            // Figures for onlookers only: a failed write of them does not stop the copy.
+            let _ = report(Report::Tick(display.figures(&counters, started)));
         }
     }
     for h in handles {
@@ -376,7 +394,7 @@ impl Display {
         }
     }
 
-    fn line(&self, counters: &[Arc<Counter>], started: Instant) -> String {
+    fn figures(&self, counters: &[Arc<Counter>], started: Instant) -> Figures {
         let rows: u64 = counters
             .iter()
             .map(|c| c.rows.load(Ordering::Relaxed))
@@ -385,18 +403,12 @@ impl Display {
             .iter()
             .map(|c| c.bytes.load(Ordering::Relaxed))
             .sum();
-        let secs = started.elapsed().as_secs_f64().max(0.001);
-        let rate = bytes as f64 / secs;
-        let eta = if rate > 0.0 && self.estimate > bytes {
-            format!(", eta {:.0} s", (self.estimate - bytes) as f64 / rate)
-        } else {
-            String::new()
-        };
-        format!(
-            "copy: {rows} rows, {:.1} of ~{:.1} MB, {:.1} MB/s{eta}",
-            bytes as f64 / 1e6,
-            self.estimate.max(bytes) as f64 / 1e6,
-            rate / 1e6
+        Figures::copy(
+            "copy",
+            rows,
+            bytes,
+            self.estimate,
+            started.elapsed().as_secs_f64(),
         )
     }
 
@@ -414,7 +426,7 @@ impl Display {
             None => {
                 if self.last.get().elapsed() >= Duration::from_secs(5) {
                     self.last.set(Instant::now());
-                    eprintln!("lokadb: {}", self.line(counters, started));
+                    eprintln!("lokadb: {}", self.figures(counters, started).line());
                 }
             }
         }

@@ -5,6 +5,7 @@
 //! once the marker has arrived, so has every earlier change; then it renames the tables
 //! to the LokaDB tables' names.
 
+use super::figures::Figures;
 use super::layout::tag;
 use super::Move;
 use crate::admin::db::{describe, ident, literal, AdminError};
@@ -221,7 +222,7 @@ pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
     staging_names(m, &mut oc)?;
     let started = Instant::now();
     let (mut last_bytes, mut last_change) = (-1i64, Instant::now());
-    let mut told = Instant::now();
+    let (mut told, mut published) = (Instant::now(), Instant::now());
     // Done when every staging table is one of the subscription's and copied.
     let staging: Vec<String> = m.tables.iter().map(|t| t.org_staging_table()).collect();
     loop {
@@ -247,15 +248,25 @@ pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
         if bytes != last_bytes {
             (last_bytes, last_change) = (bytes, Instant::now());
         }
+        if published.elapsed() >= Duration::from_secs(1) {
+            published = Instant::now();
+            // The subscription reports only the copies running now: no total, no ETA.
+            let seconds = started.elapsed().as_secs_f64();
+            m.publish(&Figures {
+                phase: format!("copy (subscription, {pending} of {total} tables left)"),
+                rows: Some(rows.unsigned_abs()),
+                bytes: Some(bytes.unsigned_abs()),
+                seconds,
+                ..Figures::default()
+            });
+        }
         if told.elapsed() >= Duration::from_secs(5) {
             told = Instant::now();
-            let line = format!(
-                "copy (subscription): {pending} of {total} tables copying, {rows} rows, {:.1} MB in the current copies, {:.0} s",
+            eprintln!(
+                "lokadb: copy (subscription): {pending} of {total} tables copying, {rows} rows, {:.1} MB in the current copies, {:.0} s",
                 bytes as f64 / 1e6,
                 started.elapsed().as_secs_f64()
             );
-            eprintln!("lokadb: {line}");
-            m.progress(&line);
         }
         if last_change.elapsed() > stall() {
             return Err(AdminError::failed(format!(
@@ -279,7 +290,7 @@ pub fn wait_caught_up(m: &mut Move) -> Result<(), AdminError> {
     staging_names(m, &mut oc)?;
     drop(oc);
     let started = Instant::now();
-    let mut told = Instant::now();
+    let (mut told, mut published) = (Instant::now(), Instant::now());
     loop {
         let lag: Option<i64> = m
             .cloud
@@ -314,11 +325,21 @@ pub fn wait_caught_up(m: &mut Move) -> Result<(), AdminError> {
             ));
             return Ok(());
         }
+        if published.elapsed() >= Duration::from_secs(1) {
+            published = Instant::now();
+            m.publish(&Figures {
+                phase: "catch-up (subscription)".to_owned(),
+                lag_bytes: Some(lag.unsigned_abs()),
+                seconds: started.elapsed().as_secs_f64(),
+                ..Figures::default()
+            });
+        }
         if told.elapsed() >= Duration::from_secs(5) {
             told = Instant::now();
-            let line = format!("catch-up (subscription): {:.1} MB behind", lag as f64 / 1e6);
-            eprintln!("lokadb: {line}");
-            m.progress(&line);
+            eprintln!(
+                "lokadb: catch-up (subscription): {:.1} MB behind",
+                lag as f64 / 1e6
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }

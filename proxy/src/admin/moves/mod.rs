@@ -13,6 +13,7 @@
 
 pub mod capture;
 pub mod copy;
+pub mod figures;
 pub mod fold;
 pub mod layout;
 pub mod logical;
@@ -334,7 +335,7 @@ fn org_schema(c: &mut postgres::Client, org: &str) -> Result<(), AdminError> {
 impl Move {
     pub(crate) fn set_step(&mut self, step: &str) -> Result<(), AdminError> {
         self.cloud.execute(
-            "UPDATE lokadb.moves SET step = $2, updated_at = now() WHERE org = $1",
+            "UPDATE lokadb.moves SET step = $2, figures = NULL, updated_at = now() WHERE org = $1",
             &[&self.org.id, &step],
         )?;
         self.journal.step = step.to_owned();
@@ -346,6 +347,12 @@ impl Move {
             "UPDATE lokadb.moves SET progress = $2, updated_at = now() WHERE org = $1",
             &[&self.org.id, &line],
         );
+    }
+
+    /// Publishes the move's figures for `lokadb status` (and its line as the progress);
+    /// for onlookers only, so a failed write is not the move's failure.
+    fn publish(&mut self, f: &figures::Figures) {
+        let _ = publish(&mut self.cloud, &self.org.id, f);
     }
 
     fn say(&mut self, line: String) {
@@ -941,10 +948,14 @@ fn run_copy(m: &mut Move, src: &str, dst: &str, jobs: Vec<copy::Job>) -> Result<
         streams: m.opts.jobs,
         part_bytes: m.opts.part_bytes,
     };
-    copy::run(src, dst, jobs, split, |d, progress| {
+    copy::run(src, dst, jobs, split, |r| {
+        let (d, figures) = match r {
+            copy::Report::Tick(f) => return publish(&mut journal, &org, &f),
+            copy::Report::Done(d, f) => (d, f),
+        };
         journal.execute(
-            "UPDATE lokadb.moves SET copied = array_append(copied, $2), progress = $3, updated_at = now() WHERE org = $1",
-            &[&org, &d.table, &progress],
+            "UPDATE lokadb.moves SET copied = array_append(copied, $2), progress = $3, figures = ($4::text)::jsonb, updated_at = now() WHERE org = $1",
+            &[&org, &d.table, &figures.line(), &figures.to_json()],
         )?;
         let parts = if d.parts > 1 {
             format!(" ({} parts)", d.parts)
@@ -965,6 +976,15 @@ fn run_copy(m: &mut Move, src: &str, dst: &str, jobs: Vec<copy::Job>) -> Result<
     Ok(())
 }
 
+/// Writes a move's figures and their line into its journal row.
+fn publish(c: &mut postgres::Client, org: &str, f: &figures::Figures) -> Result<(), AdminError> {
+    c.execute(
+        "UPDATE lokadb.moves SET progress = $2, figures = ($3::text)::jsonb, updated_at = now() WHERE org = $1",
+        &[&org, &f.line(), &f.to_json()],
+    )?;
+    Ok(())
+}
+
 /// Catch-up rounds until the backlog is small enough to finish under the switch's lock.
 fn catch_up(m: &mut Move, direction: Direction) -> Result<(), AdminError> {
     let (mut src, mut dst) = match direction {
@@ -976,6 +996,7 @@ fn catch_up(m: &mut Move, direction: Direction) -> Result<(), AdminError> {
     let mut lag = capture::LagReport::new(Duration::from_secs(5));
     let started = Instant::now();
     let mut applied = 0u64;
+    let mut published = Instant::now();
     loop {
         let t0 = Instant::now();
         let r = cu.round(
@@ -994,8 +1015,18 @@ fn catch_up(m: &mut Move, direction: Direction) -> Result<(), AdminError> {
             t0.elapsed().as_millis()
         );
         lag.maybe(|| line.clone());
-        if r.backlog.saturating_sub(r.records) < switch::SWITCH_BACKLOG {
-            m.progress(&line);
+        let waiting = r.backlog.saturating_sub(r.records);
+        let done = waiting < switch::SWITCH_BACKLOG;
+        if done || published.elapsed() >= Duration::from_secs(1) {
+            published = Instant::now();
+            m.publish(&figures::Figures::catch_up(
+                "catch-up",
+                applied,
+                waiting,
+                started.elapsed().as_secs_f64(),
+            ));
+        }
+        if done {
             m.say(format!(
                 "catch-up done: {applied} records in {:.1} s",
                 started.elapsed().as_secs_f64()

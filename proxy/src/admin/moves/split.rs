@@ -12,6 +12,7 @@
 //! attach need: they are told to retry (40001) — only those waiting at those moments.
 
 use super::capture::{self, CatchUp};
+use super::figures::Figures;
 use super::layout::{self, MoveTable, Place};
 use super::{failpoint, Move};
 use crate::admin::db::{describe, AdminError};
@@ -117,6 +118,12 @@ pub fn run(m: &mut Move) -> Result<(), AdminError> {
                 |tx| run_all(tx, &sql),
             )?;
         }
+        // One statement inside the cloud: no figures of its own to show while it runs.
+        m.publish(&Figures {
+            phase: format!("split: copying into {}", t.cloud_part_name()),
+            seconds: started.elapsed().as_secs_f64(),
+            ..Figures::default()
+        });
         let n = m.cloud.execute(
             &format!(
                 "INSERT INTO {own} ({cols}) SELECT {scols} FROM ONLY {default} s WHERE {filter}",
@@ -139,9 +146,22 @@ pub fn run(m: &mut Move) -> Result<(), AdminError> {
     let mut cu = CatchUp::new();
     let source = |t: &MoveTable| (t.default(), true);
     let dest = |t: &MoveTable| t.cloud_part();
+    let (caught_up, mut applied) = (Instant::now(), 0u64);
+    let mut published = None::<Instant>;
     loop {
         let r = cu.round(&todo, &mut src, &source, &mut dst, &dest)?;
-        if r.backlog.saturating_sub(r.records) < super::switch::SWITCH_BACKLOG {
+        applied += r.records;
+        let waiting = r.backlog.saturating_sub(r.records);
+        if published.is_none_or(|p| p.elapsed() >= Duration::from_secs(1)) {
+            published = Some(Instant::now());
+            m.publish(&Figures::catch_up(
+                "split: catch-up",
+                applied,
+                waiting,
+                caught_up.elapsed().as_secs_f64(),
+            ));
+        }
+        if waiting < super::switch::SWITCH_BACKLOG {
             break;
         }
     }
