@@ -476,11 +476,14 @@ class World:
         self.proxy_rss_at_start = rss_kib(self.proxy.pid)
 
     # --- PgBouncer ----------------------------------------------------------------------
-    def start_pgbouncer(self) -> None:
+    def start_pgbouncer(self, pool_size: int = 32) -> None:
+        """PgBouncer in transaction mode with a pool of pool_size per database and user: 32, the
+        clients of the throughput runs, as many backends as LokaDB's session pooling holds then."""
         self.bouncer_port = free_port()
+        self.bouncer_ini = self.tmp / "pgbouncer.ini"
         auth_file = self.tmp / "userlist.txt"
         auth_file.write_text(f'"app" "{self.app_verifier}"\n')
-        ini = self.tmp / "pgbouncer.ini"
+        ini = self.bouncer_ini
         ini.write_text(
             "[databases]\n"
             f"app = host=127.0.0.1 port={self.pg_port} dbname=app\n"
@@ -491,7 +494,7 @@ class World:
             "pool_mode = transaction\n"
             "auth_type = scram-sha-256\n"
             f"auth_file = {auth_file}\n"
-            "default_pool_size = 40\n"
+            f"default_pool_size = {pool_size}\n"
             "max_client_conn = 2000\n"
             "ignore_startup_parameters = extra_float_digits\n"
             f"logfile = {self.tmp / 'pgbouncer.log'}\n"
@@ -652,7 +655,9 @@ class Bench:
             self.script_files[name] = p
 
     def pgbench(self, *, phase, kind, scenario, script, qmode, target, clients, threads, seconds,
-                connect_each=False, rep=None) -> dict:
+                connect_each=False, rep=None, log_txns=True) -> dict:
+        """One pgbench run, recorded. log_txns: with -l (per-transaction log, read for p50/p99);
+        the log costs pgbench CPU per transaction, taken from the same cores (headline.py)."""
         self.events.extend(self.w.ensure_alive())
         port = self.w.port_of(target)
         logdir = Path(tempfile.mkdtemp(prefix="pgblog-", dir=self.workdir))
@@ -660,8 +665,10 @@ class Bench:
         cmd = [
             str(PG_BIN / "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(port), "-U", "app",
             "-M", qmode, "-f", str(self.script_files[script]), "-c", str(clients),
-            "-j", str(threads), "-T", str(seconds), "-l", f"--log-prefix={prefix}",
+            "-j", str(threads), "-T", str(seconds),
         ]
+        if log_txns:
+            cmd += ["-l", f"--log-prefix={prefix}"]
         if connect_each:
             cmd.append("-C")
         cmd.append("app")
@@ -673,7 +680,7 @@ class Bench:
         rec = {
             "phase": phase, "phase_kind": kind, "scenario": scenario, "script": script, "query_mode": qmode,
             "target": target, "clients": clients, "threads": threads, "seconds": seconds,
-            "connect_each": connect_each, "rep": rep,
+            "connect_each": connect_each, "rep": rep, "log_txns": log_txns,
             "command": "PGPASSWORD=*** PGSSLMODE=disable " + shlex.join(cmd),
         }
         try:
