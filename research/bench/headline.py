@@ -29,7 +29,6 @@ $LOKADB_BENCH_TARGET (default target/release); builds nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -195,13 +194,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 repetitions of 3 s, 50,000 rows (a few minutes)")
     ap.add_argument("--reps", type=int, help="repetitions (default 5, quick 2)")
     ap.add_argument("--out", type=Path, help="result folder (default research/bench/results/<UTC ts>-headline[-quick])")
-    ap.add_argument("--render", type=Path, help="render summary.md again from this raw.json")
+    ap.add_argument("--render", type=Path, help="render summary.md again from this raw.json[.gz]")
     args = ap.parse_args()
     if args.render:
-        raw = json.loads(args.render.read_text())
+        raw = run.read_raw(args.render)
         raw["summary"] = summarize(raw["runs"])
-        args.render.write_text(json.dumps(raw, indent=1, default=str))
         print(_write(raw, args.render.parent))
+        run.write_raw_gz(args.render.parent, raw)
         return 0
     run.preflight("headline.py", [run.PG_BIN / "postgres", run.PG_BIN / "pgbench", run.PGBOUNCER_BIN,
                                   run.LOKADB_BIN])
@@ -211,7 +210,6 @@ def main() -> int:
     started, run_id, outdir = run.result_dir(args.out, "-headline", mode.quick)
     run.catch_signals()
     t_start = time.time()
-    commands: list[str] = []
     meta = {
         "run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(), "reps": mode.reps,
         "throughput_seconds": mode.t_throughput, "latency_seconds": mode.t_latency,
@@ -219,39 +217,13 @@ def main() -> int:
         "machine": run.machine_info(), "git": run.git_info(), "lokadb_binary": run.binary_info(),
         "pgbouncer_version": run.subprocess.run([str(run.PGBOUNCER_BIN), "--version"], capture_output=True,
                                                 text=True).stdout.splitlines()[0],
-        "setup_commands": commands, "errors": [],
+        "setup_commands": [], "errors": [],
     }
     raw = {"meta": meta, "runs": [], "summary": {}}
-    bench = None
-    code = 0
-    try:
-        world = run.World(mode, commands)
-        run.log("initdb + start PostgreSQL 18")
-        world.start_postgres()
-        meta["data"] = world.create_roles_and_data()
-        world.start_proxy()
-        world.start_pgbouncer(pool_size=32)
-        meta["pgbouncer_ini"] = world.bouncer_ini.read_text()
-        meta["lokadb_command"] = next((c for c in commands if " proxy --config " in c), "")
-        bench = run.Bench(world, mode, world.tmp)
-        measure(bench, mode)
-    except KeyboardInterrupt as e:
-        meta["errors"].append(f"interrupted: {e}")
-        code = 130
-    except Exception as e:  # noqa: BLE001
-        code = run.fatal(meta["errors"], e)
-    finally:
-        run.ignore_signals()
-        run.safe_cleanup()
-    if bench is not None:
-        raw["runs"] = bench.runs
-        meta["errors"].extend(bench.events)
-        meta["errors"].extend(f"{r['scenario']} via {r['target']} (rep {r['rep']}): {r['error']}"
-                              for r in bench.runs if r.get("error"))
-    meta.setdefault("pgbouncer_ini", "")
-    meta.setdefault("lokadb_command", "")
+    code = run.three_targets(mode, meta, raw, lambda bench: measure(bench, mode))
     raw["summary"] = summarize(raw["runs"])
     run.finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d), False)
+    run.write_raw_gz(outdir, raw)
     return code
 
 
@@ -285,25 +257,13 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
                  f"interleaved, 2 cores ({meta['run_id']})", fontsize=9)
     ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.tight_layout()
-    fig.savefig(outdir / "throughput-ratio.png", dpi=100)
+    fig.savefig(outdir / "throughput-ratio.png", dpi=80)
     plt.close(fig)
     return "throughput-ratio.png"
 
 
 def _write(raw: dict, outdir: Path) -> str:
-    md = summary_markdown(raw)
-    try:
-        chart = draw_chart(raw, outdir)
-    except Exception:  # noqa: BLE001 — a chart that fails is not the run's failure
-        run.traceback.print_exc()
-        chart = None
-    if chart:
-        md += f"\n![throughput ÷ direct]({chart})\n"
-    (outdir / "summary.md").write_text(md)
-    if raw["meta"]["mode"] == "full" and not raw["meta"]["errors"]:
-        run.summary_to_charts_data("headline", md.replace(f"]({chart})", f"](results/{raw['meta']['run_id']}/{chart})")
-                                   if chart else md)
-    return md
+    return run.write_with_chart(raw, outdir, summary_markdown(raw), draw_chart, "throughput ÷ direct", "headline")
 
 
 if __name__ == "__main__":

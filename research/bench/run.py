@@ -583,6 +583,12 @@ def parse_pgbench(stdout: str) -> dict:
     out["latency_avg_ms"] = float(m.group(1)) if m else None
     m = re.search(r"average connection time = ([\d.]+) ms", stdout)
     out["avg_connection_ms"] = float(m.group(1)) if m else None
+    # With -R and -L (an open model): transactions never started because they were already
+    # later than the limit, and those that finished over it.
+    m = re.search(r"number of transactions skipped: (\d+)", stdout)
+    out["skipped_transactions"] = int(m.group(1)) if m else None
+    m = re.search(r"number of transactions above the [\d.]+ ms latency limit: (\d+)/(\d+)", stdout)
+    out["late_transactions"] = int(m.group(1)) if m else None
     return out
 
 
@@ -655,7 +661,7 @@ class Bench:
             self.script_files[name] = p
 
     def pgbench(self, *, phase, kind, scenario, script, qmode, target, clients, threads, seconds,
-                connect_each=False, rep=None, log_txns=True) -> dict:
+                connect_each=False, rep=None, log_txns=True, extra=()) -> dict:
         """One pgbench run, recorded. log_txns: with -l (per-transaction log, read for p50/p99);
         the log costs pgbench CPU per transaction, taken from the same cores (headline.py)."""
         self.events.extend(self.w.ensure_alive())
@@ -669,6 +675,7 @@ class Bench:
         ]
         if log_txns:
             cmd += ["-l", f"--log-prefix={prefix}"]
+        cmd += list(extra)
         if connect_each:
             cmd.append("-C")
         cmd.append("app")
@@ -680,7 +687,7 @@ class Bench:
         rec = {
             "phase": phase, "phase_kind": kind, "scenario": scenario, "script": script, "query_mode": qmode,
             "target": target, "clients": clients, "threads": threads, "seconds": seconds,
-            "connect_each": connect_each, "rep": rep, "log_txns": log_txns,
+            "connect_each": connect_each, "rep": rep, "log_txns": log_txns, "extra": list(extra),
             "command": "PGPASSWORD=*** PGSSLMODE=disable " + shlex.join(cmd),
         }
         try:
@@ -723,6 +730,81 @@ class Bench:
             for line in stderr.strip().splitlines()[-3:]:
                 log(f"      {line}")
         return rec
+
+
+def three_targets(mode, meta: dict, raw: dict, measure) -> int:
+    """The world of this script for a side-by-side pgbench harness (headline.py, overload.py):
+    Postgres with the documents, LokaDB with its defaults, PgBouncer in transaction mode with a
+    pool of 32; measure(bench) runs the scenarios. Every process is stopped afterwards, also on
+    an error or a signal. Fills raw["runs"], meta's errors, pgbouncer_ini and lokadb_command;
+    returns the exit code."""
+    commands = meta["setup_commands"]
+    meta.setdefault("pgbouncer_ini", "")
+    meta.setdefault("lokadb_command", "")
+    bench = None
+    code = 0
+    try:
+        world = World(mode, commands)
+        log("initdb + start PostgreSQL 18")
+        world.start_postgres()
+        meta["data"] = world.create_roles_and_data()
+        world.start_proxy()
+        world.start_pgbouncer(pool_size=32)
+        meta["pgbouncer_ini"] = world.bouncer_ini.read_text()
+        meta["lokadb_command"] = next((c for c in commands if " proxy --config " in c), "")
+        bench = Bench(world, mode, world.tmp)
+        measure(bench)
+    except KeyboardInterrupt as e:
+        meta["errors"].append(f"interrupted: {e}")
+        code = 130
+    except Exception as e:  # noqa: BLE001
+        code = fatal(meta["errors"], e)
+    finally:
+        ignore_signals()
+        safe_cleanup()
+    if bench is not None:
+        raw["runs"] = bench.runs
+        meta["errors"].extend(bench.events)
+        meta["errors"].extend(f"{r['scenario']} via {r['target']} (rep {r['rep']}): {r['error']}"
+                              for r in bench.runs if r.get("error"))
+    return code
+
+
+def write_with_chart(raw: dict, outdir: Path, md: str, draw, alt: str, section: str) -> str:
+    """summary.md: md, then the chart draw(raw, outdir) made (its file name, or None; one that
+    fails is reported, not fatal); a full run without errors is also charts-data.md's section
+    `section`, the chart linked from there. Returns the markdown."""
+    try:
+        chart = draw(raw, outdir)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        chart = None
+    if chart:
+        md += f"\n![{alt}]({chart})\n"
+    (outdir / "summary.md").write_text(md)
+    if raw["meta"]["mode"] == "full" and not raw["meta"]["errors"]:
+        summary_to_charts_data(
+            section, md.replace(f"]({chart})", f"](results/{raw['meta']['run_id']}/{chart})") if chart else md)
+    return md
+
+
+def write_raw_gz(outdir: Path, raw: dict) -> Path:
+    """raw.json.gz in outdir (and no raw.json): a run's samples compressed, so that a run folder
+    stays small in git."""
+    import gzip
+    path = outdir / "raw.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(raw, f, indent=1, default=str)
+    (outdir / "raw.json").unlink(missing_ok=True)
+    return path
+
+
+def read_raw(path: Path) -> dict:
+    """A run's raw.json or raw.json.gz."""
+    import gzip
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
 
 
 def rotated(rep: int) -> list[str]:
