@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
-"""LokaDB many-clients benchmark: 1000 clients on one moved organization, refused operations.
+"""LokaDB many-clients benchmark, the ceilings by clients: 200, 500 and 1000 clients, the share of
+their operations that failed.
 
     LOKADB_BENCH_TARGET=/work/target/release /work/main/.venv/bin/python research/bench/clients.py [--quick]
+        [--clients 200,500,1000] [--setups KEY,...]
 
 The routing benchmark's world (routing.build_world: a cloud cluster with the test schema, organization
 2's database behind the relay and its agent, organization 2 moved with `lokadb move-org 2 --profile
-fdw`), here with the cloud at max_connections 1200 and organization 2's database at Postgres's default
-100, and no statement logging. N clients (1000) connect, then each makes K operations on organization
-2, back to back, autocommit, alternating a read of one document and an update of the body of one of
-its versions (each client its own rows: no two clients wait on one row). Four set-ups, one after the
-other, each with fresh processes (no pooled backend or connection carried over):
+fdw`, organization 1 left in the cloud), here with the cloud at max_connections 1200 and organization
+2's database at Postgres's default 100, and no statement logging. For each client count (full 200,
+500 and 1000; quick 1000), N clients connect, then each makes K operations (full 20, quick 6) on one
+organization, back to back, autocommit, alternating a read of one document and an update of the
+body of one of its versions (each client its own rows: no two clients wait on one row). Six
+set-ups, one after the other, each with fresh processes (no pooled backend or connection carried
+over):
 
-- `cloud, fdw`: straight at the cloud (the reference's set-up);
-- `lokadb, fdw`: through `lokadb proxy`, the organization on fdw;
+- `cloud, org in the cloud` and `lokadb, org in the cloud`: organization 1, straight at the cloud
+  and through `lokadb proxy`;
+- `cloud, fdw`: organization 2 straight at the cloud (the reference's set-up);
+- `lokadb, fdw`: through the proxy, the organization on fdw;
 - `lokadb, fdw+direct`: through the proxy, fdw+direct, `direct_pool` off (a session keeps its direct
   connection; past `direct_max` a session's statements go through the cloud);
 - `lokadb, fdw+direct, direct_pool`: direct connections shared at the end of each transaction.
@@ -64,15 +70,26 @@ CLIENT_APP = "lokadb-bench-many"
 CLOUD_MAX_CONNECTIONS = "1200"
 PROXY_MAX_CONNECTIONS = 1100
 
-READ_SQL = f"SELECT id, title FROM documents WHERE organization_id = {ORG} AND id = %s"
-# document_versions.body has no constraint the cloud keeps: on fdw+direct the update goes direct.
-UPDATE_SQL = f"UPDATE document_versions SET body = %s WHERE organization_id = {ORG} AND id = %s"
+CLOUD_ORG = routing.OTHER  # "1": stays in the cloud
 
-SETUPS = [  # (key, label, target, profile, direct_pool)
-    ("cloud", "cloud, fdw", "cloud", "fdw", False),
-    ("lokadb_fdw", "lokadb, fdw", "proxy", "fdw", False),
-    ("lokadb_direct", "lokadb, fdw+direct", "proxy", "fdw+direct", False),
-    ("lokadb_direct_pool", "lokadb, fdw+direct, direct_pool", "proxy", "fdw+direct", True),
+
+def read_sql(org: str) -> str:
+    return f"SELECT id, title FROM documents WHERE organization_id = {org} AND id = %s"
+
+
+def update_sql(org: str) -> str:
+    # document_versions.body has no constraint the cloud keeps: on fdw+direct the update goes
+    # direct.
+    return f"UPDATE document_versions SET body = %s WHERE organization_id = {org} AND id = %s"
+
+
+SETUPS = [  # (key, label, target, profile of organization 2 (None: left), direct_pool, org used)
+    ("cloud_org", "cloud, org in the cloud", "cloud", None, False, CLOUD_ORG),
+    ("lokadb_cloud_org", "lokadb, org in the cloud", "proxy", None, False, CLOUD_ORG),
+    ("cloud", "cloud, fdw", "cloud", "fdw", False, ORG),
+    ("lokadb_fdw", "lokadb, fdw", "proxy", "fdw", False, ORG),
+    ("lokadb_direct", "lokadb, fdw+direct", "proxy", "fdw+direct", False, ORG),
+    ("lokadb_direct_pool", "lokadb, fdw+direct, direct_pool", "proxy", "fdw+direct", True, ORG),
 ]
 
 
@@ -80,7 +97,8 @@ class Mode:
     def __init__(self, quick: bool):
         self.quick = quick
         self.name = "quick" if quick else "full"
-        self.clients = 1000
+        self.client_counts = [1000] if quick else [200, 500, 1000]
+        self.clients = max(self.client_counts)  # the rows needed: one pair per client
         self.ops = 6 if quick else 20  # per client
         self.connect_concurrency = 50
 
@@ -91,7 +109,7 @@ def classify(e: BaseException) -> str:
     return f"{state}: {first[:140]}"
 
 
-async def one_client(i: int, kw: dict, rows: tuple, ops: int, sem, start, rec: dict) -> None:
+async def one_client(i: int, kw: dict, rows: tuple, ops: int, sem, start, rec: dict, org: str) -> None:
     doc, version = rows
     async with sem:
         try:
@@ -109,10 +127,10 @@ async def one_client(i: int, kw: dict, rows: tuple, ops: int, sem, start, rec: d
                 if conn.closed or conn.broken:
                     conn = await psycopg.AsyncConnection.connect(**kw)
                 if op == "read":
-                    cur = await conn.execute(READ_SQL, (doc,))
+                    cur = await conn.execute(read_sql(org), (doc,))
                     good = await cur.fetchone() is not None
                 else:
-                    cur = await conn.execute(UPDATE_SQL, (f"client {i} op {n}", version))
+                    cur = await conn.execute(update_sql(org), (f"client {i} op {n}", version))
                     good = cur.rowcount == 1
                 if good:
                     rec["ok"][op] += 1
@@ -128,12 +146,12 @@ async def one_client(i: int, kw: dict, rows: tuple, ops: int, sem, start, rec: d
             pass
 
 
-async def many_clients(kw: dict, pairs: list, mode: Mode, rec: dict) -> None:
+async def many_clients(kw: dict, pairs: list, mode: Mode, rec: dict, clients: int, org: str) -> None:
     sem = asyncio.Semaphore(mode.connect_concurrency)
     start = asyncio.Event()
-    tasks = [asyncio.create_task(one_client(i, kw, pairs[i % len(pairs)], mode.ops, sem, start, rec))
-             for i in range(mode.clients)]
-    while rec["connected"] + sum(rec["connect_failed"].values()) < mode.clients:
+    tasks = [asyncio.create_task(one_client(i, kw, pairs[i % len(pairs)], mode.ops, sem, start, rec, org))
+             for i in range(clients)]
+    while rec["connected"] + sum(rec["connect_failed"].values()) < clients:
         await asyncio.sleep(0.05)
     rec["connect_s"] = round(time.time() - rec["t0"], 2)
     rec["t_start"] = time.time()
@@ -181,15 +199,18 @@ def wait_org_quiet(ctx, sampler: Sampler, timeout=60.0) -> int:
     return n
 
 
-def one_setup(ctx, key: str, label: str, target: str, profile: str, pool: bool) -> dict:
+def one_setup(ctx, key: str, label: str, target: str, profile: str | None, pool: bool, org: str,
+              clients: int) -> dict:
     mode = ctx.mode
     rec = {"key": key, "label": label, "target": target, "profile": profile, "direct_pool": pool,
+           "org": org, "clients": clients,
            "ok": collections.Counter(), "failed": {"read": collections.Counter(), "update": collections.Counter()},
            "connect_failed": collections.Counter(), "connected": 0, "latency_ms": []}
     ctx.proxy = None
     sampler = Sampler(ctx.org)
     try:
-        routing.set_profile(ctx, profile)
+        if profile is not None:
+            routing.set_profile(ctx, profile)
         rec["org_connections_before"] = wait_org_quiet(ctx, sampler)
         if target == "proxy":
             ctx.proxy = routing.start_proxy(ctx, key, db_extra={"direct_pool": pool},
@@ -203,7 +224,7 @@ def one_setup(ctx, key: str, label: str, target: str, profile: str, pool: bool) 
         cpu0 = sched_ns(ctx.proxy.proc.pid) if ctx.proxy else None
         sampler.start()
         rec["t0"] = time.time()
-        asyncio.run(many_clients(kw, ctx.pairs, mode, rec))
+        asyncio.run(many_clients(kw, ctx.pairs[org], mode, rec, clients, org))
         rec["org_connections_peak"] = sampler.stop()
         if ctx.proxy:
             rec["proxy_cpu_ns"] = common.delta(cpu0, sched_ns(ctx.proxy.proc.pid))
@@ -228,7 +249,7 @@ def one_setup(ctx, key: str, label: str, target: str, profile: str, pool: bool) 
     lat = sorted(rec.pop("latency_ms"))
     rec["p50_ms"] = round(percentile(lat, 0.5), 2) if lat else None
     rec["p99_ms"] = round(percentile(lat, 0.99), 2) if lat else None
-    attempted = mode.clients * mode.ops
+    attempted = clients * mode.ops
     ok = sum(rec["ok"].values())
     rec["attempted"] = attempted
     rec["succeeded"] = ok
@@ -253,26 +274,29 @@ def one_setup(ctx, key: str, label: str, target: str, profile: str, pool: bool) 
 def summary_markdown(raw: dict, s: dict) -> str:
     m = raw["meta"]
     out = [f"# Many clients on one organization — run {m['run_id']}", "",
-           f"`{m['command']}`, {m['mode_settings']['clients']} clients × {m['mode_settings']['ops']} operations "
-           f"(alternately a read and an update of organization {ORG}'s rows, autocommit), organization {ORG}'s "
+           f"`{m['command']}`, {', '.join(map(str, m['mode_settings']['client_counts']))} clients × "
+           f"{m['mode_settings']['ops']} operations (alternately a read and an update of one organization's "
+           f"rows, autocommit: organization {CLOUD_ORG} in the cloud, or organization {ORG}, moved), organization {ORG}'s "
            f"database at max_connections {m['postgres_settings']['org']['max_connections']}, the cloud at "
            f"{m['postgres_settings']['cloud']['max_connections']}; proxy defaults but max_connections "
            f"{PROXY_MAX_CONNECTIONS} (direct_max 32).", ""]
-    out += ["| set-up | refused | clients not connected | ops/s | p50 ms | p99 ms | org connections, peak | proxy µs/op |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out += ["| clients | set-up | refused | clients not connected | ops/s | p50 ms | p99 ms | org connections, peak | proxy µs/op |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in raw["setups"]:
-        out.append(f"| {r['label']} | {r['refused_pct']} % | {sum(r['connect_failed'].values())} | "
+        out.append(f"| {r.get('clients', m['mode_settings']['clients'])} | {r['label']} | {r['refused_pct']} % | "
+                   f"{sum(r['connect_failed'].values())} | "
                    f"{fmt(r.get('ops_per_s'), 0)} | {fmt(r.get('p50_ms'))} | {fmt(r.get('p99_ms'))} | "
                    f"{r.get('org_connections_peak', '–')} | {fmt(r.get('proxy_us_per_op'), 1)} |")
     out += ["", "## Failures by kind", ""]
     for r in raw["setups"]:
+        who = f"{r['label']}, {r.get('clients', m['mode_settings']['clients'])} clients"
         kinds = collections.Counter()
         for op, c in r["failed"].items():
             for k, n in c.items():
                 kinds[f"{op}: {k}"] += n
         for k, n in r["connect_failed"].items():
             kinds[f"connect: {k}"] += n
-        out.append(f"- **{r['label']}**: " + ("none" if not kinds else "; ".join(
+        out.append(f"- **{who}**: " + ("none" if not kinds else "; ".join(
             f"{n} × {k}" for k, n in kinds.most_common(6))))
         if r.get("error"):
             out.append(f"  - set-up error: {r['error']}")
@@ -283,17 +307,26 @@ def summary_markdown(raw: dict, s: dict) -> str:
 
 def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     rows = raw["setups"]
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    labels = [r["label"].replace(", ", ",\n", 1) for r in rows]
-    vals = [r["refused_pct"] for r in rows]
-    bars = ax.bar(range(len(rows)), vals, color=["#999", "#c66", "#e9a", "#4a8"][:len(rows)])
-    for b, v in zip(bars, vals):
-        ax.text(b.get_x() + b.get_width() / 2, v + 1, f"{v:g} %", ha="center", fontsize=9)
-    ax.set_xticks(range(len(rows)), labels, fontsize=8)
-    ax.set_ylim(0, 105)
-    ax.set_ylabel("operations refused (%)")
     m = raw["meta"]["mode_settings"]
-    ax.set_title(f"{m['clients']} clients on one moved organization (goal 0 %)", fontsize=10)
+    counts = m.get("client_counts") or [m["clients"]]
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(labels) + 2), 3.8))
+    w = 0.8 / len(counts)
+    shades = ["#9ecae1", "#4292c6", "#08519c", "#08306b"]
+    for i, n in enumerate(counts):
+        vals = [next((r["refused_pct"] for r in rows
+                      if r["label"] == lab and r.get("clients", m["clients"]) == n), None) for lab in labels]
+        xs = [j + (i - (len(counts) - 1) / 2) * w for j in range(len(labels))]
+        bars = ax.bar(xs, [v or 0 for v in vals], w, label=f"{n} clients", color=shades[i % len(shades)])
+        for b, v in zip(bars, vals):
+            ax.text(b.get_x() + b.get_width() / 2, (v or 0) + 1, "–" if v is None else f"{v:g}",
+                    ha="center", fontsize=7)
+    ax.set_xticks(range(len(labels)), [lab.replace(", ", ",\n", 1) for lab in labels], fontsize=8)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("operations failed (%)")
+    ax.legend(fontsize=8)
+    ax.set_title("Ceilings by clients: operations failed, per set-up and number of clients (goal 0 %)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(outdir / "clients-refused.png", dpi=110)
     plt.close(fig)
@@ -310,10 +343,11 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
             f"{m['machine']['nproc']} cores, written by `research/bench/clients.py` (`{m['command'].strip()}`). "
             f"Charts: " + ", ".join(f"`{rel}/{c}`" for c in charts) + ".", "",
             "### clients-refused.png — operations refused (%), and what else each set-up did", "",
-            "| set-up | refused % | clients not connected | ops/s | p50 ms | org connections, peak |",
-            "|---|---:|---:|---:|---:|---:|"]
+            "| clients | set-up | refused % | clients not connected | ops/s | p50 ms | org connections, peak |",
+            "|---:|---|---:|---:|---:|---:|---:|"]
     for r in raw["setups"]:
-        body.append(f"| {r['label']} | {r['refused_pct']} | {sum(r['connect_failed'].values())} | "
+        body.append(f"| {r.get('clients', m['mode_settings']['clients'])} | {r['label']} | {r['refused_pct']} | "
+                    f"{sum(r['connect_failed'].values())} | "
                     f"{fmt(r.get('ops_per_s'), 0)} | {fmt(r.get('p50_ms'))} | {r.get('org_connections_peak', '–')} |")
     write_charts_section(f"clients {m['mode']}", "\n".join(body))
 
@@ -332,7 +366,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="6 operations per client instead of 20 (≈ 3 min)")
     ap.add_argument("--out", type=Path, help="result folder; a trial run: charts-data.md is left alone")
-    ap.add_argument("--clients", type=int, help="clients (default 1000)")
+    ap.add_argument("--clients", help="comma-separated client counts (default 200,500,1000; quick 1000)")
     ap.add_argument("--setups", help="comma-separated subset of: " + ",".join(k for k, *_ in SETUPS))
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
     ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json")
@@ -342,7 +376,13 @@ def main() -> int:
     preflight("clients.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.clients:
-        mode.clients = args.clients
+        try:
+            mode.client_counts = [int(n) for n in args.clients.split(",")]
+        except ValueError:
+            sys.exit(f"--clients {args.clients!r}: write client counts separated by commas, e.g. 200,500")
+        if not all(n > 0 for n in mode.client_counts):
+            sys.exit(f"--clients {args.clients!r}: every count must be above 0")
+        mode.clients = max(mode.client_counts)
     setups = SETUPS
     if args.setups:
         want = args.setups.split(",")
@@ -360,9 +400,9 @@ def main() -> int:
             "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
             "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
             "postgres_settings": {"cloud": routing.CLOUD_PG, "org": moves.ORG_PG},
-            "operations": {"read": READ_SQL, "update": UPDATE_SQL},
-            "setups": [{"key": k, "label": lab, "target": t, "profile": p, "direct_pool": pool}
-                       for k, lab, t, p, pool in setups],
+            "operations": {"read": read_sql("ORG"), "update": update_sql("ORG")},
+            "setups": [{"key": k, "label": lab, "target": t, "profile": p, "direct_pool": pool, "org": o}
+                       for k, lab, t, p, pool, o in setups],
             "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta, "world": None, "setups": []}
     t_start = time.time()
@@ -370,26 +410,31 @@ def main() -> int:
     try:
         ctx.tmp = temp_dir("lokadb-clients-bench-")
         prepare_tunnel(ctx, ORG)
-        log(f"mode={mode.name} clients={mode.clients} ops={mode.ops} binaries={BIN_DIR} out={outdir}")
+        log(f"mode={mode.name} clients={mode.client_counts} ops={mode.ops} binaries={BIN_DIR} out={outdir}")
         log("building the world (cloud + organization clusters, move-org)")
         raw["world"] = routing.build_world(ctx)
         with ctx.org.conn(ORG_DB) as c:
             versions = [r[0] for r in c.execute(
                 f"SELECT id FROM document_versions WHERE organization_id = {ORG} ORDER BY id").fetchall()]
-        ctx.pairs = list(zip(ctx.ids2, versions))
-        if len(ctx.pairs) < mode.clients:
-            raise RuntimeError(f"{len(ctx.pairs)} rows of organization {ORG} for {mode.clients} clients")
+        with ctx.cloud.conn("app") as c:
+            versions1 = [r[0] for r in c.execute(
+                f"SELECT id FROM document_versions WHERE organization_id = {CLOUD_ORG} ORDER BY id").fetchall()]
+        ctx.pairs = {ORG: list(zip(ctx.ids2, versions)), CLOUD_ORG: list(zip(ctx.ids1, versions1))}
+        for org, pairs in ctx.pairs.items():
+            if len(pairs) < mode.clients:
+                raise RuntimeError(f"{len(pairs)} rows of organization {org} for {mode.clients} clients")
         # The relay and the agent, no latency link: what is measured is connections, not distance.
         ctx.relay = tunnel_relay(ctx, ORG, "relay")
         ctx.agent = tunnel_agent(ctx, ctx.relay.agents_port, ctx.org.addr())
         ctx.relay.wait_connected(1, timeout=60)
-        for key, label, target, profile, pool in setups:
-            log(f"{label}: {mode.clients} clients")
-            r = one_setup(ctx, key, label, target, profile, pool)
-            raw["setups"].append(r)
-            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-            if r.get("error"):
-                rc = 1
+        for clients in mode.client_counts:
+            for key, label, target, profile, pool, org in setups:
+                log(f"{label}: {clients} clients")
+                r = one_setup(ctx, key, label, target, profile, pool, org, clients)
+                raw["setups"].append(r)
+                (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+                if r.get("error"):
+                    rc = 1
         if ctx.errors:
             rc = 1
     except KeyboardInterrupt as e:
