@@ -42,7 +42,7 @@ class Mode:
     def __init__(self, quick: bool):
         self.quick = quick
         self.name = "quick" if quick else "full"
-        self.clients = 8 if quick else 16
+        self.clients = 8 if quick else 50  # full: the reference's 50
         self.seconds = 5.0 if quick else 20.0
         self.rtt_ms = 0.0
         self.hot = 5  # documents in the hot set
@@ -137,9 +137,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 clients, 5 s per cell (≈ 1 min with the world)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-contention[-quick])")
+    ap.add_argument("--clients", type=int, help="concurrent clients (default 50, quick 8)")
+    ap.add_argument("--hot", type=int, help="documents in the hot set (default 5)")
     args = ap.parse_args()
+    for name in ("clients", "hot"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            sys.exit(f"--{name} {getattr(args, name)}: must be at least 1")
     preflight("contention.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
+    mode.clients = args.clients or mode.clients
+    mode.hot = args.hot or mode.hot
     started, run_id, outdir = result_dir(args.out, "-contention", mode.quick)
     catch_signals()
     ctx = Ctx(mode)
@@ -195,7 +202,8 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     md = summary(raw)
     (outdir / "summary.md").write_text(md)
     if raw["cells"] and charts_data:
-        common.summary_to_charts_data(f"contention {raw['meta']['mode']}", md)
+        hot = raw["meta"].get("mode_settings", {}).get("hot", 5)
+        common.summary_to_charts_data(f"contention {raw['meta']['mode']}" + (f" hot {hot}" if hot != 5 else ""), md)
     return md
 
 
