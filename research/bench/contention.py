@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
 from run import Ctx, catch_signals, fatal, ignore_signals, log, preflight, result_dir, safe_cleanup, temp_dir  # noqa: E402
-from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, prepare_tunnel, start_tunnel, stop_agents  # noqa: E402
+from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, prepare_tunnel, start_tunnel, stop_tunnel  # noqa: E402
 import routing  # noqa: E402
 from routing import INSERT_SQL, ORG, UPDATE_SQL, OrgLog, analyse, build_world, client, set_profile, start_proxy  # noqa: E402
 
@@ -182,14 +182,7 @@ def main() -> int:
         rc = fatal(ctx.errors, e)
     finally:
         ignore_signals()
-        if ctx.proxy is not None:
-            ctx.proxy.stop()
-        if ctx.agent is not None:
-            stop_agents([ctx.agent])
-        if ctx.link is not None:
-            ctx.link.stop()
-        if ctx.relay is not None:
-            ctx.relay.stop()
+        stop_tunnel(ctx)
         if ctx.log is not None:
             ctx.log.close()
         safe_cleanup()

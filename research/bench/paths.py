@@ -48,7 +48,7 @@ from run import (  # noqa: E402
     Ctx, catch_signals, fatal, finish_run, ignore_signals, log, preflight, result_dir, safe_cleanup, temp_dir,
 )
 from tunnel import (  # noqa: E402
-    binaries_at_end, binary_info, prepare_tunnel, start_tunnel, stop_agents, LOKADB_BIN, AGENT_BIN, LINK_BIN,
+    binaries_at_end, binary_info, prepare_tunnel, start_tunnel, stop_tunnel, LOKADB_BIN, AGENT_BIN, LINK_BIN,
 )
 import routing  # noqa: E402  (its world: clusters, schema, move-org, the proxy)
 from moves import SUPER_PASSWORD, fmt, loadavg  # noqa: E402
@@ -206,15 +206,7 @@ def rtt_round(ctx, rtt: float) -> dict:
                 log(f"    RTT {rtt:g} {target} FAILED: {e!r}")
                 traceback.print_exc()
     finally:
-        if ctx.proxy is not None:
-            ctx.proxy.stop()
-            rec["proxy_stderr_tail"] = ctx.proxy.stderr_path.read_text(errors="replace")[-2000:]
-        if ctx.agent is not None:
-            stop_agents([ctx.agent])
-        if ctx.link is not None:
-            ctx.link.stop()
-        if ctx.relay is not None:
-            ctx.relay.stop()
+        stop_tunnel(ctx, rec)
     return rec
 
 

@@ -45,7 +45,7 @@ from run import (  # noqa: E402
     preflight,
 )
 from tunnel import (  # noqa: E402
-    LineProc, binary_info, binaries_at_end, prepare_tunnel, start_tunnel, stop_agents, ticks_to_ms,
+    LineProc, binary_info, binaries_at_end, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, ticks_to_ms,
     tunnel_agent, tunnel_relay,
 )
 import moves  # noqa: E402  (the move benchmark's clusters, admin commands, schema and load)
@@ -618,16 +618,7 @@ def rtt_round(ctx, rtt: float, idx: int) -> dict:
                 conn.close()
             except psycopg.Error:
                 pass
-        if ctx.proxy is not None:
-            ctx.proxy.stop()
-            rec["proxy_stderr_tail"] = ctx.proxy.stderr_path.read_text(errors="replace")[-3000:]
-        if ctx.agent is not None:
-            stop_agents([ctx.agent])
-        if ctx.link is not None:
-            ctx.link.stop()
-        if ctx.relay is not None:
-            ctx.relay.stop()
-            rec["relay_stderr_tail"] = ctx.relay.stderr_path.read_text(errors="replace")[-1500:]
+        stop_tunnel(ctx, rec)
         try:
             rec["after_teardown"] = analyse(ctx.log.cut(), rtt, keep=20)
         except Exception as e:  # noqa: BLE001

@@ -369,6 +369,23 @@ def start_tunnel(ctx, org: str, tag: str, rtt_ms: float) -> None:
     ctx.relay.wait_connected(1, timeout=60)
 
 
+def stop_tunnel(ctx, rec: dict | None = None) -> None:
+    """Stops what start_tunnel started and ctx.proxy, whichever of them runs; with rec, keeps the
+    proxy's and the relay's stderr tails in it."""
+    if getattr(ctx, "proxy", None) is not None:
+        ctx.proxy.stop()
+        if rec is not None:
+            rec["proxy_stderr_tail"] = ctx.proxy.stderr_path.read_text(errors="replace")[-3000:]
+    if getattr(ctx, "agent", None) is not None:
+        stop_agents([ctx.agent])
+    if getattr(ctx, "link", None) is not None:
+        ctx.link.stop()
+    if getattr(ctx, "relay", None) is not None:
+        ctx.relay.stop()
+        if rec is not None:
+            rec["relay_stderr_tail"] = ctx.relay.stderr_path.read_text(errors="replace")[-1500:]
+
+
 # --------------------------------------------------------------------------------------
 # A minimal Postgres protocol client (trust auth as role raw): no parsing of the data.
 
