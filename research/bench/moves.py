@@ -198,7 +198,8 @@ class PgCluster:
         run_checked(cmd)
 
     def start(self, settings: dict):
-        self.port = free_port()
+        # A port in settings is kept (a restart at the same address: failures.py).
+        self.port = int(settings.get("port") or free_port())
         s = {"listen_addresses": "127.0.0.1", "port": str(self.port),
              "unix_socket_directories": str(self.dir), "password_encryption": "scram-sha-256",
              "logging_collector": "off", **settings}

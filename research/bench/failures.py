@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""LokaDB failures benchmark: an organization's database stopped for 30 s, then its agent, under
+the load of another organization; errors per organization and the others' latency.
+
+    LOKADB_BENCH_TARGET=/work/main/target/release /work/main/.venv/bin/python research/bench/failures.py [--quick]
+
+The routing benchmark's world (routing.build_world: a cloud cluster with the test schema,
+organization 2 moved to its own database behind the relay and its agent, organization 1 in the
+cloud), organization 2 on fdw+direct, no latency link, no statement logging. C clients per
+organization (full 4, quick 2) through the proxy, psycopg, autocommit, each alternating a read of
+one of its organization's documents and an update of one of its versions, 5 ms apart; a failed
+operation is counted with its SQLSTATE and the client reconnects if its connection broke.
+Timeline (full; quick halves every phase):
+
+  baseline 10 s | organization 2's Postgres stopped 30 s (fast shutdown), started again on the
+  same port | recovery 15 s | organization 2's agent stopped 30 s (SIGTERM), started again |
+  recovery 15 s
+
+Per phase and organization: operations, failures (share, the three most frequent SQLSTATEs and
+messages), p50 / p99 / max latency of those that succeeded; for organization 2, the seconds from
+each restart to its first success again. Writes raw.json.gz and summary.md into
+research/bench/results/<UTC ts>-failures[-quick]/. Builds nothing ($LOKADB_BENCH_TARGET).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as common  # noqa: E402
+from run import Ctx, catch_signals, fatal, ignore_signals, log, percentile, preflight, result_dir, safe_cleanup, temp_dir  # noqa: E402
+from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, tunnel_agent  # noqa: E402
+import routing  # noqa: E402
+from moves import SUPER_PASSWORD  # noqa: E402
+
+import psycopg  # noqa: E402
+
+ORGS = (routing.OTHER, routing.ORG)  # "1" stays in the cloud, "2" is moved and fails
+
+
+class Mode:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.name = "quick" if quick else "full"
+        self.clients = 2 if quick else 4
+        k = 0.5 if quick else 1.0
+        self.phases = [("baseline", 10 * k), ("database stopped", 30 * k), ("recovery", 15 * k),
+                       ("agent stopped", 30 * k), ("recovery after the agent", 15 * k)]
+        # routing.py's Mode fields its world reads
+        self.rtts_ms = [0]
+        self.n = 0
+        self.warmup = 0
+
+
+def classify(e: BaseException) -> str:
+    state = getattr(e, "sqlstate", None) or "-"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{state}: {first[:120]}"
+
+
+class Load:
+    """The clients; each operation is appended to samples as (time, org, ok, latency ms, kind)."""
+
+    def __init__(self, ctx, pairs: dict):
+        self.ctx = ctx
+        self.pairs = pairs
+        self.samples: list[tuple] = []
+        self.lock = threading.Lock()
+        self.halt = threading.Event()
+        self.threads = [threading.Thread(target=self.client, args=(org, i), daemon=True)
+                        for org in ORGS for i in range(ctx.mode.clients)]
+
+    def connect(self):
+        return psycopg.connect(host="127.0.0.1", port=self.ctx.proxy.port, user="postgres",
+                               password=SUPER_PASSWORD, dbname="app", sslmode="disable", autocommit=True,
+                               connect_timeout=5, options="-c statement_timeout=10000")
+
+    def client(self, org: str, i: int) -> None:
+        pairs = self.pairs[org]
+        conn = None
+        n = 0
+        while not self.halt.is_set():
+            doc, version = pairs[(i * 7 + n) % len(pairs)]
+            t = time.time()
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = self.connect()
+                if n % 2 == 0:
+                    ok = conn.execute(f"SELECT id, title FROM documents WHERE organization_id = {org} AND id = %s",
+                                      (doc,)).fetchone() is not None
+                else:
+                    ok = conn.execute(f"UPDATE document_versions SET body = %s WHERE organization_id = {org} "
+                                      "AND id = %s", (f"client {i} op {n}", version)).rowcount == 1
+                kind = "" if ok else "no row"
+            except psycopg.Error as e:
+                ok, kind = False, classify(e)
+            with self.lock:
+                self.samples.append((t, org, ok, (time.time() - t) * 1e3, kind))
+            n += 1
+            time.sleep(0.005)
+        if conn is not None:
+            conn.close()
+
+
+def summarize(samples: list, marks: list) -> list[dict]:
+    """Per phase (marks: (name, start, end)) and organization."""
+    out = []
+    for name, t0, t1 in marks:
+        for org in ORGS:
+            mine = [s for s in samples if s[1] == org and t0 <= s[0] < t1]
+            lat = sorted(s[3] for s in mine if s[2])
+            kinds = collections.Counter(s[4] for s in mine if not s[2])
+            out.append({
+                "phase": name, "org": org, "seconds": round(t1 - t0, 1), "operations": len(mine),
+                "failed": sum(kinds.values()),
+                "failed_share": round(sum(kinds.values()) / len(mine), 4) if mine else None,
+                "kinds": kinds.most_common(3),
+                "p50_ms": round(percentile(lat, 0.5), 2) if lat else None,
+                "p99_ms": round(percentile(lat, 0.99), 2) if lat else None,
+                "max_ms": round(lat[-1], 1) if lat else None,
+            })
+    return out
+
+
+def first_success_after(samples: list, org: str, t: float):
+    later = [s[0] for s in samples if s[1] == org and s[2] and s[0] >= t]
+    return round(min(later) - t, 2) if later else None
+
+
+def summary_markdown(raw: dict) -> str:
+    m = raw["meta"]
+    L = [f"# Failures under load ({m['mode']}), run `{m['run_id']}`", "",
+         f"Command: `{m['command']}`; {m['mode_settings']['clients']} clients per organization through "
+         f"the proxy, organization {routing.OTHER} in the cloud, organization {routing.ORG} moved (fdw+direct).", "",
+         "| phase | org | operations | failed | p50 ms | p99 ms | max ms | failures, most frequent |",
+         "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in raw.get("phases", []):
+        share = f"{r['failed']} ({r['failed_share']:.1%})" if r["failed_share"] is not None else "–"
+        kinds = "; ".join(f"{n} × {k}" for k, n in r["kinds"]) or "none"
+        L.append(f"| {r['phase']} | {r['org']} | {r['operations']} | {share} | {r['p50_ms']} | {r['p99_ms']} | "
+                 f"{r['max_ms']} | {kinds} |")
+    rec = raw.get("recovery", {})
+    L += ["", f"Organization {routing.ORG}'s first success after its database started again: "
+          f"{rec.get('database')} s; after its agent started again: {rec.get('agent')} s.", ""]
+    if m["errors"]:
+        L += ["## Errors", ""] + [f"- {e[:800]}" for e in m["errors"]] + [""]
+    return "\n".join(L)
+
+
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    md = summary_markdown(raw)
+    (outdir / "summary.md").write_text(md)
+    if charts_data:
+        common.summary_to_charts_data(f"failures {raw['meta']['mode']}", md)
+    return md
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="half-length phases, 2 clients per organization")
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-failures[-quick])")
+    args = ap.parse_args()
+    preflight("failures.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    mode = Mode(args.quick)
+    started, run_id, outdir = result_dir(args.out, "-failures", mode.quick)
+    catch_signals()
+    routing.ORG_DB_SETTINGS = {}
+    ctx = Ctx(mode)
+    ctx.log = None
+    meta = common.run_meta("failures.py", run_id, started, mode, setup_commands=ctx.commands, errors=ctx.errors)
+    raw = {"meta": meta, "world": None, "phases": [], "recovery": {}}
+    t_start = time.time()
+    rc = 0
+    ctx.relay = ctx.link = ctx.agent = ctx.proxy = None
+    load = None
+    try:
+        ctx.tmp = temp_dir("lokadb-failures-bench-")
+        prepare_tunnel(ctx, routing.ORG)
+        raw["world"] = routing.build_world(ctx)
+        with ctx.org.conn(routing.ORG_DB) as c:
+            v2 = [r[0] for r in c.execute(
+                f"SELECT id FROM document_versions WHERE organization_id = {routing.ORG} ORDER BY id").fetchall()]
+        with ctx.cloud.conn("app") as c:
+            v1 = [r[0] for r in c.execute(
+                f"SELECT id FROM document_versions WHERE organization_id = {routing.OTHER} ORDER BY id").fetchall()]
+        pairs = {routing.ORG: list(zip(ctx.ids2, v2)), routing.OTHER: list(zip(ctx.ids1, v1))}
+        start_tunnel(ctx, routing.ORG, "relay-failures", 0)
+        ctx.proxy = routing.start_proxy(ctx, "failures")
+        routing.set_profile(ctx, "fdw+direct")
+        load = Load(ctx, pairs)
+        for t in load.threads:
+            t.start()
+        marks = []
+        org_settings = dict(ctx.org.settings)
+        for name, secs in mode.phases:
+            t0 = time.time()
+            log(f"{name} ({secs:g} s)")
+            if name == "database stopped":
+                ctx.org.stop()
+            elif name == "recovery":
+                ctx.org.start(org_settings)
+                raw["recovery"]["database_t"] = time.time()
+            elif name == "agent stopped":
+                stop_agents([ctx.agent])
+                ctx.agent = None
+            elif name == "recovery after the agent":
+                ctx.agent = tunnel_agent(ctx, ctx.link.port, ctx.org.addr())
+                raw["recovery"]["agent_t"] = time.time()
+            time.sleep(max(0.0, secs - (time.time() - t0)))
+            marks.append((name, t0, time.time()))
+        load.halt.set()
+        for t in load.threads:
+            t.join(15)
+        raw["phases"] = summarize(load.samples, marks)
+        raw["recovery"]["database"] = first_success_after(load.samples, routing.ORG, raw["recovery"]["database_t"])
+        raw["recovery"]["agent"] = first_success_after(load.samples, routing.ORG, raw["recovery"]["agent_t"])
+        for r in raw["phases"]:
+            log(f"  {r['phase']:<26} org {r['org']}: {r['operations']} ops, {r['failed']} failed, "
+                f"p50 {r['p50_ms']} p99 {r['p99_ms']} max {r['max_ms']} ms")
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        rc = fatal(ctx.errors, e)
+        traceback.print_exc()
+    finally:
+        ignore_signals()
+        if load is not None:
+            load.halt.set()
+        stop_tunnel(ctx)
+        safe_cleanup()
+        common.finish_run(raw, outdir, t_start, render, rc == 0 and not args.out)
+        common.write_raw_gz(outdir, raw)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
