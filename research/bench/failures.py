@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """LokaDB failures benchmark: an organization's database stopped for 30 s, then its agent, under
-the load of another organization; errors per organization and the others' latency.
+the load of another organization; then 10, 100 and 200 extra agents connected to the relay; errors
+per organization and the others' latency.
 
     LOKADB_BENCH_TARGET=/work/main/target/release /work/main/.venv/bin/python research/bench/failures.py [--quick]
 
@@ -14,7 +15,8 @@ Timeline (full; quick halves every phase):
 
   baseline 10 s | organization 2's Postgres stopped 30 s (fast shutdown), started again on the
   same port | recovery 15 s | organization 2's agent stopped 30 s (SIGTERM), started again |
-  recovery 15 s
+  recovery 15 s | 10, 100, 200 extra agents connected (of other organizations the relay knows,
+  idle; each phase 15 s, counted once all are connected)
 
 Per phase and organization: operations, failures (share, the three most frequent SQLSTATEs and
 messages), p50 / p99 / max latency of those that succeeded; for organization 2, the seconds from
@@ -36,7 +38,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
 from run import Ctx, catch_signals, fatal, ignore_signals, log, percentile, preflight, result_dir, safe_cleanup, temp_dir  # noqa: E402
-from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, tunnel_agent  # noqa: E402
+from tunnel import (  # noqa: E402
+    AGENT_BIN, LINK_BIN, LOKADB_BIN, Relay, new_token, prepare_tunnel, start_agent, start_link, stop_agents,
+    stop_tunnel, tunnel_agent,
+)
 import routing  # noqa: E402
 from moves import SUPER_PASSWORD  # noqa: E402
 
@@ -53,6 +58,8 @@ class Mode:
         k = 0.5 if quick else 1.0
         self.phases = [("baseline", 10 * k), ("database stopped", 30 * k), ("recovery", 15 * k),
                        ("agent stopped", 30 * k), ("recovery after the agent", 15 * k)]
+        self.extra_agents = [10, 100, 200]
+        self.phases += [(f"{n} extra agents", 15 * k) for n in self.extra_agents]
         # routing.py's Mode fields its world reads
         self.rtts_ms = [0]
         self.n = 0
@@ -149,6 +156,10 @@ def summary_markdown(raw: dict) -> str:
     rec = raw.get("recovery", {})
     L += ["", f"Organization {routing.ORG}'s first success after its database started again: "
           f"{rec.get('database')} s; after its agent started again: {rec.get('agent')} s.", ""]
+    for n, x in raw.get("extra_agents", {}).items():
+        L.append(f"- {n} extra agents connected in {x['connected_in_s']} s; the relay's RSS then "
+                 f"{x['relay_rss_kib'] / 1024:.1f} MiB.")
+    L.append("")
     if m["errors"]:
         L += ["## Errors", ""] + [f"- {e[:800]}" for e in m["errors"]] + [""]
     return "\n".join(L)
@@ -191,7 +202,16 @@ def main() -> int:
             v1 = [r[0] for r in c.execute(
                 f"SELECT id FROM document_versions WHERE organization_id = {routing.OTHER} ORDER BY id").fetchall()]
         pairs = {routing.ORG: list(zip(ctx.ids2, v2)), routing.OTHER: list(zip(ctx.ids1, v1))}
-        start_tunnel(ctx, routing.ORG, "relay-failures", 0)
+        # The relay knows the extra agents' organizations too (idle: no cloud organization is
+        # theirs); organization 2's agent dials it through a link of 0 ms, as start_tunnel does.
+        extra = [new_token(f"x{i}") for i in range(max(mode.extra_agents))]
+        tokens = {routing.ORG: ctx.token_hash, **{t.split(".")[0]: h for t, h in extra}}
+        ctx.relay = Relay(ctx.tmp, ctx.certs, tokens, {}, ctx.commands, agents_port=ctx.relay_agents_port,
+                          postgres_port=ctx.relay_pg_port, tag="relay-failures")
+        ctx.link = start_link(ctx.relay.agents_port, 0, ctx.tmp, ctx.commands)
+        ctx.agent = tunnel_agent(ctx, ctx.link.port, ctx.org.addr())
+        ctx.relay.wait_connected(1, timeout=60)
+        ctx.extra = []
         ctx.proxy = routing.start_proxy(ctx, "failures")
         routing.set_profile(ctx, "fdw+direct")
         load = Load(ctx, pairs)
@@ -200,6 +220,16 @@ def main() -> int:
         marks = []
         org_settings = dict(ctx.org.settings)
         for name, secs in mode.phases:
+            if name.endswith("extra agents"):
+                n = int(name.split()[0])
+                began = time.monotonic()
+                for token, _ in extra[len(ctx.extra):n]:
+                    ctx.extra.append(start_agent(f"127.0.0.1:{ctx.relay.agents_port}", token, ctx.org.addr(),
+                                                 ctx.certs["ca"], {}, ctx.agent_log))
+                ctx.relay.wait_connected(n + 1, timeout=300)
+                raw.setdefault("extra_agents", {})[n] = {
+                    "connected_in_s": round(time.monotonic() - began, 2),
+                    "relay_rss_kib": common.rss_kib(ctx.relay.proc.pid)}
             t0 = time.time()
             log(f"{name} ({secs:g} s)")
             if name == "database stopped":
@@ -234,6 +264,7 @@ def main() -> int:
         ignore_signals()
         if load is not None:
             load.halt.set()
+        stop_agents(getattr(ctx, "extra", []))
         stop_tunnel(ctx)
         safe_cleanup()
         common.finish_run(raw, outdir, t_start, render, rc == 0 and not args.out)
