@@ -103,6 +103,18 @@ class Mode:
         self.connect_concurrency = 50
 
 
+def org_pairs(ctx) -> dict:
+    """(document id, version id) pairs of the moved organization's rows (in its database) and of
+    the cloud organization's, one pair per client (routing.build_world made ctx.ids1/ids2)."""
+    with ctx.org.conn(routing.ORG_DB) as c:
+        versions = [r[0] for r in c.execute(
+            f"SELECT id FROM document_versions WHERE organization_id = {ORG} ORDER BY id").fetchall()]
+    with ctx.cloud.conn("app") as c:
+        versions1 = [r[0] for r in c.execute(
+            f"SELECT id FROM document_versions WHERE organization_id = {CLOUD_ORG} ORDER BY id").fetchall()]
+    return {ORG: list(zip(ctx.ids2, versions)), CLOUD_ORG: list(zip(ctx.ids1, versions1))}
+
+
 def classify(e: BaseException) -> str:
     state = getattr(e, "sqlstate", None) or "-"
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -413,13 +425,7 @@ def main() -> int:
         log(f"mode={mode.name} clients={mode.client_counts} ops={mode.ops} binaries={BIN_DIR} out={outdir}")
         log("building the world (cloud + organization clusters, move-org)")
         raw["world"] = routing.build_world(ctx)
-        with ctx.org.conn(ORG_DB) as c:
-            versions = [r[0] for r in c.execute(
-                f"SELECT id FROM document_versions WHERE organization_id = {ORG} ORDER BY id").fetchall()]
-        with ctx.cloud.conn("app") as c:
-            versions1 = [r[0] for r in c.execute(
-                f"SELECT id FROM document_versions WHERE organization_id = {CLOUD_ORG} ORDER BY id").fetchall()]
-        ctx.pairs = {ORG: list(zip(ctx.ids2, versions)), CLOUD_ORG: list(zip(ctx.ids1, versions1))}
+        ctx.pairs = org_pairs(ctx)
         for org, pairs in ctx.pairs.items():
             if len(pairs) < mode.clients:
                 raise RuntimeError(f"{len(pairs)} rows of organization {org} for {mode.clients} clients")

@@ -43,6 +43,7 @@ from tunnel import (  # noqa: E402
     stop_tunnel, tunnel_agent,
 )
 import routing  # noqa: E402
+from clients import classify, org_pairs, read_sql, update_sql  # noqa: E402
 from moves import SUPER_PASSWORD  # noqa: E402
 
 import psycopg  # noqa: E402
@@ -64,12 +65,6 @@ class Mode:
         self.rtts_ms = [0]
         self.n = 0
         self.warmup = 0
-
-
-def classify(e: BaseException) -> str:
-    state = getattr(e, "sqlstate", None) or "-"
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return f"{state}: {first[:120]}"
 
 
 class Load:
@@ -100,11 +95,9 @@ class Load:
                 if conn is None or conn.closed or conn.broken:
                     conn = self.connect()
                 if n % 2 == 0:
-                    ok = conn.execute(f"SELECT id, title FROM documents WHERE organization_id = {org} AND id = %s",
-                                      (doc,)).fetchone() is not None
+                    ok = conn.execute(read_sql(org), (doc,)).fetchone() is not None
                 else:
-                    ok = conn.execute(f"UPDATE document_versions SET body = %s WHERE organization_id = {org} "
-                                      "AND id = %s", (f"client {i} op {n}", version)).rowcount == 1
+                    ok = conn.execute(update_sql(org), (f"client {i} op {n}", version)).rowcount == 1
                 kind = "" if ok else "no row"
             except psycopg.Error as e:
                 ok, kind = False, classify(e)
@@ -195,13 +188,7 @@ def main() -> int:
         ctx.tmp = temp_dir("lokadb-failures-bench-")
         prepare_tunnel(ctx, routing.ORG)
         raw["world"] = routing.build_world(ctx)
-        with ctx.org.conn(routing.ORG_DB) as c:
-            v2 = [r[0] for r in c.execute(
-                f"SELECT id FROM document_versions WHERE organization_id = {routing.ORG} ORDER BY id").fetchall()]
-        with ctx.cloud.conn("app") as c:
-            v1 = [r[0] for r in c.execute(
-                f"SELECT id FROM document_versions WHERE organization_id = {routing.OTHER} ORDER BY id").fetchall()]
-        pairs = {routing.ORG: list(zip(ctx.ids2, v2)), routing.OTHER: list(zip(ctx.ids1, v1))}
+        pairs = org_pairs(ctx)
         # The relay knows the extra agents' organizations too (idle: no cloud organization is
         # theirs); organization 2's agent dials it through a link of 0 ms, as start_tunnel does.
         extra = [new_token(f"x{i}") for i in range(max(mode.extra_agents))]

@@ -205,20 +205,19 @@ def main() -> int:
     run.preflight("headline.py", [run.PG_BIN / "postgres", run.PG_BIN / "pgbench", run.PGBOUNCER_BIN,
                                   run.LOKADB_BIN])
     mode = Mode(args.quick)
-    if args.reps:
+    if args.reps is not None:
+        if args.reps < 1:
+            sys.exit(f"--reps {args.reps}: at least 1 repetition")
         mode.reps = args.reps
     started, run_id, outdir = run.result_dir(args.out, "-headline", mode.quick)
     run.catch_signals()
     t_start = time.time()
-    meta = {
-        "run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(), "reps": mode.reps,
-        "throughput_seconds": mode.t_throughput, "latency_seconds": mode.t_latency,
-        "command": " ".join(["/work/main/.venv/bin/python", "research/bench/headline.py"] + sys.argv[1:]),
-        "machine": run.machine_info(), "git": run.git_info(), "lokadb_binary": run.binary_info(),
-        "pgbouncer_version": run.subprocess.run([str(run.PGBOUNCER_BIN), "--version"], capture_output=True,
-                                                text=True).stdout.splitlines()[0],
-        "setup_commands": [], "errors": [],
-    }
+    meta = run.run_meta(
+        "headline.py", run_id, started, mode, reps=mode.reps, throughput_seconds=mode.t_throughput,
+        latency_seconds=mode.t_latency, lokadb_binary=run.binary_info(),
+        pgbouncer_version=run.subprocess.run([str(run.PGBOUNCER_BIN), "--version"], capture_output=True,
+                                             text=True).stdout.splitlines()[0],
+        setup_commands=[], errors=[])
     raw = {"meta": meta, "runs": [], "summary": {}}
     code = run.three_targets(mode, meta, raw, lambda bench: measure(bench, mode))
     raw["summary"] = summarize(raw["runs"])

@@ -230,14 +230,10 @@ def main() -> int:
     run.raise_fd_limit()
     run.catch_signals()
     t_start = time.time()
-    meta = {
-        "run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(), "seconds": mode.seconds,
-        "reps": mode.reps,
-        "shares": mode.shares, "clients": CLIENTS, "latency_limit_ms": LIMIT_MS,
-        "command": " ".join(["/work/main/.venv/bin/python", "research/bench/overload.py"] + sys.argv[1:]),
-        "machine": run.machine_info(), "git": run.git_info(), "lokadb_binary": run.binary_info(),
-        "setup_commands": [], "errors": [],
-    }
+    meta = run.run_meta(
+        "overload.py", run_id, started, mode, seconds=mode.seconds, reps=mode.reps, shares=mode.shares,
+        clients=CLIENTS, latency_limit_ms=LIMIT_MS, lokadb_binary=run.binary_info(), setup_commands=[],
+        errors=[])
     raw = {"meta": meta, "capacity": {}, "runs": [], "summary": {}}
     code = run.three_targets(mode, meta, raw, lambda bench: measure(bench, mode, raw))
     run.finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d), False)

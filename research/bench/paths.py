@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 import statistics
 import sys
 import time
@@ -260,16 +258,18 @@ def main() -> int:
     preflight("paths.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.rtts:
-        mode.rtts_ms = [float(x) for x in args.rtts.split(",")]
+        try:
+            mode.rtts_ms = [float(x) for x in args.rtts.split(",")]
+        except ValueError:
+            sys.exit(f"--rtts {args.rtts!r}: write round-trip times in ms separated by commas, e.g. 0,10")
+        if any(r < 0 for r in mode.rtts_ms):
+            sys.exit(f"--rtts {args.rtts!r}: a round-trip time cannot be negative")
     started, run_id, outdir = result_dir(args.out, "-paths", mode.quick)
     catch_signals()
     ctx = Ctx(mode)
-    meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
-            "command": ("/work/main/.venv/bin/python research/bench/paths.py " + shlex.join(sys.argv[1:])).strip(),
-            "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
-            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
-            "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
-            "setup_commands": ctx.commands, "errors": ctx.errors}
+    meta = common.run_meta("paths.py", run_id, started, mode,
+                           binaries={b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
+                           setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "rounds": []}
     t_start = time.time()
     rc = 0

@@ -16,6 +16,7 @@ import argparse
 import concurrent.futures
 import datetime as dt
 import glob
+import gzip
 import hashlib
 import json
 import os
@@ -791,7 +792,6 @@ def write_with_chart(raw: dict, outdir: Path, md: str, draw, alt: str, section: 
 def write_raw_gz(outdir: Path, raw: dict) -> Path:
     """raw.json.gz in outdir (and no raw.json): a run's samples compressed, so that a run folder
     stays small in git."""
-    import gzip
     path = outdir / "raw.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump(raw, f, indent=1, default=str)
@@ -801,7 +801,6 @@ def write_raw_gz(outdir: Path, raw: dict) -> Path:
 
 def read_raw(path: Path) -> dict:
     """A run's raw.json or raw.json.gz."""
-    import gzip
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         return json.load(f)

@@ -9,7 +9,7 @@
 //! copy (`pg_export_snapshot`), so the parts together are one consistent read, as a single
 //! COPY would be: no row is seen twice, whatever moves between blocks meanwhile.
 
-use super::figures::Figures;
+use super::figures::{Figures, Pace};
 use super::layout::MoveTable;
 use crate::admin::db::{connect, AdminError};
 use std::collections::VecDeque;
@@ -53,9 +53,6 @@ pub enum Report<'a> {
     /// The figures of the whole copy, about once a second.
     Tick(Figures),
 }
-
-/// How often the copy's figures are reported.
-const TICK: Duration = Duration::from_secs(1);
 
 /// How tables are cut into parts.
 #[derive(Clone, Copy, Debug)]
@@ -245,7 +242,7 @@ pub fn run(
     }
     drop(tx);
     let started = Instant::now();
-    let mut ticked = Instant::now();
+    let mut pace = Pace::default();
     let mut first_error = None;
     let mut sums: Vec<(u64, u64, Option<Instant>)> = vec![(0, 0, None); jobs.len()];
     let mut parts_left = total_parts;
@@ -293,8 +290,7 @@ pub fn run(
             Err(mpsc::RecvTimeoutError::Timeout) => display.tick(&counters, started),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        if ticked.elapsed() >= TICK && parts_left > 0 {
-            ticked = Instant::now();
+        if parts_left > 0 && pace.due() {
             // Figures for onlookers only: a failed write of them does not stop the copy.
             let _ = report(Report::Tick(display.figures(&counters, started)));
         }

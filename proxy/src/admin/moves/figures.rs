@@ -3,6 +3,26 @@
 //! the lag and an ETA. Written and read here only, so the two always agree.
 
 use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+/// How often a move publishes its figures: about once a second, the first at once.
+#[derive(Default)]
+pub struct Pace {
+    last: Option<Instant>,
+}
+
+impl Pace {
+    const EVERY: Duration = Duration::from_secs(1);
+
+    /// Whether it is time to publish again; if so, the clock starts over.
+    pub fn due(&mut self) -> bool {
+        let due = self.last.is_none_or(|t| t.elapsed() >= Self::EVERY);
+        if due {
+            self.last = Some(Instant::now());
+        }
+        due
+    }
+}
 
 /// One moment of a move. Absent fields do not apply to the phase.
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
@@ -169,6 +189,16 @@ mod tests {
         );
         assert_eq!(duration(3725.0), "1 h 2 min");
         assert_eq!(duration(65.0), "1 min 5 s");
+    }
+
+    #[test]
+    fn the_pace_lets_the_first_through_then_one_a_second() {
+        let mut pace = Pace::default();
+        assert!(pace.due());
+        assert!(!pace.due());
+        pace.last = Some(Instant::now() - Duration::from_secs(2));
+        assert!(pace.due());
+        assert!(!pace.due());
     }
 
     #[test]

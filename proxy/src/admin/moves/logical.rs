@@ -5,7 +5,7 @@
 //! once the marker has arrived, so has every earlier change; then it renames the tables
 //! to the LokaDB tables' names.
 
-use super::figures::Figures;
+use super::figures::{Figures, Pace};
 use super::layout::tag;
 use super::Move;
 use crate::admin::db::{describe, ident, literal, AdminError};
@@ -222,7 +222,7 @@ pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
     staging_names(m, &mut oc)?;
     let started = Instant::now();
     let (mut last_bytes, mut last_change) = (-1i64, Instant::now());
-    let (mut told, mut published) = (Instant::now(), Instant::now());
+    let (mut told, mut pace) = (Instant::now(), Pace::default());
     // Done when every staging table is one of the subscription's and copied.
     let staging: Vec<String> = m.tables.iter().map(|t| t.org_staging_table()).collect();
     loop {
@@ -248,8 +248,7 @@ pub fn wait_copied(m: &mut Move) -> Result<(), AdminError> {
         if bytes != last_bytes {
             (last_bytes, last_change) = (bytes, Instant::now());
         }
-        if published.elapsed() >= Duration::from_secs(1) {
-            published = Instant::now();
+        if pace.due() {
             // The subscription reports only the copies running now: no total, no ETA.
             let seconds = started.elapsed().as_secs_f64();
             m.publish(&Figures {
@@ -290,7 +289,7 @@ pub fn wait_caught_up(m: &mut Move) -> Result<(), AdminError> {
     staging_names(m, &mut oc)?;
     drop(oc);
     let started = Instant::now();
-    let (mut told, mut published) = (Instant::now(), Instant::now());
+    let (mut told, mut pace) = (Instant::now(), Pace::default());
     loop {
         let lag: Option<i64> = m
             .cloud
@@ -325,8 +324,7 @@ pub fn wait_caught_up(m: &mut Move) -> Result<(), AdminError> {
             ));
             return Ok(());
         }
-        if published.elapsed() >= Duration::from_secs(1) {
-            published = Instant::now();
+        if pace.due() {
             m.publish(&Figures {
                 phase: "catch-up (subscription)".to_owned(),
                 lag_bytes: Some(lag.unsigned_abs()),

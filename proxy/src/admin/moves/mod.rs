@@ -996,7 +996,7 @@ fn catch_up(m: &mut Move, direction: Direction) -> Result<(), AdminError> {
     let mut lag = capture::LagReport::new(Duration::from_secs(5));
     let started = Instant::now();
     let mut applied = 0u64;
-    let mut published = Instant::now();
+    let mut pace = figures::Pace::default();
     loop {
         let t0 = Instant::now();
         let r = cu.round(
@@ -1007,18 +1007,15 @@ fn catch_up(m: &mut Move, direction: Direction) -> Result<(), AdminError> {
             &|t| dest_rel(t, direction),
         )?;
         applied += r.records;
+        let waiting = r.backlog.saturating_sub(r.records);
         let line = format!(
-            "catch-up: {} records applied, {} waiting, last round {} records in {} ms",
-            applied,
-            r.backlog.saturating_sub(r.records),
+            "catch-up: {applied} records applied, {waiting} waiting, last round {} records in {} ms",
             r.records,
             t0.elapsed().as_millis()
         );
         lag.maybe(|| line.clone());
-        let waiting = r.backlog.saturating_sub(r.records);
         let done = waiting < switch::SWITCH_BACKLOG;
-        if done || published.elapsed() >= Duration::from_secs(1) {
-            published = Instant::now();
+        if pace.due() || done {
             m.publish(&figures::Figures::catch_up(
                 "catch-up",
                 applied,

@@ -12,7 +12,7 @@
 //! attach need: they are told to retry (40001) — only those waiting at those moments.
 
 use super::capture::{self, CatchUp};
-use super::figures::Figures;
+use super::figures::{Figures, Pace};
 use super::layout::{self, MoveTable, Place};
 use super::{failpoint, Move};
 use crate::admin::db::{describe, AdminError};
@@ -147,13 +147,12 @@ pub fn run(m: &mut Move) -> Result<(), AdminError> {
     let source = |t: &MoveTable| (t.default(), true);
     let dest = |t: &MoveTable| t.cloud_part();
     let (caught_up, mut applied) = (Instant::now(), 0u64);
-    let mut published = None::<Instant>;
+    let mut pace = Pace::default();
     loop {
         let r = cu.round(&todo, &mut src, &source, &mut dst, &dest)?;
         applied += r.records;
         let waiting = r.backlog.saturating_sub(r.records);
-        if published.is_none_or(|p| p.elapsed() >= Duration::from_secs(1)) {
-            published = Some(Instant::now());
+        if pace.due() {
             m.publish(&Figures::catch_up(
                 "split: catch-up",
                 applied,
