@@ -1,13 +1,12 @@
 //! The session's second backend: a connection to an organization's database through the
 //! relay (the direct path, `docs/routing.md`), opened when a statement first goes direct
 //! (at most `direct_max` per organization), watched while idle, and with `direct_pool`
-//! given back to the core's pool at the end of each of the organization's transactions;
-//! and the switches of a session's target between it and the cloud, with the gate of
-//! direct writes.
+//! given back to the core's pool at the end of each of the organization's transactions.
+//! The switches between it and the cloud are `switch.rs`'s; this is their [`Link`].
 
-use super::replay::{Digest, Replay};
-use super::router::{count, Exchanges, Gate, Lookup, Router, Side, Want};
-use super::statement::{Exchange, Reported};
+use super::router::{Exchanges, Gate, Router, Side};
+use super::statement::Reported;
+use super::switch::{self, Link, OpenError, Opened};
 use crate::backend::at_login::TxDefaults;
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::PoolKey;
@@ -15,8 +14,7 @@ use crate::cancel::{CancelTarget, SessionId};
 use crate::core::{Core, Database};
 use crate::scram::{Credentials, Secret};
 use crate::time::with_timeout;
-use futures_lite::{AsyncRead, AsyncWrite};
-use lokadb_shared::wire::tags::{FE_QUERY, FE_SYNC, TX_IDLE};
+use futures_lite::AsyncRead;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -60,341 +58,58 @@ type Connecting = (
     Pin<Box<dyn Future<Output = Result<DirectConn, OpenError>>>>,
 );
 
-/// Why no direct connection came.
-enum OpenError {
-    /// The organization's database could not be reached, or refused the login.
-    Failed(String),
-    /// `direct_max` connections to it are open, and none came free in time.
-    Busy,
+/// The session's side of a switch ([`Link`]): its sockets, its core and its registry
+/// of cancel keys.
+pub struct SessionLink<'a, 'c> {
+    pub cx: &'a mut Context<'c>,
+    pub ctx: &'a Ctx<'a>,
+    pub direct: &'a mut Direct,
+    pub cloud: &'a BackendConn,
+    pub reported: &'a Reported,
 }
 
-/// Makes the switch the router asks for, once the side in use has answered everything.
-/// True when done (the held message may go); false while waiting (a direct connection
-/// being opened, the gate of direct writes being asked or closed). A direct connection
-/// that cannot be opened marks the organization unavailable for a while, a gate that
-/// refuses marks its writes so: the message, shown again, then goes to the cloud.
-pub fn switch(
-    cx: &mut Context<'_>,
-    ctx: &Ctx<'_>,
-    router: &mut Router,
-    exchanges: &mut Exchanges,
-    reported: &Reported,
-    direct: &mut Direct,
-    cloud: &mut BackendConn,
-) -> bool {
-    let (core, session) = (ctx.core, ctx.session);
-    let Some(mut want) = router.want.clone() else {
-        return true;
-    };
-    if let Want::Lookup(sql) = &want {
-        return lookup(cx, router, exchanges, cloud, sql);
+impl Link for SessionLink<'_, '_> {
+    fn ensure(
+        &mut self,
+        org: &Rc<str>,
+        idle: bool,
+        tx: Option<&TxDefaults>,
+    ) -> Poll<Result<Opened, OpenError>> {
+        self.direct
+            .ensure(self.cx, self.ctx, self.reported, org, idle, tx)
     }
-    if want == Want::Replay {
-        return replay(cx, ctx, router, exchanges, direct, cloud);
-    }
-    // A transaction open on the direct connection keeps the session there: the message
-    // is shown again, and the transaction rules decide (`Router`'s Migrate).
-    let direct_transaction = router.target == Side::Direct && exchanges.direct.status != TX_IDLE;
-    let same_org = |org: &Rc<str>| router.direct_org.as_deref() == Some(&**org);
-    match &want {
-        Want::Migrate => {}
-        Want::Direct(org) | Want::DirectWrite(org) if direct_transaction && same_org(org) => {}
-        _ if direct_transaction => want = Want::Settle,
-        _ => {}
-    }
-    let (org, write) = match want {
-        Want::Lookup(_) | Want::Replay => unreachable!("handled above"),
-        Want::Settle => {
-            router.want = None;
-            return true;
-        }
-        Want::Cloud | Want::Migrate => {
-            match router.gate {
-                Gate::Closed => {}
-                // Opened for a write that now goes to the cloud (the metadata changed
-                // while it was asked): nothing went through it, so it is let go here.
-                Gate::Open(_) if !router.direct_wrote => {
-                    if send_own(cx, cloud, &mut exchanges.cloud, "ROLLBACK").is_pending() {
-                        return false;
-                    }
-                    router.gate = Gate::Closed;
-                }
-                // Else it closes first (the session loop does it once the organization's
-                // transaction ended).
-                _ => return false,
-            }
-            if want == Want::Migrate {
-                // The direct transaction has only read: rolled back (answers dropped),
-                // and the cloud's begins with the held message.
-                if let Some(d) = direct.conn.as_mut() {
-                    match send_own(cx, &mut d.conn, &mut exchanges.direct, "ROLLBACK") {
-                        Poll::Pending => return false,
-                        // A lost connection shows when it is read.
-                        Poll::Ready(_) => {}
-                    }
-                }
-                router.begin_on_next();
-                router.tx_log = None;
-                router.tx_opener = None;
-                exchanges.direct.digest = None;
-            }
-            router.target = Side::Cloud;
-            router.want = None;
-            core.cancels
-                .borrow_mut()
-                .retarget(session, cancel_target(cloud));
-            return true;
-        }
-        Want::Direct(org) => (org, false),
-        Want::DirectWrite(org) => (org, true),
-    };
-    if !direct.ensure(cx, ctx, router, exchanges, reported, &org) {
-        return false;
-    }
-    if router.want.is_none() {
-        // The connection failed: the message goes to the cloud.
-        return true;
-    }
-    if write {
-        match router.gate.clone() {
-            Gate::Open(o) if o == org => {}
-            // Another organization's gate closes first (the session loop does it).
-            Gate::Open(_) => return false,
-            Gate::Closed => {
-                let sql = format!(
-                    "BEGIN; SELECT lokadb_client.direct_gate('{}')",
-                    org.replace('\'', "''")
-                );
-                let request = exchanges.cloud.answered + u64::from(exchanges.cloud.pending);
-                if send_own(cx, cloud, &mut exchanges.cloud, &sql).is_pending() {
-                    return false;
-                }
-                router.gate = Gate::Opening(org, request);
-                return false;
-            }
-            Gate::Opening(o, request) => {
-                if exchanges.cloud.answered <= request {
-                    return false;
-                }
-                if exchanges.cloud.own_failed(request) {
-                    // Paused past its timeout, moving back, or an old cloud schema: this
-                    // write goes through the cloud, which decides.
-                    tracing::info!(org = %o, "the gate of direct writes refused; the write goes through the cloud");
-                    if send_own(cx, cloud, &mut exchanges.cloud, "ROLLBACK").is_pending() {
-                        return false;
-                    }
-                    router.gate = Gate::Closed;
-                    router.gate_refused(o);
-                    router.want = None;
-                    return true;
-                }
-                router.gate = Gate::Open(o);
-            }
-        }
-    }
-    router.target = Side::Direct;
-    router.want = None;
-    if let Some(d) = direct.conn.as_ref() {
-        core.cancels
+
+    fn retarget(&mut self, side: Side) {
+        let target = match (side, self.direct.conn.as_ref()) {
+            (Side::Direct, Some(d)) => cancel_target(&d.conn),
+            _ => cancel_target(self.cloud),
+        };
+        self.ctx
+            .core
+            .cancels
             .borrow_mut()
-            .retarget(session, cancel_target(&d.conn));
+            .retarget(self.ctx.session, target);
     }
-    true
-}
 
-/// Moves a transaction that wrote directly to the cloud ([`super::replay`]): rolls the
-/// direct one back, runs what the client sent in it again in the cloud transaction the
-/// gate opened, and compares the answers. True once done: the held message then goes to
-/// the cloud, or, when the answers differed, fails with 40001 in a failed transaction
-/// the proxy begins in place of the client's.
-fn replay(
-    cx: &mut Context<'_>,
-    ctx: &Ctx<'_>,
-    router: &mut Router,
-    exchanges: &mut Exchanges,
-    direct: &mut Direct,
-    cloud: &mut BackendConn,
-) -> bool {
-    loop {
-        match std::mem::take(&mut router.replay) {
-            Replay::None => {
-                let (Some(d), Some(log), Some(digest)) = (
-                    direct.conn.as_mut(),
-                    router.tx_log.as_ref(),
-                    exchanges.direct.digest.as_ref(),
-                ) else {
-                    // Checked when asked; nothing to move without them.
-                    router.want = None;
-                    return true;
-                };
-                if !log.usable() {
-                    router.want = None;
-                    return true;
-                }
-                let expected = digest.value();
-                match send_own(cx, &mut d.conn, &mut exchanges.direct, "ROLLBACK") {
-                    Poll::Pending => return false,
-                    // A lost connection shows when it is read.
-                    Poll::Ready(_) => {}
-                }
-                exchanges.direct.digest = None;
-                router.opener_moved = router.tx_opener.take();
-                crate::failpoint::proxy("replay-rolled-back");
-                let (bytes, requests) = router.tx_log.take().unwrap_or_default().take();
-                // The gate's transaction on the cloud is the client's from now on.
-                router.gate = Gate::Closed;
-                router.direct_wrote = false;
-                let ex = &mut exchanges.cloud;
-                let until = ex.answered + u64::from(ex.pending) + u64::from(requests);
-                for tag in super::statement::tags(&bytes) {
-                    if matches!(tag, FE_QUERY | FE_SYNC) {
-                        ex.silence_next();
-                    }
-                    count(ex, tag);
-                    ex.note_sent_tag(tag);
-                }
-                ex.digest = Some(Digest::new(true));
-                router.unnamed_gone_on_cloud();
-                router.cloud_org.forget();
-                ctx.core
-                    .cancels
-                    .borrow_mut()
-                    .retarget(ctx.session, cancel_target(cloud));
-                tracing::debug!(org = ?router.direct_org, requests, "a transaction that wrote directly moves to the cloud");
-                crate::metrics::CoreStats::add(&ctx.core.stats.transactions_moved, 1);
-                router.replay = Replay::Sending {
-                    bytes,
-                    written: 0,
-                    until,
-                    expected,
-                };
-            }
-            Replay::Sending {
-                bytes,
-                mut written,
-                until,
-                expected,
-            } => {
-                while written < bytes.len() {
-                    match Pin::new(&mut cloud.stream).poll_write(cx, &bytes[written..]) {
-                        Poll::Ready(Ok(n)) if n > 0 => written += n,
-                        Poll::Pending => {
-                            router.replay = Replay::Sending {
-                                bytes,
-                                written,
-                                until,
-                                expected,
-                            };
-                            return false;
-                        }
-                        // A lost connection shows when it is read.
-                        Poll::Ready(_) => break,
-                    }
-                }
-                // TLS may hold the last records until flushed; a flush that cannot finish
-                // now wakes the session when it can (the pump flushes too).
-                let _ = Pin::new(&mut cloud.stream).poll_flush(cx);
-                crate::failpoint::proxy("replay-sent");
-                router.replay = Replay::Waiting { until, expected };
-            }
-            Replay::Waiting { until, expected } => {
-                if exchanges.cloud.answered < until {
-                    router.replay = Replay::Waiting { until, expected };
-                    return false;
-                }
-                let got = exchanges.cloud.digest.take().map(|d| d.value());
-                if got == Some(expected) {
-                    crate::failpoint::proxy("replay-matched");
-                    if router.route_log {
-                        tracing::info!(target: "lokadb::route", route = "moved", org = router.direct_org.as_deref().unwrap_or("?"), "a transaction that wrote directly moved to the cloud");
-                    }
-                    router.target = Side::Cloud;
-                    router.want = None;
-                    return true;
-                }
-                // Always logged: the client gets an error the proxy made.
-                tracing::info!(target: "lokadb::route", route = "moved", differed = true, org = router.direct_org.as_deref().unwrap_or("?"), "a transaction that wrote directly answered differently on the cloud: 40001");
-                router.replay = Replay::Failing;
-            }
-            Replay::Failing => {
-                if send_own(cx, cloud, &mut exchanges.cloud, "ROLLBACK; BEGIN").is_pending() {
-                    router.replay = Replay::Failing;
-                    return false;
-                }
-                router.unnamed_gone_on_cloud();
-                router.replay_differed = true;
-                router.target = Side::Cloud;
-                router.want = None;
-                return true;
-            }
-        }
-    }
-}
-
-/// Asks the cloud's key map whose key the held statement's is (a request of the proxy's
-/// own, its one value captured): true once answered, the answer in `router.lookup` for the
-/// held message, shown again. A lookup that fails or cannot be sent answers "none": the
-/// statement goes through the cloud.
-fn lookup(
-    cx: &mut Context<'_>,
-    router: &mut Router,
-    exchanges: &mut Exchanges,
-    cloud: &mut BackendConn,
-    sql: &str,
-) -> bool {
-    let ex = &mut exchanges.cloud;
-    let answer = |router: &mut Router, org: Option<Rc<str>>| {
-        router.lookup = Lookup::Answered(sql.to_owned(), org);
-        router.want = None;
-        true
-    };
-    match &router.lookup {
-        Lookup::Asked(asked, request) if asked == sql => {
-            let request = *request;
-            if ex.answered <= request {
-                return false;
-            }
-            let org = match ex.capture.take() {
-                Some((r, Some(value))) if r == request && !ex.own_failed(request) => {
-                    value.map(Rc::from)
-                }
-                // A failed lookup (a key that does not cast, the metadata behind): the
-                // statement goes through the cloud, which answers or fails it.
-                _ => None,
-            };
-            answer(router, org)
-        }
-        _ => {
-            let request = ex.answered + u64::from(ex.pending);
-            match send_own(cx, cloud, ex, sql) {
-                Poll::Pending => false,
-                // The lost connection shows when it is read.
-                Poll::Ready(Err(_)) => answer(router, None),
-                Poll::Ready(Ok(())) => {
-                    ex.capture = Some((request, None));
-                    // A simple query destroys the cloud's unnamed statement.
-                    router.unnamed_gone_on_cloud();
-                    router.lookup = Lookup::Asked(sql.to_owned(), request);
-                    false
-                }
-            }
-        }
+    fn transaction_moved(&mut self) {
+        crate::metrics::CoreStats::add(&self.ctx.core.stats.transactions_moved, 1);
     }
 }
 
 impl Direct {
-    /// Makes sure the session's direct connection is `org`'s, opening one (or taking one
-    /// from `direct_pool`) when not. False while it is being opened; on failure the
-    /// organization is marked unavailable and `router.want` cleared.
+    /// Makes sure the session's direct connection is `org`'s, opened with the settings
+    /// reported now and still open (`idle`: nothing is in flight on it), opening one (or
+    /// taking one from `direct_pool`) when not; `tx` is the session's transaction defaults
+    /// at login. Pending while it is being opened.
     fn ensure(
         &mut self,
         cx: &mut Context<'_>,
         ctx: &Ctx<'_>,
-        router: &mut Router,
-        exchanges: &mut Exchanges,
         reported: &Reported,
         org: &Rc<str>,
-    ) -> bool {
+        idle: bool,
+        tx: Option<&TxDefaults>,
+    ) -> Poll<Result<Opened, OpenError>> {
         let usable = self
             .conn
             .as_ref()
@@ -404,61 +119,44 @@ impl Direct {
         let alive = self
             .conn
             .as_ref()
-            .is_some_and(|d| !exchanges.direct.is_idle() || d.conn.is_idle_and_open());
+            .is_some_and(|d| !idle || d.conn.is_idle_and_open());
         if usable && alive {
-            return true;
+            return Poll::Ready(Ok(Opened::Kept));
         }
         if usable {
             tracing::info!(org = %org, "the direct connection was closed while idle; opening another");
             self.conn = None;
-            router.direct_org = None;
         }
         if let Some(old) = self.conn.take() {
             // Another organization's, or opened with settings the client has changed
             // since (then not pooled: its key says the old settings, which is right).
-            router.direct_org = None;
-            put_back(ctx.core, ctx.db, old, exchanges.direct.is_idle());
+            put_back(ctx.core, ctx.db, old, idle);
         }
         if self.connecting.as_ref().is_none_or(|(o, _)| o != org) {
-            let params = direct_params(ctx.key, reported, router.tx_defaults.as_ref());
+            let params = direct_params(ctx.key, reported, tx);
             let fut = open(ctx, org, params);
             self.connecting = Some((org.clone(), fut));
         }
         let (_, fut) = self.connecting.as_mut().expect("set above");
-        match fut.as_mut().poll(cx) {
-            Poll::Pending => false,
-            Poll::Ready(Err(OpenError::Busy)) => {
+        let mut d = match fut.as_mut().poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => {
                 self.connecting = None;
-                tracing::debug!(org = %org, "every direct connection to this organization is in use (direct_max); its statements go through the cloud for {:?}", super::router::BUSY_FOR);
-                router.mark_unavailable(org.clone(), super::router::BUSY_FOR);
-                router.want = None;
-                true
+                return Poll::Ready(Err(e));
             }
-            Poll::Ready(Err(OpenError::Failed(e))) => {
-                self.connecting = None;
-                tracing::warn!(org = %org, error = %e, "the direct path to this organization's database failed; its statements go through the cloud for {:?}", super::router::UNAVAILABLE_FOR);
-                router.mark_unavailable(org.clone(), super::router::UNAVAILABLE_FOR);
-                router.want = None;
-                true
-            }
-            Poll::Ready(Ok(mut d)) => {
-                self.connecting = None;
-                d.version = reported.version;
-                exchanges.direct = Exchange {
-                    status: d.conn.status,
-                    ..Exchange::default()
-                };
-                router.direct_org = Some(org.clone());
-                if self.lease != Some(d.conn.lease) {
-                    router.direct_replaced();
-                }
-                let lease = ctx.core.next_lease();
-                d.conn.lease = lease;
-                self.lease = Some(lease);
-                self.conn = Some(d);
-                true
-            }
-        }
+            Poll::Ready(Ok(d)) => d,
+        };
+        self.connecting = None;
+        d.version = reported.version;
+        let opened = Opened::New {
+            status: d.conn.status,
+            same_lease: self.lease == Some(d.conn.lease),
+        };
+        let lease = ctx.core.next_lease();
+        d.conn.lease = lease;
+        self.lease = Some(lease);
+        self.conn = Some(d);
+        Poll::Ready(Ok(opened))
     }
 
     /// Watches the connection while it is idle (a pending receive, no syscall per call):
@@ -488,10 +186,7 @@ impl Direct {
         }
         tracing::info!(org = ?router.direct_org, "the direct connection was closed while idle; the next direct statement opens another");
         self.conn = None;
-        router.direct_org = None;
-        if router.target == Side::Direct && !held {
-            router.target = Side::Cloud;
-        }
+        switch::direct_gone(router, held);
         true
     }
 
@@ -504,9 +199,7 @@ impl Direct {
         let Some(d) = self.conn.take() else {
             return;
         };
-        router.direct_org = None;
-        if router.target == Side::Direct {
-            router.target = Side::Cloud;
+        if switch::direct_gone(router, false) {
             ctx.core
                 .cancels
                 .borrow_mut()
@@ -521,32 +214,6 @@ impl Direct {
         if let Some(d) = self.conn {
             put_back(core, db, d, idle);
         }
-    }
-}
-
-/// Sends a simple query of the proxy's own on `conn` (which has answered everything the
-/// client sent), its answers to be dropped. Pending while an earlier send is in flight. The
-/// runtime takes a write of up to 256 KiB whole (`rt::net`); these queries are far shorter,
-/// so a short write would be a broken promise of the runtime, reported as an error.
-pub fn send_own(
-    cx: &mut Context<'_>,
-    conn: &mut BackendConn,
-    exchange: &mut Exchange,
-    sql: &str,
-) -> Poll<std::io::Result<()>> {
-    let mut q = Vec::with_capacity(sql.len() + 6);
-    lokadb_shared::wire::frontend::query(&mut q, sql);
-    match Pin::new(&mut conn.stream).poll_write(cx, &q) {
-        Poll::Pending => Poll::Pending,
-        Poll::Ready(Ok(n)) if n == q.len() => {
-            // TLS may hold records until flushed (see the replay above).
-            let _ = Pin::new(&mut conn.stream).poll_flush(cx);
-            exchange.silence_next();
-            exchange.pending += 1;
-            Poll::Ready(Ok(()))
-        }
-        Poll::Ready(Ok(_)) => Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
-        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
     }
 }
 

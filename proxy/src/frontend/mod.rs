@@ -14,4 +14,5 @@ pub mod session;
 pub mod session_org;
 pub mod startup;
 pub mod statement;
+pub mod switch;
 pub mod tally;

@@ -168,18 +168,11 @@ fn sqlstate(body: &[u8]) -> Option<&[u8]> {
 pub enum Replay {
     #[default]
     None,
-    /// Sending the log to the cloud: the bytes, how many are written; then answers up to
-    /// request `until` (exclusive), and the direct side's digest to compare with.
-    Sending {
-        bytes: Vec<u8>,
-        written: usize,
-        until: u64,
-        expected: u64,
-    },
+    /// The log is queued for the cloud, not yet all written; then answers up to request
+    /// `until` (exclusive), and the direct side's digest to compare with.
+    Sending { until: u64, expected: u64 },
     /// Sent: waiting for the cloud's answers.
     Waiting { until: u64, expected: u64 },
-    /// The answers differed: the cloud's transaction is being replaced by a failed one.
-    Failing,
 }
 
 /// Whether a message can carry the 40001 of a replay whose answers differed (a Parse

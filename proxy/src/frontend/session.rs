@@ -3,7 +3,7 @@
 
 use super::auth::{authenticate, Authenticated};
 use super::console::{ClientInfo, Live};
-use super::direct::{send_own, switch, Ctx, Direct};
+use super::direct::{Ctx, Direct, SessionLink};
 use super::pump::{Pipe, PipeError};
 use super::router::{Exchanges, Gate, Privileges, Router, Side};
 use super::startup::{negotiate, Negotiated};
@@ -457,8 +457,23 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 && !up.held
                 && !router.holds_begin()
                 && !router.holds_message();
+            // What the proxy queued of its own goes before anything else of the client's.
+            match flush_own(cx, &mut backend.stream, &mut exchanges.cloud) {
+                Poll::Ready(Ok(true)) => progress = true,
+                Poll::Ready(Ok(false)) | Poll::Pending => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(lost(Side::Cloud, &router, e)),
+            }
+            if let Some(d) = direct.conn.as_mut() {
+                match flush_own(cx, &mut d.conn.stream, &mut exchanges.direct) {
+                    Poll::Ready(Ok(true)) => progress = true,
+                    Poll::Ready(Ok(false)) | Poll::Pending => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(lost(Side::Direct, &router, e)),
+                }
+            }
             if paused {
                 core.wait_resume(cx);
+            } else if !exchanges.get(router.target).outbox.is_empty() {
+                // Waits for its own requests to be written (the flush above is woken).
             } else {
                 let target = router.target;
                 let to = match (target, direct.conn.as_mut()) {
@@ -498,14 +513,8 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             }
 
             // The gate of direct writes closes once the organization's transaction ended.
-            if router.gate != Gate::Closed && exchanges.direct.is_idle() {
-                router.direct_wrote = false;
-                if matches!(router.gate, Gate::Open(_))
-                    && send_own(cx, &mut backend, &mut exchanges.cloud, "COMMIT").is_ready()
-                {
-                    router.gate = Gate::Closed;
-                    progress = true;
-                }
+            if super::switch::close_gate(&mut router, &mut exchanges) {
+                progress = true;
             }
 
             // A message waits for another destination: switch once everything sent
@@ -521,19 +530,22 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                     key: &key,
                     session,
                 };
-                if ready
-                    && switch(
+                if ready {
+                    let mut link = SessionLink {
                         cx,
-                        &ctx,
-                        &mut router,
-                        &mut exchanges,
-                        &reported,
-                        &mut direct,
-                        &mut backend,
-                    )
-                {
-                    up.release();
-                    progress = true;
+                        ctx: &ctx,
+                        direct: &mut direct,
+                        cloud: &backend,
+                        reported: &reported,
+                    };
+                    let done = super::switch::switch(&mut router, &mut exchanges, &mut link);
+                    // What it queued is written at the next step.
+                    let queued =
+                        !exchanges.cloud.outbox.is_empty() || !exchanges.direct.outbox.is_empty();
+                    if done {
+                        up.release();
+                    }
+                    progress |= done || queued;
                 }
             }
 
@@ -698,6 +710,32 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         }
         Err(e) => tracing::info!(error = %e, "backend reset failed; closing it"),
     }
+}
+
+/// Writes the requests of the proxy's own queued for a backend ([`Exchange::send_own`]):
+/// true when it wrote something; pending while some are left (woken when writable).
+fn flush_own(
+    cx: &mut std::task::Context<'_>,
+    stream: &mut (impl futures_lite::AsyncWrite + Unpin),
+    ex: &mut Exchange,
+) -> Poll<std::io::Result<bool>> {
+    if ex.outbox.is_empty() {
+        return Poll::Ready(Ok(false));
+    }
+    while !ex.outbox.is_empty() {
+        match Pin::new(&mut *stream).poll_write(cx, &ex.outbox) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(n)) => {
+                ex.outbox.drain(..n);
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    // TLS may hold the last records until flushed; a flush that cannot finish now wakes
+    // the session when it can (the pump flushes too).
+    let _ = Pin::new(&mut *stream).poll_flush(cx);
+    Poll::Ready(Ok(true))
 }
 
 /// How a failed backend ends the session.

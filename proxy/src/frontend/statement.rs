@@ -83,6 +83,9 @@ pub struct Exchange {
     /// A digest of the answers of a transaction that may move to the cloud
     /// ([`super::replay`]).
     pub digest: Option<Digest>,
+    /// Requests of the proxy's own ([`Exchange::send_own`]) not yet written: the session
+    /// writes them to the backend before anything else of the client's.
+    pub outbox: Vec<u8>,
 }
 
 /// The SQLSTATE class of an ErrorResponse body: the first two characters of its `C` field.
@@ -167,6 +170,7 @@ impl Default for Exchange {
             capture: None,
             shifted: std::collections::VecDeque::new(),
             digest: None,
+            outbox: Vec::new(),
         }
     }
 }
@@ -202,6 +206,16 @@ impl Exchange {
     pub fn silence_next(&mut self) {
         self.silenced
             .push_back(self.answered + u64::from(self.pending));
+    }
+
+    /// Queues a simple query of the proxy's own, its answers to be dropped, for the
+    /// backend (which has answered everything the client sent): its request number.
+    pub fn send_own(&mut self, sql: &str) -> u64 {
+        let request = self.answered + u64::from(self.pending);
+        lokadb_shared::wire::frontend::query(&mut self.outbox, sql);
+        self.silence_next();
+        self.pending += 1;
+        request
     }
 
     /// Whether the answers coming now belong to a request the proxy added.
