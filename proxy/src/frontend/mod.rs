@@ -6,6 +6,10 @@ pub mod check;
 pub mod cloud_org;
 pub mod console;
 pub mod direct;
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod harness_cases;
 pub mod pump;
 mod refusal;
 pub mod replay;

@@ -301,6 +301,14 @@ fn close(out: &mut Vec<u8>, kind: u8, name: &str) {
     });
 }
 
+/// Appends Describe of prepared statement `name`.
+pub fn describe_statement(out: &mut Vec<u8>, name: &str) {
+    write_frame(out, FE_DESCRIBE, |b| {
+        b.push(b'S');
+        put_cstr(b, name);
+    });
+}
+
 /// Appends Sync.
 pub fn sync(out: &mut Vec<u8>) {
     write_frame(out, FE_SYNC, |_| {});
