@@ -51,6 +51,7 @@ pub mod handover;
 pub mod metrics;
 pub mod migrate;
 pub mod net;
+pub mod org;
 pub mod profile;
 pub mod record;
 pub mod relay;

@@ -7,6 +7,7 @@
 //! Each core has its own pool: no lock, no cross-core traffic.
 
 use super::conn::BackendConn;
+use crate::org::OrgId;
 use lokadb_shared::wire::tags::TX_IDLE;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -20,7 +21,7 @@ pub struct PoolKey {
     /// The role.
     pub user: String,
     /// For a direct connection (`direct_pool`): the organization whose database it is.
-    pub org: Option<Rc<str>>,
+    pub org: Option<OrgId>,
     /// For a direct connection: where it leads (the relay's address, `ORG/DBNAME`), so that
     /// one to where an organization was is not reused once it moved elsewhere.
     pub target: Option<String>,

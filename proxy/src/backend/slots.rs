@@ -4,6 +4,7 @@
 //! one. A connection put back in the pool wakes one too (it may take that connection).
 //! Per core, so no lock: only this core's sessions wait here.
 
+use crate::org::OrgId;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -12,7 +13,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 /// A database entry's name and an organization.
-pub type SlotKey = (Rc<str>, Rc<str>);
+pub type SlotKey = (Rc<str>, OrgId);
 
 #[derive(Default)]
 struct Count {
@@ -187,7 +188,7 @@ mod tests {
     }
 
     fn key() -> SlotKey {
-        (Rc::from("app"), Rc::from("acme"))
+        (Rc::from("app"), OrgId::from("acme"))
     }
 
     #[test]

@@ -29,13 +29,13 @@
 
 use super::router::count;
 use super::statement::{ClientFrames, Exchange};
+use crate::org::OrgId;
 use crate::route::analysis::{mentions, Analysis, Org, RUNS_ALONE};
 use crate::route::literals::one_dml_statement;
 use crate::route::meta::Placement;
 use lokadb_shared::wire::frontend::{self, Bind, Statement};
 use lokadb_shared::wire::tags::*;
 use std::borrow::Cow;
-use std::rc::Rc;
 
 /// The setting's name.
 pub const SETTING: &str = "lokadb.statement_org";
@@ -74,7 +74,7 @@ pub struct CloudOrg {
     /// Tell the cloud (`statement_org`, on by default).
     pub tell: bool,
     /// The value the cloud backend holds, when the proxy knows it.
-    known: Option<Rc<str>>,
+    known: Option<OrgId>,
     /// The proxy's statement is parsed on the cloud backend.
     parsed: bool,
     /// The request number of the proxy's last request of its own that set it.
@@ -102,7 +102,7 @@ struct Added {
     parsed: bool,
     /// The value the cloud keeps if the batch runs without error: its one statement was
     /// placed in one organization and it began outside a transaction.
-    keeps: Option<Rc<str>>,
+    keeps: Option<OrgId>,
 }
 
 impl CloudOrg {
@@ -171,7 +171,7 @@ impl ClientFrames<'_> {
                 t.remember(&org);
             }
             let known = self.router.cloud_org.known.as_deref() == Some(&*org);
-            ((!known).then(|| Rc::<str>::from(&*org)), placed)
+            ((!known).then(|| OrgId::from(&*org)), placed)
         });
         self.router.tally = tally;
         let (org, placed) = found?;
@@ -289,7 +289,7 @@ impl ClientFrames<'_> {
     /// [`Self::statement_org`] of a statement's text (a Query's, or a Parse's).
     pub(super) fn sql_org(&self, sql: &str) -> Option<(Cow<'_, str>, bool)> {
         let meta = self.meta?;
-        let session = self.router.session_org.as_deref().map(Cow::Borrowed);
+        let session = self.router.org.current.as_deref().map(Cow::Borrowed);
         // A session limited to its organization sends every statement on LokaDB tables
         // limited to it, or refused.
         if session.is_some() {

@@ -13,6 +13,7 @@ use crate::core::Core;
 use crate::error::SessionError;
 use crate::metrics::label_value;
 use crate::net::stream::{send, ClientStream};
+use crate::org::OrgId;
 use crate::rt::net::TcpStream;
 use futures_lite::AsyncReadExt;
 use lokadb_shared::config::CONSOLE_DB;
@@ -594,7 +595,7 @@ pub struct Live {
     /// `active`, `idle`, `idle in transaction`, `idle in transaction (aborted)`.
     pub state: &'static str,
     /// The organization of its direct connection, if any.
-    pub direct_org: Option<Rc<str>>,
+    pub direct_org: Option<OrgId>,
 }
 
 impl Live {

@@ -4,7 +4,7 @@
 //! given back to the core's pool at the end of each of the organization's transactions.
 //! The switches between it and the cloud are `switch.rs`'s; this is their [`Link`].
 
-use super::router::{Exchanges, Gate, Router, Side};
+use super::router::{Exchanges, Router, Side};
 use super::statement::Reported;
 use super::switch::{self, Link, OpenError, Opened};
 use crate::backend::at_login::TxDefaults;
@@ -12,6 +12,7 @@ use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::pool::PoolKey;
 use crate::cancel::{CancelTarget, SessionId};
 use crate::core::{Core, Database};
+use crate::org::OrgId;
 use crate::scram::{Credentials, Secret};
 use crate::time::with_timeout;
 use futures_lite::AsyncRead;
@@ -54,7 +55,7 @@ pub struct DirectConn {
 
 /// A direct connection being opened, for the organization it is for.
 type Connecting = (
-    Rc<str>,
+    OrgId,
     Pin<Box<dyn Future<Output = Result<DirectConn, OpenError>>>>,
 );
 
@@ -71,7 +72,7 @@ pub struct SessionLink<'a, 'c> {
 impl Link for SessionLink<'_, '_> {
     fn ensure(
         &mut self,
-        org: &Rc<str>,
+        org: &OrgId,
         idle: bool,
         tx: Option<&TxDefaults>,
     ) -> Poll<Result<Opened, OpenError>> {
@@ -106,7 +107,7 @@ impl Direct {
         cx: &mut Context<'_>,
         ctx: &Ctx<'_>,
         reported: &Reported,
-        org: &Rc<str>,
+        org: &OrgId,
         idle: bool,
         tx: Option<&TxDefaults>,
     ) -> Poll<Result<Opened, OpenError>> {
@@ -174,7 +175,7 @@ impl Direct {
         let Some(d) = self.conn.as_mut() else {
             return false;
         };
-        if router.gate != Gate::Closed || !exchanges.direct.is_idle() {
+        if !router.gate.is_closed() || !exchanges.direct.is_idle() {
             return false;
         }
         let mut probe = [0u8; 1];
@@ -279,7 +280,7 @@ fn relay_refusal(code: &str) -> bool {
 /// `connect_timeout`), or gives up at once without it: the statement goes through the cloud.
 fn open(
     ctx: &Ctx<'_>,
-    org: &Rc<str>,
+    org: &OrgId,
     params: Vec<(String, String)>,
 ) -> Pin<Box<dyn Future<Output = Result<DirectConn, OpenError>>>> {
     let (core, db, key) = (ctx.core.clone(), ctx.db.clone(), ctx.key);

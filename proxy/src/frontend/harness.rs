@@ -11,6 +11,7 @@ use super::router::{Exchanges, Privileges, Router, Side};
 use super::statement::{ClientFrames, Reported, ServerFrames};
 use super::switch::{self, Link, OpenError, Opened};
 use crate::backend::at_login::TxDefaults;
+use crate::org::OrgId;
 use crate::route::analysis::{Catalog, LokaTable};
 use crate::route::meta::{CoreMeta, DirectPath, DirectWrites, Meta, OrgMeta, RelayEnd};
 use lokadb_shared::wire::backend::{self as be, ErrorFields, Severity};
@@ -19,7 +20,6 @@ use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::Header;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -285,7 +285,7 @@ pub struct Harness {
     /// Organizations' databases by organization id.
     pub orgs: HashMap<String, Scripted>,
     /// Whose database the direct side is connected to.
-    connected: Option<Rc<str>>,
+    connected: Option<OrgId>,
     /// Direct connections opened.
     pub opened: u32,
     client_in: Vec<u8>,
@@ -619,7 +619,7 @@ fn describe(frame: &[u8]) -> String {
 /// The harness's direct connections: to the scripted organization databases.
 struct TestLink<'a> {
     orgs: &'a mut HashMap<String, Scripted>,
-    connected: &'a mut Option<Rc<str>>,
+    connected: &'a mut Option<OrgId>,
     opened: &'a mut u32,
     log: &'a mut Vec<String>,
 }
@@ -627,7 +627,7 @@ struct TestLink<'a> {
 impl Link for TestLink<'_> {
     fn ensure(
         &mut self,
-        org: &Rc<str>,
+        org: &OrgId,
         _idle: bool,
         _tx: Option<&TxDefaults>,
     ) -> Poll<Result<Opened, OpenError>> {

@@ -163,6 +163,45 @@ fn sqlstate(body: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// A session's direct transaction as something that may move to the cloud: what it sent,
+/// what opened it, where a move of it is.
+#[derive(Debug, Default)]
+pub struct Moving {
+    /// What the client sent in the open direct transaction, to run again on the cloud if
+    /// it needs the cloud after writing; `None` outside one.
+    pub log: Option<Log>,
+    /// The statement that opened it (its SQL).
+    pub opener: Option<Box<str>>,
+    /// Where a move of it is.
+    pub step: Replay,
+    /// The moved transaction answered differently on the cloud: the next statement fails
+    /// with 40001 there.
+    pub differed: bool,
+    /// An opener whose transaction just moved to the cloud, for the core to learn
+    /// (`CoreMeta::opener_moved`) at the next message.
+    pub opener_moved: Option<Box<str>>,
+}
+
+impl Moving {
+    /// A direct transaction began with `opener`: what it sends is kept from now on.
+    pub fn begin(&mut self, opener: Option<Box<str>>) {
+        self.log = Some(Log::default());
+        self.opener = opener;
+    }
+
+    /// The direct transaction ended, or left for the cloud without being run again:
+    /// nothing of it can move any more.
+    pub fn end(&mut self) {
+        self.log = None;
+        self.opener = None;
+    }
+
+    /// Whether a transaction that wrote directly can move: its log is whole.
+    pub fn movable(&self) -> bool {
+        self.log.as_ref().is_some_and(Log::usable)
+    }
+}
+
 /// Where a move of the transaction to the cloud is.
 #[derive(Debug, Default)]
 pub enum Replay {

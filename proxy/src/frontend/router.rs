@@ -19,7 +19,9 @@
 use super::cloud_org::Told;
 use super::pump::Action;
 use super::statement::{bind_param, ClientFrames, Exchange, Reported};
+use super::switch::{Gate, WriteGate};
 use crate::backend::at_login::TxDefaults;
+use crate::org::OrgId;
 use crate::route::analysis::{Analysis, Catalog, KeyOrg, Org};
 use crate::route::meta::{CoreMeta, Placement};
 use crate::route::names::{self, Names};
@@ -31,7 +33,6 @@ use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::FrameError;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 /// A backend of the session.
@@ -78,9 +79,9 @@ enum Dest {
     /// The cloud.
     Cloud,
     /// This organization's database.
-    Direct(Rc<str>),
-    /// This organization's database, a write: behind the cloud's gate ([`Gate`]).
-    DirectWrite(Rc<str>),
+    Direct(OrgId),
+    /// This organization's database, a write: behind the cloud's gate ([`WriteGate`]).
+    DirectWrite(OrgId),
     /// Nowhere yet: an unnamed Parse held until its Bind.
     Hold,
     /// Not decided until the cloud has answered what was sent before.
@@ -109,7 +110,7 @@ enum KeyDest {
     /// Ask the cloud's key map this first.
     Ask(String),
     /// The key is this organization's.
-    Found(Rc<str>),
+    Found(OrgId),
     /// Through the cloud: the key is no row's, or cannot be asked for here.
     Cloud,
 }
@@ -173,9 +174,9 @@ pub(super) fn org_param_type(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Want {
     Cloud,
-    Direct(Rc<str>),
+    Direct(OrgId),
     /// The direct connection, with the gate open for this organization.
-    DirectWrite(Rc<str>),
+    DirectWrite(OrgId),
     /// No switch: only wait until the side in use has answered everything (its
     /// transaction status is then known).
     Settle,
@@ -200,7 +201,7 @@ pub enum Lookup {
     Asked(String, u64),
     /// The cloud answered: the key's organization (`None`: no row has the key, or the
     /// lookup failed; the statement goes through the cloud, which decides).
-    Answered(String, Option<Rc<str>>),
+    Answered(String, Option<OrgId>),
 }
 
 /// A prepared statement as the client parsed it.
@@ -229,23 +230,6 @@ pub const UNAVAILABLE_FOR: Duration = Duration::from_secs(5);
 /// How long a session sends an organization's statements through the cloud after it found
 /// every direct connection to it in use (`direct_max`), before it asks for one again.
 pub const BUSY_FOR: Duration = Duration::from_secs(1);
-
-/// The cloud-side gate of direct writes: a transaction on the client's cloud backend that
-/// passed `lokadb_client.direct_gate(org)` (the pause gate, and the organization still moved
-/// with fdw+direct) and stays open until the organization's transaction ends, so a pause
-/// waits for the write and the write waits for a pause.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Gate {
-    #[default]
-    Closed,
-    /// Asked: the request number of the gate on the cloud.
-    Opening(Rc<str>, u64),
-    Open(Rc<str>),
-}
-
-/// How long direct writes of an organization go through the cloud after its gate refused
-/// (a pause that timed out, a move back under way).
-pub const GATE_REFUSED_FOR: Duration = Duration::from_secs(1);
 
 /// What the client's role may do to the LokaDB tables (read, update), by schema and name,
 /// and by index in the current catalog.
@@ -303,7 +287,7 @@ pub struct Router {
     /// Where client messages go now.
     pub target: Side,
     /// The organization of the session's direct connection.
-    pub direct_org: Option<Rc<str>>,
+    pub direct_org: Option<OrgId>,
     /// A switch the inspector asked for, with the held message waiting on it.
     pub want: Option<Want>,
     prepared: HashMap<String, Prepared>,
@@ -319,7 +303,7 @@ pub struct Router {
     /// Bind on the cloud parses them there first.
     not_on_cloud: HashSet<String>,
     /// Organizations whose database could not be reached, until when.
-    unavailable: HashMap<Rc<str>, Instant>,
+    unavailable: HashMap<OrgId, Instant>,
     /// A plain BEGIN the proxy answered itself, sent ahead of the next statement to the
     /// side that statement goes to (so a transaction of direct reads costs no round trip
     /// for its BEGIN, and none to the cloud).
@@ -337,11 +321,7 @@ pub struct Router {
     /// stream right after this step.
     pub local_out: Vec<u8>,
     /// The gate of direct writes.
-    pub gate: Gate,
-    /// The direct connection's transaction has written: it cannot move to the cloud.
-    pub direct_wrote: bool,
-    /// Organizations whose gate refused, until when (their writes go through the cloud).
-    gate_refused: HashMap<Rc<str>, Instant>,
+    pub gate: WriteGate,
     /// The direct side's error count when `on_direct` was last trusted.
     direct_errors_seen: u64,
     /// Reads placed by a key may ask the cloud for its organization (`direct_key_lookup`).
@@ -349,35 +329,17 @@ pub struct Router {
     /// The key-map lookup of the held statement.
     pub lookup: Lookup,
     /// The session's organization (`SET lokadb.org`), which its statements are limited to.
-    pub session_org: Option<Rc<str>>,
-    /// The organization `RESET lokadb.org` and `RESET ALL` return to: the one the session's
-    /// cloud backend held at login (its startup `options`', its role's or database's), if any.
-    pub default_org: Option<Rc<str>>,
-    /// The session has set or reset `lokadb.org`: Binds are checked against `marks`.
-    pub org_ever_set: bool,
-    /// Named statements on LokaDB tables: what they were limited to when parsed.
-    pub marks: HashMap<String, crate::route::scope::Mark>,
+    pub org: super::session_org::SessionOrg,
     /// What the cloud knows of the statements' organization ([`super::cloud_org`]).
     pub cloud_org: super::cloud_org::CloudOrg,
     /// What an unqualified name means in this session ([`crate::route::names`]).
     pub names: Names,
     /// [`Reported::path_changes`] as last followed.
     path_seen: u32,
-    /// What the client sent in the open direct transaction, to run again on the cloud if
-    /// it needs the cloud after writing ([`super::replay`]).
-    pub tx_log: Option<super::replay::Log>,
-    /// Where a move of the transaction to the cloud is.
-    pub replay: super::replay::Replay,
-    /// The moved transaction answered differently on the cloud: the next statement fails
-    /// with 40001 there.
-    pub replay_differed: bool,
+    /// The open direct transaction, should it move to the cloud ([`super::replay`]).
+    pub moving: super::replay::Moving,
     /// `route_log`: moves of transactions are logged too.
     pub route_log: bool,
-    /// The statement that opened the open direct transaction (its SQL).
-    pub tx_opener: Option<Box<str>>,
-    /// An opener whose transaction just moved to the cloud, for the core to learn
-    /// ([`CoreMeta::opener_moved`]) at the next message.
-    pub opener_moved: Option<Box<str>>,
     /// Per-organization figures, where something reads them ([`super::tally`]).
     pub tally: Option<super::tally::Tally>,
     /// The message just routed was refused by the proxy (for the tally).
@@ -412,14 +374,8 @@ impl Router {
     /// Notes that `org`'s database could not be reached, or that every direct connection
     /// to it is in use: its statements go through the cloud for a while (which answers
     /// them, or fails them with the reason).
-    pub fn mark_unavailable(&mut self, org: Rc<str>, for_: Duration) {
+    pub fn mark_unavailable(&mut self, org: OrgId, for_: Duration) {
         self.unavailable.insert(org, Instant::now() + for_);
-    }
-
-    /// Notes that `org`'s gate refused: its writes go through the cloud for a while.
-    pub fn gate_refused(&mut self, org: Rc<str>) {
-        self.gate_refused
-            .insert(org, Instant::now() + GATE_REFUSED_FOR);
     }
 
     /// A new direct connection knows none of the client's statements.
@@ -500,7 +456,7 @@ impl Router {
             (Org::Literal(v), _) => Some(Cow::Borrowed(v)),
             (Org::Param(n), Some(b)) => bind_param(b, *n, ty)?.map(Cow::Owned),
             (Org::Param(_), None) => None,
-            (Org::Session, _) => self.session_org.as_deref().map(Cow::Borrowed),
+            (Org::Session, _) => self.org.current.as_deref().map(Cow::Borrowed),
             // Known only once the cloud's key map is asked ([`Want::Lookup`]).
             (Org::Key(_), _) => None,
         })
@@ -517,33 +473,6 @@ impl Router {
         self.prepared.remove(name);
         self.on_direct.remove(name);
         self.not_on_cloud.remove(name);
-    }
-
-    /// The session's organization is now `org` (`None`: none).
-    pub fn set_session_org(&mut self, org: Option<Rc<str>>) {
-        self.session_org = org;
-        self.org_ever_set = true;
-    }
-
-    /// The session starts limited to `org` (its cloud backend's `lokadb.org` at login), which
-    /// `RESET` returns to.
-    pub fn start_in(&mut self, org: Rc<str>) {
-        self.default_org = Some(org.clone());
-        self.set_session_org(Some(org));
-    }
-
-    /// Notes what a named statement was limited to (`None`: it touches no LokaDB table).
-    pub fn mark(&mut self, name: &str, mark: Option<crate::route::scope::Mark>) {
-        match mark {
-            // Not capped: the cloud holds each of these statements too, and a forgotten
-            // mark would let one run unchecked. A Close forgets it.
-            Some(m) => {
-                self.marks.insert(name.to_owned(), m);
-            }
-            None => {
-                self.marks.remove(name);
-            }
-        }
     }
 
     pub(super) fn remember(
@@ -639,14 +568,14 @@ impl ClientFrames<'_> {
             return true;
         }
         // A direct transaction's log keeps what could run again on the cloud.
-        if self.router.tx_log.is_some() && matches!(tag, FE_EXECUTE | FE_CLOSE | FE_BIND) {
+        if self.router.moving.log.is_some() && matches!(tag, FE_EXECUTE | FE_CLOSE | FE_BIND) {
             return true;
         }
         // While no organization takes the direct path and the session is on the cloud,
         // messages stream through unassembled (a statement parsed meanwhile is unknown to
         // the router later, and goes to the cloud, which has it).
         let active = self.router.target == Side::Direct
-            || self.router.gate != Gate::Closed
+            || !self.router.gate.is_closed()
             || self.meta.is_some_and(|m| m.has_direct_orgs());
         active && matches!(tag, FE_QUERY | FE_PARSE | FE_BIND | FE_CLOSE | FE_DESCRIBE)
     }
@@ -663,9 +592,9 @@ impl ClientFrames<'_> {
     ) -> Action {
         // The transaction moved to the cloud answered differently there: the client's next
         // statement fails with 40001, in the failed transaction the proxy put in its place.
-        if self.router.replay_differed {
+        if self.router.moving.differed {
             if let Some(f) = frame.filter(|_| super::replay::fails_here(tag)) {
-                self.router.replay_differed = false;
+                self.router.moving.differed = false;
                 let portal = match tag {
                     FE_BIND => Bind::decode(&f[5..]).map_or("", |b| b.portal),
                     _ => "",
@@ -679,17 +608,16 @@ impl ClientFrames<'_> {
                 );
             }
         }
-        if let (Some(text), Some(m)) = (self.router.opener_moved.take(), self.meta) {
+        if let (Some(text), Some(m)) = (self.router.moving.opener_moved.take(), self.meta) {
             m.opener_moved(&text);
         }
         // The direct transaction ended: nothing of it can move any more.
-        if self.router.tx_log.is_some()
+        if self.router.moving.log.is_some()
             && self.router.held_begin.is_none()
             && self.exchanges.direct.is_settled()
             && self.exchanges.direct.status == TX_IDLE
         {
-            self.router.tx_log = None;
-            self.router.tx_opener = None;
+            self.router.moving.end();
             self.exchanges.direct.digest = None;
         }
         let cloud_frame = frame;
@@ -725,7 +653,7 @@ impl ClientFrames<'_> {
         }
         let current = self.router.target;
         let mid_batch = self.exchanges.get(current).unsynced;
-        let same_direct = |org: &Rc<str>| {
+        let same_direct = |org: &OrgId| {
             current == Side::Direct && self.router.direct_org.as_deref() == Some(&**org)
         };
         if dest == Dest::Settle {
@@ -741,10 +669,10 @@ impl ClientFrames<'_> {
                 return Action::Hold;
             }
         }
-        let gate_open = |org: &Rc<str>| matches!(&self.router.gate, Gate::Open(o) if o == org);
+        let gate_open = |org: &OrgId| self.router.gate.is_open_for(org);
         if let Dest::DirectWrite(org) = &dest {
             if same_direct(org) && gate_open(org) {
-                self.router.direct_wrote = true;
+                self.router.gate.wrote = true;
                 dest = Dest::Direct(org.clone());
             } else if !mid_batch {
                 self.router.want = Some(Want::DirectWrite(org.clone()));
@@ -796,8 +724,8 @@ impl ClientFrames<'_> {
                 // A direct transaction: what it sends and gets is kept, should it have to
                 // move to the cloud after writing.
                 ex.digest = Some(super::replay::Digest::new(false));
-                self.router.tx_log = Some(super::replay::Log::default());
-                self.router.tx_opener = self.statement_text(tag, cloud_frame).map(Box::from);
+                let opener = self.statement_text(tag, cloud_frame).map(Box::from);
+                self.router.moving.begin(opener);
             }
         }
         // The cloud learns the statement's organization ahead of it.
@@ -856,7 +784,7 @@ impl ClientFrames<'_> {
         }
         if dest != Dest::Hold {
             if side == Side::Direct {
-                if let Some(log) = &mut self.router.tx_log {
+                if let Some(log) = &mut self.router.moving.log {
                     let parse = match (tag, cloud_frame) {
                         (FE_BIND, Some(f)) => Bind::decode(&f[5..])
                             .ok()
@@ -916,7 +844,7 @@ impl ClientFrames<'_> {
         if begin
             && router.defers_begin()
             && router.down_ready
-            && router.gate == Gate::Closed
+            && router.gate.is_closed()
             && ex.cloud.idle_but_own()
             && ex.direct.idle_but_own()
             && self.meta.is_some_and(|m| m.has_direct_orgs())
@@ -968,12 +896,8 @@ impl ClientFrames<'_> {
             // It wrote in the organization's database: it moves to the cloud whole, what it
             // ran so far run again there ([`super::replay`]); one that cannot (COPY, past
             // the log's size) fails, clearly, as Postgres would fail it.
-            _ if router.direct_wrote => {
-                let movable = router
-                    .tx_log
-                    .as_ref()
-                    .is_some_and(super::replay::Log::usable)
-                    && matches!(router.gate, Gate::Open(_));
+            _ if router.gate.wrote => {
+                let movable = router.moving.movable() && router.gate.is_open();
                 if movable {
                     router.want = Some(Want::Replay);
                     TxStep::Done(Action::Hold)
@@ -1109,7 +1033,7 @@ impl ClientFrames<'_> {
     /// the direct side could fail to see.
     fn cloud_is_idle(&self) -> bool {
         let cloud = &self.exchanges.cloud;
-        match self.router.gate {
+        match self.router.gate.state {
             Gate::Closed => cloud.idle_but_own(),
             // The gate's transaction is the proxy's, not the client's.
             _ => !cloud.unsynced && cloud.pending as usize == cloud.silenced.len(),
@@ -1172,7 +1096,7 @@ impl ClientFrames<'_> {
                 if !write
                     && own
                     && self.router.key_lookup
-                    && self.router.gate == Gate::Closed
+                    && self.router.gate.is_closed()
                     && meta.has_direct_orgs() =>
             {
                 match self.key_org(key, bind, parse)? {
@@ -1189,13 +1113,13 @@ impl ClientFrames<'_> {
         if !meta.meta.orgs.get(&*value).is_some_and(|o| o.is_direct()) {
             return Ok(Dest::Cloud);
         }
-        let org: Rc<str> = match self.router.direct_org.as_ref().filter(|o| ***o == *value) {
+        let org: OrgId = match self.router.direct_org.as_ref().filter(|o| ***o == *value) {
             Some(o) => o.clone(),
-            None => Rc::from(&*value),
+            None => OrgId::from(&*value),
         };
         let now = Instant::now();
-        let refused = |m: &HashMap<Rc<str>, Instant>| m.get(&org).is_some_and(|t| now < *t);
-        if refused(&self.router.unavailable) || (write && refused(&self.router.gate_refused)) {
+        let refused = |m: &HashMap<OrgId, Instant>| m.get(&org).is_some_and(|t| now < *t);
+        if refused(&self.router.unavailable) || (write && self.router.gate.refuses(&org, now)) {
             return Ok(Dest::Cloud);
         }
         Ok(if write {

@@ -5,7 +5,7 @@ use super::auth::{authenticate, Authenticated};
 use super::console::{ClientInfo, Live};
 use super::direct::{Ctx, Direct, SessionLink};
 use super::pump::{Pipe, PipeError};
-use super::router::{Exchanges, Gate, Privileges, Router, Side};
+use super::router::{Exchanges, Privileges, Router, Side};
 use super::startup::{negotiate, Negotiated};
 use super::statement::{ClientFrames, Exchange, Reported, ServerFrames};
 use crate::backend::at_login::{at_login, TxDefaults};
@@ -16,6 +16,7 @@ use crate::core::{Core, Database};
 use crate::error::{ErrorKind, SessionError};
 use crate::metrics::{CoreStats, Seen};
 use crate::net::stream::ClientStream;
+use crate::org::OrgId;
 use crate::rt::net::TcpStream;
 use crate::time::with_timeout;
 use futures_lite::AsyncWriteExt;
@@ -177,7 +178,7 @@ async fn attach(
         .as_ref()
         .filter(|_| limits == Some(true) || in_options)
         .and_then(|a| a.org.as_deref())
-        .map(Rc::<str>::from);
+        .map(OrgId::from);
     let login_path = held.as_ref().map(|a| a.search_path.clone());
     let tx_defaults = held.filter(|_| direct).map(|a| a.tx);
     let privileges = if direct {
@@ -271,7 +272,7 @@ struct Attached {
     db: Rc<Database>,
     privileges: Privileges,
     /// The organization the startup `options` limit the session to.
-    start_org: Option<Rc<str>>,
+    start_org: Option<OrgId>,
     /// The transaction defaults at login, when the database has the direct path.
     tx_defaults: Option<TxDefaults>,
     /// The `search_path` at login, when it was read.
@@ -289,7 +290,7 @@ enum End {
     /// The cloud closed or failed.
     ServerLost(std::io::Error),
     /// The organization's database closed or failed under a direct statement.
-    DirectLost(Rc<str>, std::io::Error),
+    DirectLost(OrgId, std::io::Error),
     /// The proxy is shutting down and the session is idle.
     Shutdown,
 }
@@ -366,7 +367,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     router.cloud_org.tell = db.config.statement_org;
     router.key_lookup = db.config.direct_key_lookup;
     if let Some(org) = start_org {
-        router.start_in(org);
+        router.org.start_in(org);
     }
     router.tx_defaults = tx_defaults;
     router.route_log = route_log;
@@ -591,7 +592,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             // nothing of the client's is on its way to it.
             if db.config.direct_pool
                 && direct.conn.is_some()
-                && router.gate == Gate::Closed
+                && router.gate.is_closed()
                 && exchanges.direct.is_idle()
                 && reading == Side::Cloud
                 && !up.held

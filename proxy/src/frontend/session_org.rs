@@ -5,11 +5,55 @@
 
 use super::pump::Action;
 use super::statement::{refusal_frame, ClientFrames};
+use crate::org::OrgId;
 use crate::route::scope::{limit, Limited, Mark};
 use crate::route::setting::{setting, Setting};
 use lokadb_shared::wire::frontend::{Bind, Statement};
 use lokadb_shared::wire::tags::*;
-use std::rc::Rc;
+use std::collections::HashMap;
+
+/// The session's organization, and what named statements were limited to.
+#[derive(Debug, Default)]
+pub struct SessionOrg {
+    /// The organization its statements are limited to now.
+    pub current: Option<OrgId>,
+    /// The one `RESET lokadb.org` and `RESET ALL` return to: the one the session's cloud
+    /// backend held at login (its startup `options`', its role's or database's), if any.
+    pub default: Option<OrgId>,
+    /// The session has set or reset `lokadb.org`: Binds are checked against `marks`.
+    pub ever_set: bool,
+    /// Named statements on LokaDB tables: what they were limited to when parsed.
+    pub marks: HashMap<String, Mark>,
+}
+
+impl SessionOrg {
+    /// The session's organization is now `org` (`None`: none).
+    pub fn set(&mut self, org: Option<OrgId>) {
+        self.current = org;
+        self.ever_set = true;
+    }
+
+    /// The session starts limited to `org` (its cloud backend's `lokadb.org` at login),
+    /// which `RESET` returns to.
+    pub fn start_in(&mut self, org: OrgId) {
+        self.default = Some(org.clone());
+        self.set(Some(org));
+    }
+
+    /// Notes what a named statement was limited to (`None`: it touches no LokaDB table).
+    pub fn mark(&mut self, name: &str, mark: Option<Mark>) {
+        match mark {
+            // Not capped: the cloud holds each of these statements too, and a forgotten
+            // mark would let one run unchecked. A Close forgets it.
+            Some(m) => {
+                self.marks.insert(name.to_owned(), m);
+            }
+            None => {
+                self.marks.remove(name);
+            }
+        }
+    }
+}
 
 /// What the session's organization makes of a Query or Parse.
 pub(super) enum OrgStep {
@@ -33,12 +77,12 @@ impl ClientFrames<'_> {
     pub(super) fn org_step(&mut self, tag: u8, body: &[u8]) -> Option<OrgStep> {
         let statement = Statement::decode(tag, body).ok()?;
         let (name, sql) = (statement.name, statement.sql);
-        let thorough = self.router.session_org.is_some() || self.router.default_org.is_some();
+        let thorough = self.router.org.current.is_some() || self.router.org.default.is_some();
         if let Some(s) = setting(sql, thorough) {
             return self.follow(tag, name, s);
         }
         let meta = self.meta?;
-        let org = self.router.session_org.clone();
+        let org = self.router.org.current.clone();
         let named = name.is_some_and(|n| !n.is_empty());
         if org.is_none() && !named {
             return None;
@@ -58,7 +102,7 @@ impl ClientFrames<'_> {
                 Some(OrgStep::Scoped(_)) => Mark::of(&analysis, true),
                 _ => Mark::of(&analysis, false),
             };
-            self.router.mark(name, mark);
+            self.router.org.mark(name, mark);
         }
         step
     }
@@ -73,10 +117,10 @@ impl ClientFrames<'_> {
             )))
         };
         let idle = self.idle_outside_transaction();
-        let default = self.router.default_org.clone();
+        let default = self.router.org.default.clone();
         // What the session's organization becomes, when the statement takes effect.
         let target = match &s {
-            Setting::To(org) => org.as_deref().map(Rc::from),
+            Setting::To(org) => org.as_deref().map(OrgId::from),
             Setting::Default | Setting::ResetAll { .. } => default,
             Setting::Refused(_) => None,
         };
@@ -97,12 +141,12 @@ impl ClientFrames<'_> {
                 "SET lokadb.org inside a transaction block, or before the answers to earlier queries, is not supported",
             ),
             Setting::To(_) | Setting::Default => {
-                self.router.set_session_org(target);
+                self.router.org.set(target);
                 None
             }
-            Setting::ResetAll { .. } if self.router.session_org == target => None,
+            Setting::ResetAll { .. } if self.router.org.current == target => None,
             Setting::ResetAll { alone: true } if tag == FE_QUERY && idle => {
-                self.router.set_session_org(target);
+                self.router.org.set(target);
                 None
             }
             Setting::ResetAll { .. } => refuse(
@@ -119,20 +163,20 @@ impl ClientFrames<'_> {
             && self.exchanges.direct.idle_but_own()
             && !self.router.holds_begin()
             && !self.router.holds_message()
-            && self.router.gate == super::router::Gate::Closed
+            && self.router.gate.is_closed()
     }
 
     /// A Bind of a named statement prepared for another organization than the session's
     /// now: refused (the refusal raised at its Execute).
     pub(super) fn check_bind(&mut self, frame: &[u8]) -> Option<Action> {
-        if !self.router.org_ever_set {
+        if !self.router.org.ever_set {
             return None;
         }
         let bind = Bind::decode(&frame[5..]).ok()?;
         let (portal, name) = (bind.portal, bind.statement);
         // The unnamed statement never outlives a SET: its simple query destroys it.
-        let mark = self.router.marks.get(name)?;
-        let org = self.router.session_org.clone();
+        let mark = self.router.org.marks.get(name)?;
+        let org = self.router.org.current.clone();
         let ty = self.router.org_type(name);
         let message = mark
             .allows(org.as_deref(), |n| {

@@ -329,12 +329,12 @@ impl Inspect for ClientFrames<'_> {
             // statement's organization ahead of it.
             FE_BIND => {
                 self.route_log
-                    || self.router.org_ever_set
+                    || self.router.org.ever_set
                     || (self.router.tally.is_some() && self.meta.is_some_and(|m| m.has_tables()))
                     || (self.router.cloud_org.tell && self.meta.is_some_and(|m| m.has_tables()))
                     || self.meta.is_some_and(|m| m.has_owing())
             }
-            FE_CLOSE => self.route_log || !self.router.marks.is_empty(),
+            FE_CLOSE => self.route_log || !self.router.org.marks.is_empty(),
             _ => false,
         }
     }
@@ -413,9 +413,9 @@ impl ClientFrames<'_> {
                 }
                 (None, false)
             }
-            Some(f) if header.tag == FE_CLOSE && !self.router.marks.is_empty() => {
+            Some(f) if header.tag == FE_CLOSE && !self.router.org.marks.is_empty() => {
                 if let Ok(Close { kind: b'S', name }) = Close::decode(&f[5..]) {
-                    self.router.mark(name, None);
+                    self.router.org.mark(name, None);
                 }
                 (None, false)
             }
@@ -648,7 +648,7 @@ impl ClientFrames<'_> {
             Analysis::Org {
                 org: Org::Session, ..
             } => (
-                self.router.session_org.as_deref().unwrap_or("?").to_owned(),
+                self.router.org.current.as_deref().unwrap_or("?").to_owned(),
                 "",
             ),
             Analysis::Unplaced(why) => ("?".to_owned(), *why),

@@ -12,12 +12,66 @@
 //! (`harness.rs`).
 
 use super::replay::{Digest, Replay};
-use super::router::{count, Exchanges, Gate, Lookup, Router, Side, Want};
+use super::router::{count, Exchanges, Lookup, Router, Side, Want};
 use super::statement::Exchange;
 use crate::backend::at_login::TxDefaults;
+use crate::org::OrgId;
 use lokadb_shared::wire::tags::{FE_QUERY, FE_SYNC, TX_IDLE};
-use std::rc::Rc;
+use std::collections::HashMap;
 use std::task::Poll;
+use std::time::{Duration, Instant};
+
+/// The cloud-side gate of direct writes: a transaction on the client's cloud backend that
+/// passed `lokadb_client.direct_gate(org)` (the pause gate, and the organization still moved
+/// with fdw+direct) and stays open until the organization's transaction ends, so a pause
+/// waits for the write and the write waits for a pause.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Gate {
+    #[default]
+    Closed,
+    /// Asked: the request number of the gate on the cloud.
+    Opening(OrgId, u64),
+    Open(OrgId),
+}
+
+/// How long direct writes of an organization go through the cloud after its gate refused
+/// (a pause that timed out, a move back under way).
+pub const GATE_REFUSED_FOR: Duration = Duration::from_secs(1);
+
+/// The gate of direct writes of a session, and the organizations whose gate refused.
+#[derive(Debug, Default)]
+pub struct WriteGate {
+    pub state: Gate,
+    /// The direct transaction has written through it: it cannot move to the cloud but
+    /// whole ([`super::replay`]).
+    pub wrote: bool,
+    /// Organizations whose gate refused, until when (their writes go through the cloud).
+    refused: HashMap<OrgId, Instant>,
+}
+
+impl WriteGate {
+    pub fn is_closed(&self) -> bool {
+        self.state == Gate::Closed
+    }
+
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, Gate::Open(_))
+    }
+
+    pub fn is_open_for(&self, org: &str) -> bool {
+        matches!(&self.state, Gate::Open(o) if **o == *org)
+    }
+
+    /// `org`'s gate refused: its writes go through the cloud for a while.
+    fn refuse(&mut self, org: OrgId) {
+        self.refused.insert(org, Instant::now() + GATE_REFUSED_FOR);
+    }
+
+    /// Whether `org`'s writes go through the cloud at `now`: its gate refused lately.
+    pub fn refuses(&self, org: &str, now: Instant) -> bool {
+        self.refused.get(org).is_some_and(|t| now < *t)
+    }
+}
 
 /// A direct connection made ready for an organization ([`Link::ensure`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +101,7 @@ pub trait Link {
     /// transaction defaults at login, which a new connection logs in with.
     fn ensure(
         &mut self,
-        org: &Rc<str>,
+        org: &OrgId,
         idle: bool,
         tx: Option<&TxDefaults>,
     ) -> Poll<Result<Opened, OpenError>>;
@@ -78,7 +132,7 @@ pub fn switch(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Li
     // A transaction open on the direct connection keeps the session there: the message
     // is shown again, and the transaction rules decide (`Router`'s Migrate).
     let direct_transaction = router.target == Side::Direct && exchanges.direct.status != TX_IDLE;
-    let same_org = |org: &Rc<str>| router.direct_org.as_deref() == Some(&**org);
+    let same_org = |org: &OrgId| router.direct_org.as_deref() == Some(&**org);
     match &want {
         Want::Migrate => {}
         Want::Direct(org) | Want::DirectWrite(org) if direct_transaction && same_org(org) => {}
@@ -92,13 +146,13 @@ pub fn switch(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Li
             return true;
         }
         Want::Cloud | Want::Migrate => {
-            match router.gate {
+            match router.gate.state {
                 Gate::Closed => {}
                 // Opened for a write that now goes to the cloud (the metadata changed
                 // while it was asked): nothing went through it, so it is let go here.
-                Gate::Open(_) if !router.direct_wrote => {
+                Gate::Open(_) if !router.gate.wrote => {
                     exchanges.cloud.send_own("ROLLBACK");
-                    router.gate = Gate::Closed;
+                    router.gate.state = Gate::Closed;
                 }
                 // Else it closes first ([`close_gate`], once the organization's
                 // transaction ended).
@@ -111,8 +165,7 @@ pub fn switch(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Li
                     exchanges.direct.send_own("ROLLBACK");
                 }
                 router.begin_on_next();
-                router.tx_log = None;
-                router.tx_opener = None;
+                router.moving.end();
                 exchanges.direct.digest = None;
             }
             router.target = Side::Cloud;
@@ -163,7 +216,7 @@ pub fn switch(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Li
         }
     }
     if write {
-        match router.gate.clone() {
+        match router.gate.state.clone() {
             Gate::Open(o) if o == org => {}
             // Another organization's gate closes first ([`close_gate`]).
             Gate::Open(_) => return false,
@@ -173,7 +226,7 @@ pub fn switch(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Li
                     org.replace('\'', "''")
                 );
                 let request = exchanges.cloud.send_own(&sql);
-                router.gate = Gate::Opening(org, request);
+                router.gate.state = Gate::Opening(org, request);
                 return false;
             }
             Gate::Opening(o, request) => {
@@ -185,12 +238,12 @@ pub fn switch(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Li
                     // write goes through the cloud, which decides.
                     tracing::info!(org = %o, "the gate of direct writes refused; the write goes through the cloud");
                     exchanges.cloud.send_own("ROLLBACK");
-                    router.gate = Gate::Closed;
-                    router.gate_refused(o);
+                    router.gate.state = Gate::Closed;
+                    router.gate.refuse(o);
                     router.want = None;
                     return true;
                 }
-                router.gate = Gate::Open(o);
+                router.gate.state = Gate::Open(o);
             }
         }
     }
@@ -204,15 +257,15 @@ pub fn switch(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Li
 /// direct side is idle): the cloud's transaction that held it commits. True when it sent
 /// something.
 pub fn close_gate(router: &mut Router, exchanges: &mut Exchanges) -> bool {
-    if router.gate == Gate::Closed || !exchanges.direct.is_idle() {
+    if router.gate.is_closed() || !exchanges.direct.is_idle() {
         return false;
     }
-    router.direct_wrote = false;
-    if !matches!(router.gate, Gate::Open(_)) {
+    router.gate.wrote = false;
+    if !router.gate.is_open() {
         return false;
     }
     exchanges.cloud.send_own("COMMIT");
-    router.gate = Gate::Closed;
+    router.gate.state = Gate::Closed;
     true
 }
 
@@ -223,30 +276,27 @@ pub fn close_gate(router: &mut Router, exchanges: &mut Exchanges) -> bool {
 /// the proxy begins in place of the client's.
 fn replay(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Link) -> bool {
     loop {
-        match std::mem::take(&mut router.replay) {
+        match std::mem::take(&mut router.moving.step) {
             Replay::None => {
-                let (Some(_), Some(log), Some(digest)) = (
+                let (Some(_), true, Some(digest)) = (
                     router.direct_org.as_ref(),
-                    router.tx_log.as_ref(),
+                    router.moving.movable(),
                     exchanges.direct.digest.as_ref(),
                 ) else {
                     // Checked when asked; nothing to move without them.
                     router.want = None;
                     return true;
                 };
-                if !log.usable() {
-                    router.want = None;
-                    return true;
-                }
                 let expected = digest.value();
                 exchanges.direct.send_own("ROLLBACK");
                 exchanges.direct.digest = None;
-                router.opener_moved = router.tx_opener.take();
+                let moving = &mut router.moving;
+                moving.opener_moved = moving.opener.take();
                 crate::failpoint::proxy("replay-rolled-back");
-                let (bytes, requests) = router.tx_log.take().unwrap_or_default().take();
+                let (bytes, requests) = moving.log.take().unwrap_or_default().take();
                 // The gate's transaction on the cloud is the client's from now on.
-                router.gate = Gate::Closed;
-                router.direct_wrote = false;
+                router.gate.state = Gate::Closed;
+                router.gate.wrote = false;
                 let ex = &mut exchanges.cloud;
                 let until = ex.answered + u64::from(ex.pending) + u64::from(requests);
                 for tag in super::statement::tags(&bytes) {
@@ -263,19 +313,19 @@ fn replay(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Link) 
                 link.retarget(Side::Cloud);
                 tracing::debug!(org = ?router.direct_org, requests, "a transaction that wrote directly moves to the cloud");
                 link.transaction_moved();
-                router.replay = Replay::Sending { until, expected };
+                router.moving.step = Replay::Sending { until, expected };
             }
             Replay::Sending { until, expected } => {
                 if !exchanges.cloud.outbox.is_empty() {
-                    router.replay = Replay::Sending { until, expected };
+                    router.moving.step = Replay::Sending { until, expected };
                     return false;
                 }
                 crate::failpoint::proxy("replay-sent");
-                router.replay = Replay::Waiting { until, expected };
+                router.moving.step = Replay::Waiting { until, expected };
             }
             Replay::Waiting { until, expected } => {
                 if exchanges.cloud.answered < until {
-                    router.replay = Replay::Waiting { until, expected };
+                    router.moving.step = Replay::Waiting { until, expected };
                     return false;
                 }
                 let got = exchanges.cloud.digest.take().map(|d| d.value());
@@ -292,7 +342,7 @@ fn replay(router: &mut Router, exchanges: &mut Exchanges, link: &mut impl Link) 
                 tracing::info!(target: "lokadb::route", route = "moved", differed = true, org = router.direct_org.as_deref().unwrap_or("?"), "a transaction that wrote directly answered differently on the cloud: 40001");
                 exchanges.cloud.send_own("ROLLBACK; BEGIN");
                 router.unnamed_gone_on_cloud();
-                router.replay_differed = true;
+                router.moving.differed = true;
                 router.target = Side::Cloud;
                 router.want = None;
                 return true;
@@ -314,7 +364,7 @@ fn lookup(router: &mut Router, ex: &mut Exchange, sql: &str) -> bool {
             }
             let org = match ex.capture.take() {
                 Some((r, Some(value))) if r == request && !ex.own_failed(request) => {
-                    value.map(Rc::from)
+                    value.map(OrgId::from)
                 }
                 // A failed lookup (a key that does not cast, the metadata behind): the
                 // statement goes through the cloud, which answers or fails it.
