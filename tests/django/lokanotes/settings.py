@@ -22,3 +22,12 @@ DATABASES = {
         "TEST": {"NAME": os.environ.get("LOKANOTES_DB", "app"), "MIGRATE": False},
     }
 }
+
+# The application's pages (notes/views.py), served by any WSGI server (lokanotes.wsgi): the
+# Django benchmark (research/bench/django_app.py) drives them over HTTP.
+ROOT_URLCONF = "lokanotes.urls"
+ALLOWED_HOSTS = ["*"]
+MIDDLEWARE = []
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True}]
+# Served: a connection per worker thread kept across requests, as an application deploys it.
+DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ.get("LOKANOTES_CONN_MAX_AGE", "0")) or None

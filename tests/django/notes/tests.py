@@ -9,7 +9,7 @@ import uuid
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F
-from django.test import SimpleTestCase
+from django.test import Client, SimpleTestCase
 
 from .models import STATE, Audit, Note, Organization, Tag
 
@@ -174,3 +174,27 @@ class NotesTest(SimpleTestCase):
             Audit.objects.create(organization_id=CLOUD, action=self.mark, tag=tag)
             with self.assertRaises(IntegrityError), transaction.atomic():
                 Audit.objects.create(organization_id=CLOUD, action=self.mark)
+
+    def test_pages(self):
+        """The pages research/bench/django_app.py drives: a form creates a note (and its audit
+        row in the cloud, in one transaction), the list, the note and the feed show it, a form
+        updates it."""
+        client = Client()
+        for org in ORGS:
+            r = client.post(f"/o/{org}/notes/new", {"body": f"{self.mark}-page", "n": "1"})
+            self.assertEqual(r.status_code, 201, r.content)
+            pk = int(r.content.split()[-1])
+            try:
+                self.assertEqual(Note.objects.get(pk=pk).organization_id, org)
+                self.assertTrue(Audit.objects.filter(organization_id=org, action=f"create {pk}").exists())
+                self.assertContains(client.get(f"/o/{org}/notes/"), f"{self.mark}-page")
+                self.assertContains(client.get(f"/o/{org}/notes/{pk}/"), f"{self.mark}-page")
+                self.assertContains(client.get(f"/o/{org}/feed/"), f"organization {org}: {self.mark}-page")
+                r = client.post(f"/o/{org}/notes/{pk}/edit", {"body": f"{self.mark}-edited", "n": "3"})
+                self.assertEqual(r.status_code, 200, r.content)
+                self.assertEqual(Note.objects.get(pk=pk).n, 3)
+                # Another organization's note is not found under this one.
+                other = ORGS[(ORGS.index(org) + 1) % len(ORGS)]
+                self.assertEqual(client.get(f"/o/{other}/notes/{pk}/").status_code, 404)
+            finally:
+                Audit.objects.filter(action=f"create {pk}").delete()
