@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 quick=()
 [ "${1:-}" = "--quick" ] && quick=(--quick)
 failed=()
-for bench in run headline overload tunnel moves routing paths failures orgs clients statement_org statement_org_wire cloud_tls metrics restart enable; do
+for bench in run headline overload tunnel moves routing paths failures orgs clients django_app statement_org statement_org_wire cloud_tls metrics restart enable; do
     echo "=== $bench ${quick[*]} ($(date -u +%T))"
     if ! .venv/bin/python "research/bench/$bench.py" "${quick[@]}"; then
         failed+=("$bench")
