@@ -74,8 +74,7 @@ const HINT_PREPARE: &str = "Prepare the statement again after changing lokadb.or
 impl ClientFrames<'_> {
     /// A Query or Parse: follows a change of the session's organization, and limits a
     /// statement to it. `None`: the message goes as written.
-    pub(super) fn org_step(&mut self, tag: u8, body: &[u8]) -> Option<OrgStep> {
-        let statement = Statement::decode(tag, body).ok()?;
+    pub(super) fn org_step(&mut self, tag: u8, statement: &Statement<'_>) -> Option<OrgStep> {
         let (name, sql) = (statement.name, statement.sql);
         let thorough = self.router.org.current.is_some() || self.router.org.default.is_some();
         if let Some(s) = setting(sql, thorough) {

@@ -373,15 +373,18 @@ impl ClientFrames<'_> {
         let mut scoped = false;
         let mut keyed = false;
         let (refusal, refused) = match frame {
-            Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => {
-                if let Ok(st) = Statement::decode(header.tag, &f[5..]) {
-                    let reported = self.router.path_reported();
-                    self.router.names.note_statement(st.sql, reported);
-                }
+            // Decoded once for every concern that reads it; a malformed one goes as sent
+            // (the cloud refuses it).
+            Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => 'decoded: {
+                let Ok(st) = Statement::decode(header.tag, &f[5..]) else {
+                    break 'decoded (None, false);
+                };
+                let reported = self.router.path_reported();
+                self.router.names.note_statement(st.sql, reported);
                 match self
-                    .owing_refusal(header.tag, f)
+                    .owing_refusal(header.tag, &st)
                     .map(OrgStep::Refused)
-                    .or_else(|| self.org_step(header.tag, &f[5..]))
+                    .or_else(|| self.org_step(header.tag, &st))
                 {
                     Some(OrgStep::Scoped(frame)) => {
                         scoped = true;
@@ -392,9 +395,9 @@ impl ClientFrames<'_> {
                         self.router.want = Some(super::router::Want::Settle);
                         return Action::Hold;
                     }
-                    None => match self.refusal(header.tag, &f[5..]) {
+                    None => match self.refusal(&st) {
                         Some(r) => (Some(r), true),
-                        None => match self.rewrite(header.tag, &f[5..]) {
+                        None => match self.rewrite(&st) {
                             Some((rewritten, by_key)) => {
                                 keyed = by_key;
                                 (Some(rewritten), false)
@@ -484,11 +487,11 @@ impl ClientFrames<'_> {
     /// (`lokadb.migration_offline = defer`, docs/migrations.md), as a Query that raises
     /// 55000: its database's tables lack the cloud's latest changes, and neither path may
     /// reach them. A Parse is looked at by its Binds (the debt may be paid meanwhile).
-    fn owing_refusal(&self, tag: u8, frame: &[u8]) -> Option<Vec<u8>> {
+    fn owing_refusal(&self, tag: u8, st: &Statement<'_>) -> Option<Vec<u8>> {
         if tag != FE_QUERY || !self.meta?.has_owing() {
             return None;
         }
-        let (org, _) = self.statement_org(tag, frame)?;
+        let (org, _) = self.sql_org(st.sql)?;
         if !self.meta?.owes(&org) {
             return None;
         }
@@ -516,13 +519,9 @@ impl ClientFrames<'_> {
     /// the answers to whatever the client pipelined before it, with no state in the proxy
     /// (a replaced Parse raises it when the client executes it). Today:
     /// `COPY <LokaDB table> TO …` (the whole message is refused).
-    fn refusal(&self, tag: u8, body: &[u8]) -> Option<Vec<u8>> {
+    fn refusal(&self, st: &Statement<'_>) -> Option<Vec<u8>> {
         let meta = self.meta?;
-        let Statement {
-            name: statement,
-            sql,
-            ..
-        } = Statement::decode(tag, body).ok()?;
+        let (statement, sql) = (st.name, st.sql);
         let table = copy_out_of_loka_table(sql, &meta.meta.catalog)?;
         // `notes` may be a temporary table of the session's: the cloud decides.
         if self.router.names.unsure(sql, &meta.meta.catalog) {
@@ -549,9 +548,8 @@ impl ClientFrames<'_> {
     /// ([`crate::route::rewrite`]),
     /// as the same message with the rewritten text (a Parse keeps its parameter types), and
     /// whether it was the key-map rewrite.
-    fn rewrite(&self, tag: u8, body: &[u8]) -> Option<(Vec<u8>, bool)> {
+    fn rewrite(&self, statement: &Statement<'_>) -> Option<(Vec<u8>, bool)> {
         let meta = self.meta?;
-        let statement = Statement::decode(tag, body).ok()?;
         let sql = statement.sql;
         // Only a join, or a statement that may look a key up, can be rewritten: the rest
         // pay a short scan, no lookup (a simple query's text differs with every value, so
