@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import random
 import statistics
@@ -75,7 +74,6 @@ import moves  # noqa: E402
 from moves import APP_PASSWORD, ORG_DB, PgCluster, cluster_root, fmt, lokadb, org_database  # noqa: E402
 import routing  # noqa: E402  (start_proxy, set_profile)
 
-import psycopg  # noqa: E402
 
 REPO = HERE.parent.parent
 APP_DIR = REPO / "tests" / "django"
@@ -446,12 +444,7 @@ def main() -> int:
                    "cargo build in the README first")
     mode = Mode(args.quick)
     if args.rtts:
-        try:
-            mode.rtts_ms = [float(x) for x in args.rtts.split(",")]
-        except ValueError:
-            sys.exit(f"--rtts {args.rtts!r}: write round-trip times in ms separated by commas, e.g. 0,40")
-        if any(r < 0 for r in mode.rtts_ms):
-            sys.exit(f"--rtts {args.rtts!r}: a round-trip time cannot be negative")
+        mode.rtts_ms = common.parse_rtts(args.rtts, "0,40")
     for name, lo in (("clients", 1), ("seconds", 0.5), ("reps", 1)):
         v = getattr(args, name)
         if v is not None:
@@ -474,12 +467,7 @@ def main() -> int:
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} RTTs={mode.rtts_ms} ms clients={mode.clients} out={outdir}")
         raw["world"] = build_world(ctx)
-        for rtt in mode.rtts_ms:
-            r = rtt_round(ctx, float(rtt))
-            raw["rounds"].append(r)
-            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-            if r["errors"]:
-                rc = 1
+        rc = common.run_rounds(ctx, raw, outdir, rtt_round)
     except KeyboardInterrupt as e:
         ctx.errors.append(f"interrupted: {e}")
         rc = 130

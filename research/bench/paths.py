@@ -32,7 +32,6 @@ whatever binaries are in $LOKADB_BENCH_TARGET (default /work/target-bench/releas
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -258,12 +257,7 @@ def main() -> int:
     preflight("paths.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.rtts:
-        try:
-            mode.rtts_ms = [float(x) for x in args.rtts.split(",")]
-        except ValueError:
-            sys.exit(f"--rtts {args.rtts!r}: write round-trip times in ms separated by commas, e.g. 0,10")
-        if any(r < 0 for r in mode.rtts_ms):
-            sys.exit(f"--rtts {args.rtts!r}: a round-trip time cannot be negative")
+        mode.rtts_ms = common.parse_rtts(args.rtts, "0,10")
     started, run_id, outdir = result_dir(args.out, "-paths", mode.quick)
     catch_signals()
     ctx = Ctx(mode)
@@ -283,12 +277,7 @@ def main() -> int:
         with ctx.org.conn() as c:
             for k in routing.ORG_DB_SETTINGS:
                 c.execute(f"ALTER DATABASE {routing.ORG_DB} RESET {k}")
-        for rtt in mode.rtts_ms:
-            r = rtt_round(ctx, float(rtt))
-            raw["rounds"].append(r)
-            (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-            if r["errors"]:
-                rc = 1
+        rc = common.run_rounds(ctx, raw, outdir, rtt_round)
     except KeyboardInterrupt as e:
         ctx.errors.append(f"interrupted: {e}")
         rc = 130

@@ -1183,6 +1183,31 @@ def write_charts_section(name: str, section: str, path: Path | None = None) -> N
 # Main
 
 
+def parse_rtts(text: str, example: str) -> list[float]:
+    """--rtts: round-trip times in ms separated by commas; exits with a message naming the
+    problem (the example shows the form)."""
+    try:
+        rtts = [float(x) for x in text.split(",")]
+    except ValueError:
+        sys.exit(f"--rtts {text!r}: write round-trip times in ms separated by commas, e.g. {example}")
+    if any(r < 0 for r in rtts):
+        sys.exit(f"--rtts {text!r}: a round-trip time cannot be negative")
+    return rtts
+
+
+def run_rounds(ctx, raw: dict, outdir: Path, rtt_round) -> int:
+    """One rtt_round(ctx, rtt) per RTT of ctx.mode, each appended to raw["rounds"] and saved
+    in raw.json as it ends; 1 when a round had errors, else 0."""
+    rc = 0
+    for rtt in ctx.mode.rtts_ms:
+        r = rtt_round(ctx, float(rtt))
+        raw["rounds"].append(r)
+        (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
+        if r["errors"]:
+            rc = 1
+    return rc
+
+
 def result_dir(out: Path | None, tag: str, quick: bool):
     """(start time, run id, result folder): `out`, else results/<UTC ts><tag>[-quick] (made)."""
     started = dt.datetime.now(dt.timezone.utc)

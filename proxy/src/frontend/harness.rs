@@ -387,6 +387,11 @@ impl Harness {
         self.send(&q)
     }
 
+    /// Simple Queries, one after the other (each answered before the next is sent).
+    pub fn queries(&mut self, sqls: &[&str]) -> Vec<String> {
+        sqls.iter().flat_map(|sql| self.query(sql)).collect()
+    }
+
     /// Lines of `lines` that the client got.
     pub fn client_got(lines: &[String]) -> Vec<&str> {
         lines

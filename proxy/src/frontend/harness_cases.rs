@@ -39,10 +39,7 @@ fn a_read_of_a_direct_organization_goes_direct_and_anothers_to_the_cloud() {
 #[test]
 fn update_then_insert_moves_to_the_cloud_and_commits_once() {
     let mut h = Harness::new();
-    let mut l = Vec::new();
-    for sql in ["BEGIN", UPDATE_ACME, INSERT_ACME, "COMMIT"] {
-        l.extend(h.query(sql));
-    }
+    let l = h.queries(&["BEGIN", UPDATE_ACME, INSERT_ACME, "COMMIT"]);
     assert_eq!(
         client(&l),
         [
@@ -88,11 +85,8 @@ fn update_then_insert_moves_to_the_cloud_and_commits_once() {
 #[test]
 fn a_moved_transaction_that_answers_differently_fails_with_40001() {
     let mut h = Harness::new();
-    let mut l = Vec::new();
     // The read ran directly ("acme"); on the cloud it answers "cloud".
-    for sql in ["BEGIN", READ_ACME, UPDATE_ACME, "SELECT 1"] {
-        l.extend(h.query(sql));
-    }
+    let l = h.queries(&["BEGIN", READ_ACME, UPDATE_ACME, "SELECT 1"]);
     let got = client(&l);
     assert_eq!(got[got.len() - 2..], ["E 40001", "Z E"], "{}", l.join("\n"));
     let l = h.query("COMMIT");
@@ -102,10 +96,7 @@ fn a_moved_transaction_that_answers_differently_fails_with_40001() {
 #[test]
 fn a_direct_write_commits_there_first_then_the_gate_closes() {
     let mut h = Harness::new();
-    let mut l = Vec::new();
-    for sql in ["BEGIN", UPDATE_ACME, "COMMIT"] {
-        l.extend(h.query(sql));
-    }
+    let l = h.queries(&["BEGIN", UPDATE_ACME, "COMMIT"]);
     assert_eq!(
         client(&l),
         ["C BEGIN", "Z T", "C UPDATE 1", "Z T", "C COMMIT", "Z I"],
@@ -274,16 +265,13 @@ fn a_failing_statement_in_a_direct_read_transaction_fails_it_there() {
         .get_mut("acme")
         .expect("acme")
         .reply("body = 'boom'", Reply::Error("22012"));
-    let mut l = Vec::new();
-    for sql in [
+    let l = h.queries(&[
         "BEGIN",
         READ_ACME,
         "SELECT * FROM notes WHERE organization_id = 'acme' AND body = 'boom'",
         READ_ACME,
         "ROLLBACK",
-    ] {
-        l.extend(h.query(sql));
-    }
+    ]);
     assert_eq!(
         client(&l),
         [
