@@ -33,7 +33,7 @@ use crate::org::OrgId;
 use crate::route::analysis::{mentions, Analysis, Org, RUNS_ALONE};
 use crate::route::literals::one_dml_statement;
 use crate::route::meta::Placement;
-use lokadb_shared::wire::frontend::{self, Bind, Statement};
+use lokadb_shared::wire::frontend::{self, Message, Statement};
 use lokadb_shared::wire::tags::*;
 use std::borrow::Cow;
 
@@ -141,13 +141,14 @@ impl ClientFrames<'_> {
     /// What goes to the cloud just ahead of `frame` (a Query or Bind going there) so the
     /// cloud knows its statement's organization; registered on the cloud's exchange, so
     /// its answers are dropped. `None`: nothing (no LokaDB table, or the value is known).
-    pub(super) fn tell_cloud(&mut self, tag: u8, frame: &[u8]) -> Option<Told> {
+    pub(super) fn tell_cloud(&mut self, tag: u8, msg: &Message<'_>) -> Option<Told> {
         if !self.router.cloud_org.tell || !matches!(tag, FE_QUERY | FE_BIND) {
             return None;
         }
-        if tag == FE_BIND
-            && self.router.cloud_org.changers
-            && Bind::decode(&frame[5..]).is_ok_and(|b| self.router.changes_setting(b.statement))
+        if self.router.cloud_org.changers
+            && msg
+                .bind()
+                .is_some_and(|b| self.router.changes_setting(b.statement))
         {
             self.router.cloud_org.forget();
         }
@@ -166,7 +167,7 @@ impl ClientFrames<'_> {
         }
         // The tally counts the statement under it too (`frame` is what goes to the cloud).
         let mut tally = self.router.tally.take();
-        let found = self.statement_org(tag, frame).map(|(org, placed)| {
+        let found = self.message_org(msg).map(|(org, placed)| {
             if let Some(t) = &mut tally {
                 t.remember(&org);
             }
@@ -187,7 +188,7 @@ impl ClientFrames<'_> {
             && !holds
             && org.is_ascii()
             && self.meta.is_some_and(|m| m.meta.set_normalized)
-            && Statement::decode(tag, &frame[5..]).is_ok_and(|q| one_dml_statement(q.sql));
+            && msg.statement().is_some_and(|q| one_dml_statement(q.sql));
         if one_statement {
             // In front of the Query's text: its answer (CommandComplete) is dropped by
             // position. Begun outside a transaction with nothing pending, one statement that
@@ -256,12 +257,15 @@ impl ClientFrames<'_> {
     /// whether the analysis placed it; `None` for one on no LokaDB table (the setting stays
     /// as it is), or one Postgres runs only alone.
     pub(super) fn statement_org(&self, tag: u8, frame: &[u8]) -> Option<(Cow<'_, str>, bool)> {
+        self.message_org(&Message::decode(tag, &frame[5..]).ok()?)
+    }
+
+    /// [`Self::statement_org`] of a decoded message.
+    pub(super) fn message_org(&self, msg: &Message<'_>) -> Option<(Cow<'_, str>, bool)> {
         self.meta?;
-        let body = &frame[5..];
-        let org = match tag {
-            FE_QUERY => return self.sql_org(Statement::decode(tag, body).ok()?.sql),
-            FE_BIND => {
-                let bind = Bind::decode(body).ok()?;
+        let org = match msg {
+            Message::Query(q) => return self.sql_org(q.sql),
+            Message::Bind(bind) => {
                 let name = bind.statement;
                 match self.router.prepared_analysis(name) {
                     Some(Analysis::NoLokaTable) => return None,
@@ -274,7 +278,7 @@ impl ClientFrames<'_> {
                     }
                     Some(Analysis::Org { org, .. }) => {
                         let ty = self.router.org_type(name);
-                        let org = self.router.org_value(org, Some(&bind), ty).ok()?;
+                        let org = self.router.org_value(org, Some(bind), ty).ok()?;
                         return Some((readable(org), true));
                     }
                     // Unplaced, or parsed before the metadata was loaded, or forgotten.
@@ -312,7 +316,7 @@ impl ClientFrames<'_> {
     /// A client's Query or Parse: forgets the value the cloud holds when the statement may
     /// change it (names it, or resets settings), and remembers a Parse's analysis for its
     /// Binds when routing does not.
-    pub(super) fn note_for_cloud_org(&mut self, tag: u8, frame: &[u8]) {
+    pub(super) fn note_for_cloud_org(&mut self, frame: &[u8], statement: &Statement<'_>) {
         // Also when some organization owes migrations: its Binds are refused by analysis.
         let Some(meta) = self
             .meta
@@ -320,9 +324,7 @@ impl ClientFrames<'_> {
         else {
             return;
         };
-        let Ok(Statement { name, sql, .. }) = Statement::decode(tag, &frame[5..]) else {
-            return;
-        };
+        let (name, sql) = (statement.name, statement.sql);
         let state = &mut self.router.cloud_org;
         let names_it = mentions(sql, b"statement_org")
             || mentions(sql, b"reset")

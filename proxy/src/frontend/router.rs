@@ -28,7 +28,7 @@ use crate::route::names::{self, Names};
 use crate::route::param::{param_cast, ValueType};
 use crate::route::setting::may_change_transaction_defaults;
 use lokadb_shared::wire::fields::Fields;
-use lokadb_shared::wire::frontend::{self, Bind, Close, Statement};
+use lokadb_shared::wire::frontend::{self, Bind, Close, Message, Statement};
 use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::FrameError;
 use std::borrow::Cow;
@@ -537,21 +537,17 @@ impl ClientFrames<'_> {
 
     /// Whether the statement a Query, Parse or Bind runs ends or unwinds the transaction
     /// ([`unwinds_transaction`]).
-    fn unwinds(&self, tag: u8, frame: &[u8]) -> bool {
-        matches!(tag, FE_QUERY | FE_PARSE | FE_BIND)
-            && self
-                .statement_text(tag, Some(frame))
-                .is_some_and(unwinds_transaction)
+    fn unwinds(&self, msg: Option<&Message<'_>>) -> bool {
+        msg.and_then(|m| self.statement_text(m))
+            .is_some_and(unwinds_transaction)
     }
 
     /// The SQL of the statement a message runs: a Query's, a Parse's, a Bind's prepared
     /// statement's.
-    fn statement_text<'f>(&'f self, tag: u8, frame: Option<&'f [u8]>) -> Option<&'f str> {
-        let body = frame?.get(5..)?;
-        match tag {
-            FE_QUERY | FE_PARSE => Statement::decode(tag, body).ok().map(|s| s.sql),
-            FE_BIND => {
-                let bind = Bind::decode(body).ok()?;
+    fn statement_text<'f>(&'f self, msg: &Message<'f>) -> Option<&'f str> {
+        match msg {
+            Message::Query(s) | Message::Parse(s) => Some(s.sql),
+            Message::Bind(bind) => {
                 parsed(&self.router.prepared.get(bind.statement)?.parse).map(|p| p.sql)
             }
             _ => None,
@@ -588,25 +584,21 @@ impl ClientFrames<'_> {
         &mut self,
         tag: u8,
         frame: Option<&[u8]>,
+        msg: Option<&Message<'_>>,
         direct_text: Option<&[u8]>,
     ) -> Action {
         // The transaction moved to the cloud answered differently there: the client's next
         // statement fails with 40001, in the failed transaction the proxy put in its place.
-        if self.router.moving.differed {
-            if let Some(f) = frame.filter(|_| super::replay::fails_here(tag)) {
-                self.router.moving.differed = false;
-                let portal = match tag {
-                    FE_BIND => Bind::decode(&f[5..]).map_or("", |b| b.portal),
-                    _ => "",
-                };
-                return self.refuse_here(
-                    tag,
-                    portal,
-                    super::replay::DIFFERED_CODE,
-                    super::replay::DIFFERED_MESSAGE,
-                    super::replay::DIFFERED_HINT,
-                );
-            }
+        if self.router.moving.differed && frame.is_some() && super::replay::fails_here(tag) {
+            self.router.moving.differed = false;
+            let portal = msg.and_then(Message::bind).map_or("", |b| b.portal);
+            return self.refuse_here(
+                tag,
+                portal,
+                super::replay::DIFFERED_CODE,
+                super::replay::DIFFERED_MESSAGE,
+                super::replay::DIFFERED_HINT,
+            );
         }
         if let (Some(text), Some(m)) = (self.router.moving.opener_moved.take(), self.meta) {
             m.opener_moved(&text);
@@ -627,25 +619,25 @@ impl ClientFrames<'_> {
             self.router.direct_errors_seen = self.exchanges.direct.errors;
             self.router.on_direct.clear();
         }
-        let mut dest = match frame {
-            Some(frame) if self.router.enabled => {
-                // A malformed message goes to the cloud, which refuses it.
-                self.destination(tag, frame, direct_text.is_some())
-                    .unwrap_or(Dest::Cloud)
-            }
+        let mut dest = match (frame, msg) {
+            (Some(frame), Some(msg)) if self.router.enabled => self
+                .destination(frame, msg, direct_text.is_some())
+                .unwrap_or(Dest::Cloud),
+            // A malformed message goes to the cloud, which refuses it.
+            (Some(_), None) if self.router.enabled => Dest::Cloud,
             _ => Dest::Current,
         };
         // A transaction whose opener moved to the cloud not long ago starts there.
         if self.router.held_begin.is_some()
             && matches!(dest, Dest::Direct(_) | Dest::DirectWrite(_))
         {
-            let learned = self.meta.zip(self.statement_text(tag, frame));
+            let learned = self.meta.zip(msg.and_then(|m| self.statement_text(m)));
             if learned.is_some_and(|(m, text)| m.opens_on_cloud(text)) {
                 dest = Dest::Cloud;
             }
         }
         if let (Some(frame), true) = (frame, self.router.enabled) {
-            match self.transaction_step(tag, frame, &dest) {
+            match self.transaction_step(tag, frame, msg, &dest) {
                 TxStep::Go => {}
                 TxStep::To(d) => dest = d,
                 TxStep::Done(action) => return action,
@@ -724,18 +716,18 @@ impl ClientFrames<'_> {
                 // A direct transaction: what it sends and gets is kept, should it have to
                 // move to the cloud after writing.
                 ex.digest = Some(super::replay::Digest::new(false));
-                let opener = self.statement_text(tag, cloud_frame).map(Box::from);
+                let opener = msg.and_then(|m| self.statement_text(m)).map(Box::from);
                 self.router.moving.begin(opener);
             }
         }
         // The cloud learns the statement's organization ahead of it.
-        let told = match frame {
-            Some(frame) if side == Side::Cloud && dest != Dest::Hold => self.tell_cloud(tag, frame),
+        let told = match msg {
+            Some(msg) if side == Side::Cloud && dest != Dest::Hold => self.tell_cloud(tag, msg),
             _ => None,
         };
-        let mut action = match frame {
-            Some(frame) if self.router.enabled => {
-                match self.apply(tag, frame, direct_text, side, dest == Dest::Hold) {
+        let mut action = match (frame, msg) {
+            (Some(frame), Some(msg)) if self.router.enabled => {
+                match self.apply(frame, msg, direct_text, side, dest == Dest::Hold) {
                     Ok(a) => a,
                     Err(_) => Action::Forward,
                 }
@@ -813,11 +805,14 @@ impl ClientFrames<'_> {
     /// READ COMMITTED each statement sees the data as of its own start anyway, and it holds
     /// no lock a reader needs. Its COMMIT, ROLLBACK and everything after an error go where
     /// it runs.
-    fn transaction_step(&mut self, tag: u8, frame: &[u8], dest: &Dest) -> TxStep {
-        let statement = match tag {
-            FE_QUERY | FE_PARSE => Statement::decode(tag, &frame[5..]).ok(),
-            _ => None,
-        };
+    fn transaction_step(
+        &mut self,
+        tag: u8,
+        frame: &[u8],
+        msg: Option<&Message<'_>>,
+        dest: &Dest,
+    ) -> TxStep {
+        let statement = msg.and_then(Message::statement).copied();
         let sql = statement.filter(|s| s.name.is_none()).map(|s| s.sql);
         if !self.router.tx_defaults_changed {
             let text = statement.map(|s| s.sql);
@@ -866,7 +861,7 @@ impl ClientFrames<'_> {
         // it decides (not for the statements of an open batch or of the direct organization).
         if self.exchanges.direct.unsynced {
             return match org {
-                Some(org) if self.unwinds(tag, frame) => TxStep::To(Dest::Direct(org)),
+                Some(org) if self.unwinds(msg) => TxStep::To(Dest::Direct(org)),
                 _ => TxStep::Go,
             };
         }
@@ -883,7 +878,7 @@ impl ClientFrames<'_> {
         let Some(org) = org else {
             return TxStep::Go;
         };
-        let unwinds = self.exchanges.direct.status != TX_IDLE && self.unwinds(tag, frame);
+        let unwinds = self.exchanges.direct.status != TX_IDLE && self.unwinds(msg);
         let (ex, router) = (&*self.exchanges, &mut *self.router);
         match ex.direct.status {
             TX_IDLE => TxStep::Go,
@@ -914,21 +909,17 @@ impl ClientFrames<'_> {
 
     /// Where a whole message should go. `own`: the direct path would send the client's own
     /// text of a Query (the one routed is the proxy's rewrite of it).
-    fn destination(&self, tag: u8, frame: &[u8], own: bool) -> Result<Dest, FrameError> {
+    fn destination(&self, frame: &[u8], msg: &Message<'_>, own: bool) -> Result<Dest, FrameError> {
         let body = &frame[5..];
         let held = self.router.held_parse.is_some();
-        Ok(match tag {
-            FE_QUERY => {
-                let sql = Statement::decode(tag, body)?.sql;
-                match self.meta {
-                    Some(m) => {
-                        self.direct_dest(&self.analyze(m, sql), None, own, None, ValueType::Other)?
-                    }
-                    None => Dest::Cloud,
+        Ok(match msg {
+            Message::Query(Statement { sql, .. }) => match self.meta {
+                Some(m) => {
+                    self.direct_dest(&self.analyze(m, sql), None, own, None, ValueType::Other)?
                 }
-            }
-            FE_PARSE => {
-                let Statement { name, sql, .. } = Statement::decode(tag, body)?;
+                None => Dest::Cloud,
+            },
+            Message::Parse(Statement { name, sql, .. }) => {
                 let name = name.unwrap_or_default();
                 let may_run_direct = self.meta.is_some_and(|m| {
                     m.has_direct_orgs()
@@ -955,8 +946,7 @@ impl ClientFrames<'_> {
                     Dest::Cloud
                 }
             }
-            FE_BIND => {
-                let bind = Bind::decode(body)?;
+            Message::Bind(bind) => {
                 let name = bind.statement;
                 let prepared = if name.is_empty() && (held || !self.router.unnamed_on_cloud) {
                     // Held, or parsed on the direct side last: placed by its analysis.
@@ -970,7 +960,7 @@ impl ClientFrames<'_> {
                 match prepared {
                     Some(p) => self.direct_dest(
                         &p.analysis,
-                        Some(&bind),
+                        Some(bind),
                         p.direct_parse.is_some(),
                         Some(&p.parse),
                         p.org_type,
@@ -979,10 +969,11 @@ impl ClientFrames<'_> {
                 }
             }
             _ if held => Dest::Cloud,
-            FE_CLOSE | FE_DESCRIBE if Fields::new(body, "message").u8()? == b'S' => {
+            Message::Close(Close { kind: b'S', .. }) => Dest::PreferCloud,
+            Message::Other(FE_DESCRIBE) if Fields::new(body, "message").u8()? == b'S' => {
                 Dest::PreferCloud
             }
-            FE_FUNCTION_CALL => Dest::Cloud,
+            Message::Other(FE_FUNCTION_CALL) => Dest::Cloud,
             _ => Dest::Current,
         })
     }
@@ -1132,17 +1123,15 @@ impl ClientFrames<'_> {
     /// Sends a message to `side`, with what that side needs first.
     fn apply(
         &mut self,
-        tag: u8,
         frame: &[u8],
+        msg: &Message<'_>,
         direct_frame: Option<&[u8]>,
         side: Side,
         hold: bool,
     ) -> Result<Action, FrameError> {
-        let body = &frame[5..];
         let router = &mut *self.router;
-        match tag {
-            FE_PARSE => {
-                let Statement { name, sql, .. } = Statement::decode(tag, body)?;
+        match *msg {
+            Message::Parse(Statement { name, sql, .. }) => {
                 let name = name.unwrap_or_default();
                 let analysis = match self.meta {
                     Some(m) => analyze_in(&router.names, m, sql),
@@ -1183,8 +1172,9 @@ impl ClientFrames<'_> {
                 }
                 Ok(Action::Forward)
             }
-            FE_BIND => {
-                let name = Bind::decode(body)?.statement;
+            Message::Bind(Bind {
+                statement: name, ..
+            }) => {
                 let mut out = Vec::new();
                 if let Some(held) = router.held_parse.take() {
                     router.unnamed_on_cloud = side == Side::Cloud;
@@ -1231,8 +1221,7 @@ impl ClientFrames<'_> {
                 out.extend_from_slice(frame);
                 Ok(Action::Replace(out))
             }
-            FE_CLOSE => {
-                let close = Close::decode(body)?;
+            Message::Close(close) => {
                 if close.kind == b'S' {
                     let name = close.name;
                     let only_direct = router.not_on_cloud.contains(name);

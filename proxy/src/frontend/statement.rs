@@ -18,7 +18,7 @@ use crate::route::meta::CoreMeta;
 use crate::route::param::ValueType;
 use crate::route::rewrite::quote_ident;
 use lokadb_shared::wire::fields::Fields;
-use lokadb_shared::wire::frontend::{Bind, Close, Param, Statement};
+use lokadb_shared::wire::frontend::{Bind, Close, Message, Param, Statement};
 use lokadb_shared::wire::tags::*;
 use lokadb_shared::wire::FrameError;
 use lokadb_shared::wire::Header;
@@ -372,19 +372,17 @@ impl ClientFrames<'_> {
         // before it).
         let mut scoped = false;
         let mut keyed = false;
-        let (refusal, refused) = match frame {
-            // Decoded once for every concern that reads it; a malformed one goes as sent
-            // (the cloud refuses it).
-            Some(f) if header.tag == FE_QUERY || header.tag == FE_PARSE => 'decoded: {
-                let Ok(st) = Statement::decode(header.tag, &f[5..]) else {
-                    break 'decoded (None, false);
-                };
+        // Decoded once for every concern that reads it; a malformed one goes as sent (the
+        // cloud refuses it).
+        let msg = frame.and_then(|f| Message::decode(header.tag, &f[5..]).ok());
+        let (refusal, refused) = match (frame, &msg) {
+            (Some(_), Some(Message::Query(st) | Message::Parse(st))) => {
                 let reported = self.router.path_reported();
                 self.router.names.note_statement(st.sql, reported);
                 match self
-                    .owing_refusal(header.tag, &st)
+                    .owing_refusal(header.tag, st)
                     .map(OrgStep::Refused)
-                    .or_else(|| self.org_step(header.tag, &st))
+                    .or_else(|| self.org_step(header.tag, st))
                 {
                     Some(OrgStep::Scoped(frame)) => {
                         scoped = true;
@@ -395,9 +393,9 @@ impl ClientFrames<'_> {
                         self.router.want = Some(super::router::Want::Settle);
                         return Action::Hold;
                     }
-                    None => match self.refusal(&st) {
+                    None => match self.refusal(st) {
                         Some(r) => (Some(r), true),
-                        None => match self.rewrite(&st) {
+                        None => match self.rewrite(st) {
                             Some((rewritten, by_key)) => {
                                 keyed = by_key;
                                 (Some(rewritten), false)
@@ -407,7 +405,7 @@ impl ClientFrames<'_> {
                     },
                 }
             }
-            Some(f) if header.tag == FE_BIND => {
+            (Some(f), Some(Message::Bind(_))) => {
                 if let Some(action) = self.owing_bind(f) {
                     return action;
                 }
@@ -416,18 +414,27 @@ impl ClientFrames<'_> {
                 }
                 (None, false)
             }
-            Some(f) if header.tag == FE_CLOSE && !self.router.org.marks.is_empty() => {
-                if let Ok(Close { kind: b'S', name }) = Close::decode(&f[5..]) {
-                    self.router.org.mark(name, None);
-                }
+            (Some(_), Some(Message::Close(Close { kind: b'S', name })))
+                if !self.router.org.marks.is_empty() =>
+            {
+                self.router.org.mark(name, None);
                 (None, false)
             }
             _ => (None, false),
         };
         let routed = refusal.as_deref().or(frame);
+        let routed_msg = match &refusal {
+            Some(r) => Message::decode(header.tag, &r[5..]).ok(),
+            None => msg,
+        };
         // The direct path runs the client's own text: the organization's database holds
         // only its rows (and has no key map).
-        let action = self.route(header.tag, routed, frame.filter(|_| scoped || keyed));
+        let action = self.route(
+            header.tag,
+            routed,
+            routed_msg.as_ref(),
+            frame.filter(|_| scoped || keyed),
+        );
         // A held message is shown again once the switch is made: logged then, once.
         if action == Action::Hold {
             return action;
@@ -436,8 +443,8 @@ impl ClientFrames<'_> {
         if matches!(self.router.lookup, Lookup::Answered(..)) {
             self.router.lookup = Lookup::None;
         }
-        if let Some(f) = routed.filter(|_| matches!(header.tag, FE_QUERY | FE_PARSE)) {
-            self.note_for_cloud_org(header.tag, f);
+        if let (Some(f), Some(st)) = (routed, routed_msg.as_ref().and_then(Message::statement)) {
+            self.note_for_cloud_org(f, st);
         }
         self.router.refused_now |= refused;
         if refused && self.route_log {

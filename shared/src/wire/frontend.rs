@@ -229,6 +229,55 @@ impl<'a> Close<'a> {
     }
 }
 
+/// A client message the proxy routes by, decoded once: the statement of a Query or Parse,
+/// a Bind's names, a Close; any other message by its tag alone.
+#[derive(Debug, Clone, Copy)]
+pub enum Message<'a> {
+    /// A simple Query.
+    Query(Statement<'a>),
+    /// A Parse.
+    Parse(Statement<'a>),
+    /// A Bind.
+    Bind(Bind<'a>),
+    /// A Close.
+    Close(Close<'a>),
+    /// Any other message: its tag.
+    Other(u8),
+}
+
+impl<'a> Message<'a> {
+    /// Decodes the body of a message with tag `tag`.
+    ///
+    /// # Errors
+    ///
+    /// A Query, Parse, Bind or Close cut short, or with a name or text that is not UTF-8.
+    pub fn decode(tag: u8, body: &'a [u8]) -> Result<Message<'a>, FrameError> {
+        Ok(match tag {
+            FE_QUERY => Message::Query(Statement::decode(tag, body)?),
+            FE_PARSE => Message::Parse(Statement::decode(tag, body)?),
+            FE_BIND => Message::Bind(Bind::decode(body)?),
+            FE_CLOSE => Message::Close(Close::decode(body)?),
+            other => Message::Other(other),
+        })
+    }
+
+    /// The statement of a Query or a Parse.
+    pub fn statement(&self) -> Option<&Statement<'a>> {
+        match self {
+            Message::Query(s) | Message::Parse(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// A Bind's names.
+    pub fn bind(&self) -> Option<&Bind<'a>> {
+        match self {
+            Message::Bind(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
 /// Appends Query.
 pub fn query(out: &mut Vec<u8>, sql: &str) {
     write_frame(out, FE_QUERY, |b| put_cstr(b, sql));
@@ -336,6 +385,49 @@ pub fn sasl_response(out: &mut Vec<u8>, data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_decodes_by_its_tag_once() {
+        let body = |f: &[u8]| f[5..].to_vec();
+        let mut q = Vec::new();
+        query(&mut q, "SELECT 1");
+        let q = body(&q);
+        assert!(
+            matches!(Message::decode(FE_QUERY, &q), Ok(Message::Query(s)) if s.sql == "SELECT 1" && s.name.is_none())
+        );
+        let mut p = Vec::new();
+        parse(&mut p, "s1", "SELECT $1");
+        let p = body(&p);
+        let m = Message::decode(FE_PARSE, &p).unwrap();
+        assert_eq!(
+            m.statement().map(|s| (s.name, s.sql)),
+            Some((Some("s1"), "SELECT $1"))
+        );
+        let mut b = Vec::new();
+        bind_portal_text(&mut b, "p", "s1", &[Some("x")]);
+        let b = body(&b);
+        let m = Message::decode(FE_BIND, &b).unwrap();
+        assert_eq!(m.bind().map(|b| (b.portal, b.statement)), Some(("p", "s1")));
+        assert!(m.statement().is_none());
+        let mut c = Vec::new();
+        close_statement(&mut c, "s1");
+        let c = body(&c);
+        assert!(matches!(
+            Message::decode(FE_CLOSE, &c),
+            Ok(Message::Close(Close {
+                kind: b'S',
+                name: "s1"
+            }))
+        ));
+        // Others by their tag alone, whatever their body; the four cut short are refused.
+        assert!(matches!(
+            Message::decode(FE_SYNC, b"junk"),
+            Ok(Message::Other(FE_SYNC))
+        ));
+        for tag in [FE_QUERY, FE_PARSE, FE_BIND, FE_CLOSE] {
+            assert!(Message::decode(tag, b"no end").is_err(), "{}", tag as char);
+        }
+    }
 
     #[test]
     fn simple_messages() {
