@@ -63,8 +63,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
 from run import (  # noqa: E402
-    Ctx, catch_signals, fatal, finish_run, free_port, ignore_signals, log, percentile, preflight, result_dir,
-    safe_cleanup, sched_ns, stop_process, temp_dir,
+    Ctx, catch_signals, free_port, log, percentile, preflight, result_dir, sched_ns, stop_process, temp_dir,
 )
 from tunnel import (  # noqa: E402
     binaries_at_end, binary_info, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, tunnel_agent,
@@ -460,26 +459,16 @@ def main() -> int:
                                    for k, lab, t, o, p in SETUPS],
                            setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "rounds": []}
-    t_start = time.time()
-    rc = 0
-    try:
+
+    def body():
         ctx.tmp = temp_dir("lokadb-django-bench-")
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} RTTs={mode.rtts_ms} ms clients={mode.clients} out={outdir}")
         raw["world"] = build_world(ctx)
-        rc = common.run_rounds(ctx, raw, outdir, rtt_round)
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
-    finally:
-        ignore_signals()
-        safe_cleanup()
-        binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN))
-        finish_run(raw, outdir, t_start, render, not args.out)
-    return rc
+        return common.run_rounds(ctx, raw, outdir, rtt_round)
 
+    return common.guarded_run(ctx, raw, outdir, render, not args.out, body,
+                              lambda: binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN)))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
 from run import (  # noqa: E402
-    Ctx, catch_signals, fatal, finish_run, ignore_signals, log, preflight, result_dir, safe_cleanup, temp_dir,
+    Ctx, catch_signals, log, preflight, result_dir, temp_dir,
 )
 from tunnel import (  # noqa: E402
     binaries_at_end, binary_info, prepare_tunnel, start_tunnel, stop_tunnel, LOKADB_BIN, AGENT_BIN, LINK_BIN,
@@ -265,9 +265,8 @@ def main() -> int:
                            binaries={b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
                            setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "rounds": []}
-    t_start = time.time()
-    rc = 0
-    try:
+
+    def body():
         ctx.tmp = temp_dir("lokadb-paths-bench-")
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} RTTs={mode.rtts_ms} ms rows={mode.pairs} out={outdir}")
@@ -277,19 +276,10 @@ def main() -> int:
         with ctx.org.conn() as c:
             for k in routing.ORG_DB_SETTINGS:
                 c.execute(f"ALTER DATABASE {routing.ORG_DB} RESET {k}")
-        rc = common.run_rounds(ctx, raw, outdir, rtt_round)
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
-    finally:
-        ignore_signals()
-        safe_cleanup()
-        binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN))
-        finish_run(raw, outdir, t_start, render, False)
-    return rc
+        return common.run_rounds(ctx, raw, outdir, rtt_round)
 
+    return common.guarded_run(ctx, raw, outdir, render, False, body,
+                              lambda: binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN)))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1266,6 +1266,29 @@ def save_rendered(raw: dict, raw_json: Path, render, charts_data: bool) -> None:
     print(md)
 
 
+def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data: bool, body, at_end=None) -> int:
+    """A harness's run: body() (its exit code; None is 0) with an interrupt (130) or an
+    exception (1, recorded in ctx.errors) caught; then, whatever happened, signals ignored,
+    every child and cluster stopped, at_end() (what the script records last) and the outputs
+    written (finish_run). Returns the exit code."""
+    t_start = time.time()
+    rc = 0
+    try:
+        rc = body() or 0
+    except KeyboardInterrupt as e:
+        ctx.errors.append(f"interrupted: {e}")
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        rc = fatal(ctx.errors, e)
+    finally:
+        ignore_signals()
+        safe_cleanup()
+        if at_end is not None:
+            at_end()
+        finish_run(raw, outdir, t_start, render, charts_data)
+    return rc
+
+
 def finish_run(raw: dict, outdir: Path, t_start: float, render, charts_data: bool) -> None:
     """The end of a run: its wall time and load average in raw["meta"], then the rendered
     outputs and raw.json (save_rendered)."""
