@@ -28,7 +28,7 @@
 //! again before the next statement.
 
 use super::router::count;
-use super::statement::{ClientFrames, Exchange};
+use super::statement::{ClientFrames, Exchange, Routed};
 use crate::org::OrgId;
 use crate::route::analysis::{mentions, Analysis, Org, RUNS_ALONE};
 use crate::route::literals::one_dml_statement;
@@ -316,7 +316,7 @@ impl ClientFrames<'_> {
     /// A client's Query or Parse: forgets the value the cloud holds when the statement may
     /// change it (names it, or resets settings), and remembers a Parse's analysis for its
     /// Binds when routing does not.
-    pub(super) fn note_for_cloud_org(&mut self, frame: &[u8], statement: &Statement<'_>) {
+    pub(super) fn note_for_cloud_org(&mut self, frame: &[u8], routed: &Routed<'_>) {
         // Also when some organization owes migrations: its Binds are refused by analysis.
         let Some(meta) = self
             .meta
@@ -324,7 +324,9 @@ impl ClientFrames<'_> {
         else {
             return;
         };
-        let (name, sql) = (statement.name, statement.sql);
+        let Some(&Statement { name, sql, .. }) = routed.statement() else {
+            return;
+        };
         let state = &mut self.router.cloud_org;
         let names_it = mentions(sql, b"statement_org")
             || mentions(sql, b"reset")
@@ -339,7 +341,10 @@ impl ClientFrames<'_> {
         }
         if let Some(name) = name {
             if !self.router.enabled {
-                let analysis = self.analyze(meta, sql);
+                let analysis = routed
+                    .analysis(|sql| self.analyze(meta, sql))
+                    .cloned()
+                    .unwrap_or(Analysis::Unplaced("no statement"));
                 let ty = super::router::org_param_type(frame, &analysis, Some(&meta.meta.catalog));
                 self.router.remember(name, &[], None, analysis, ty);
             }

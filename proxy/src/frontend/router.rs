@@ -18,7 +18,7 @@
 
 use super::cloud_org::Told;
 use super::pump::Action;
-use super::statement::{bind_param, ClientFrames, Exchange, Reported};
+use super::statement::{bind_param, ClientFrames, Exchange, Reported, Routed};
 use super::switch::{Gate, WriteGate};
 use crate::backend::at_login::TxDefaults;
 use crate::org::OrgId;
@@ -584,9 +584,10 @@ impl ClientFrames<'_> {
         &mut self,
         tag: u8,
         frame: Option<&[u8]>,
-        msg: Option<&Message<'_>>,
+        routed: Option<&Routed<'_>>,
         direct_text: Option<&[u8]>,
     ) -> Action {
+        let msg = routed.map(|r| &r.msg);
         // The transaction moved to the cloud answered differently there: the client's next
         // statement fails with 40001, in the failed transaction the proxy put in its place.
         if self.router.moving.differed && frame.is_some() && super::replay::fails_here(tag) {
@@ -619,9 +620,9 @@ impl ClientFrames<'_> {
             self.router.direct_errors_seen = self.exchanges.direct.errors;
             self.router.on_direct.clear();
         }
-        let mut dest = match (frame, msg) {
-            (Some(frame), Some(msg)) if self.router.enabled => self
-                .destination(frame, msg, direct_text.is_some())
+        let mut dest = match (frame, routed) {
+            (Some(frame), Some(routed)) if self.router.enabled => self
+                .destination(frame, routed, direct_text.is_some())
                 .unwrap_or(Dest::Cloud),
             // A malformed message goes to the cloud, which refuses it.
             (Some(_), None) if self.router.enabled => Dest::Cloud,
@@ -725,9 +726,9 @@ impl ClientFrames<'_> {
             Some(msg) if side == Side::Cloud && dest != Dest::Hold => self.tell_cloud(tag, msg),
             _ => None,
         };
-        let mut action = match (frame, msg) {
-            (Some(frame), Some(msg)) if self.router.enabled => {
-                match self.apply(frame, msg, direct_text, side, dest == Dest::Hold) {
+        let mut action = match (frame, routed) {
+            (Some(frame), Some(routed)) if self.router.enabled => {
+                match self.apply(frame, routed, direct_text, side, dest == Dest::Hold) {
                     Ok(a) => a,
                     Err(_) => Action::Forward,
                 }
@@ -909,23 +910,34 @@ impl ClientFrames<'_> {
 
     /// Where a whole message should go. `own`: the direct path would send the client's own
     /// text of a Query (the one routed is the proxy's rewrite of it).
-    fn destination(&self, frame: &[u8], msg: &Message<'_>, own: bool) -> Result<Dest, FrameError> {
+    fn destination(
+        &self,
+        frame: &[u8],
+        routed: &Routed<'_>,
+        own: bool,
+    ) -> Result<Dest, FrameError> {
         let body = &frame[5..];
         let held = self.router.held_parse.is_some();
-        Ok(match msg {
-            Message::Query(Statement { sql, .. }) => match self.meta {
+        Ok(match &routed.msg {
+            Message::Query(_) => match self.meta {
                 Some(m) => {
-                    self.direct_dest(&self.analyze(m, sql), None, own, None, ValueType::Other)?
+                    let analysis = routed
+                        .analysis(|sql| self.analyze(m, sql))
+                        .expect("a Query");
+                    self.direct_dest(analysis, None, own, None, ValueType::Other)?
                 }
                 None => Dest::Cloud,
             },
-            Message::Parse(Statement { name, sql, .. }) => {
+            Message::Parse(Statement { name, .. }) => {
                 let name = name.unwrap_or_default();
                 let may_run_direct = self.meta.is_some_and(|m| {
                     m.has_direct_orgs()
                         && matches!(
-                            self.analyze(m, sql),
-                            Analysis::Org { read: true, .. } | Analysis::Org { set: Some(_), .. }
+                            routed.analysis(|sql| self.analyze(m, sql)),
+                            Some(
+                                Analysis::Org { read: true, .. }
+                                    | Analysis::Org { set: Some(_), .. }
+                            )
                         )
                 });
                 if may_run_direct && self.direct_transaction() {
@@ -1124,17 +1136,20 @@ impl ClientFrames<'_> {
     fn apply(
         &mut self,
         frame: &[u8],
-        msg: &Message<'_>,
+        routed: &Routed<'_>,
         direct_frame: Option<&[u8]>,
         side: Side,
         hold: bool,
     ) -> Result<Action, FrameError> {
         let router = &mut *self.router;
-        match *msg {
-            Message::Parse(Statement { name, sql, .. }) => {
+        match routed.msg {
+            Message::Parse(Statement { name, .. }) => {
                 let name = name.unwrap_or_default();
                 let analysis = match self.meta {
-                    Some(m) => analyze_in(&router.names, m, sql),
+                    Some(m) => routed
+                        .analysis(|sql| analyze_in(&router.names, m, sql))
+                        .cloned()
+                        .expect("a Parse"),
                     None => Analysis::Unplaced("no routing metadata"),
                 };
                 let org_type = org_param_type(frame, &analysis, self.meta.map(|m| &m.meta.catalog));

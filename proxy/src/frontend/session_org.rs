@@ -4,11 +4,11 @@
 //! setting (the client's `SET` is forwarded), which the limited statements read there.
 
 use super::pump::Action;
-use super::statement::{refusal_frame, ClientFrames};
+use super::statement::{refusal_frame, ClientFrames, Routed};
 use crate::org::OrgId;
 use crate::route::scope::{limit, Limited, Mark};
 use crate::route::setting::{setting, Setting};
-use lokadb_shared::wire::frontend::{Bind, Statement};
+use lokadb_shared::wire::frontend::Bind;
 use lokadb_shared::wire::tags::*;
 use std::collections::HashMap;
 
@@ -74,7 +74,8 @@ const HINT_PREPARE: &str = "Prepare the statement again after changing lokadb.or
 impl ClientFrames<'_> {
     /// A Query or Parse: follows a change of the session's organization, and limits a
     /// statement to it. `None`: the message goes as written.
-    pub(super) fn org_step(&mut self, tag: u8, statement: &Statement<'_>) -> Option<OrgStep> {
+    pub(super) fn org_step(&mut self, tag: u8, routed: &Routed<'_>) -> Option<OrgStep> {
+        let statement = routed.statement()?;
         let (name, sql) = (statement.name, statement.sql);
         let thorough = self.router.org.current.is_some() || self.router.org.default.is_some();
         if let Some(s) = setting(sql, thorough) {
@@ -86,8 +87,8 @@ impl ClientFrames<'_> {
         if org.is_none() && !named {
             return None;
         }
-        let analysis = self.analyze(meta, sql);
-        let step = match org.as_deref().map(|o| limit(sql, &analysis, meta, o)) {
+        let analysis = routed.analysis(|sql| self.analyze(meta, sql))?;
+        let step = match org.as_deref().map(|o| limit(sql, analysis, meta, o)) {
             None | Some(Limited::AsWritten) => None,
             Some(Limited::Scoped(text)) => Some(OrgStep::Scoped(statement.with_sql(&text))),
             Some(Limited::Refused(code, message)) => Some(OrgStep::Refused(refusal_frame(
@@ -98,8 +99,8 @@ impl ClientFrames<'_> {
             // A refused statement raises wherever it runs: nothing to check at its Binds.
             let mark = match step {
                 Some(OrgStep::Refused(_)) => None,
-                Some(OrgStep::Scoped(_)) => Mark::of(&analysis, true),
-                _ => Mark::of(&analysis, false),
+                Some(OrgStep::Scoped(_)) => Mark::of(analysis, true),
+                _ => Mark::of(analysis, false),
             };
             self.router.org.mark(name, mark);
         }
@@ -167,11 +168,10 @@ impl ClientFrames<'_> {
 
     /// A Bind of a named statement prepared for another organization than the session's
     /// now: refused (the refusal raised at its Execute).
-    pub(super) fn check_bind(&mut self, frame: &[u8]) -> Option<Action> {
+    pub(super) fn check_bind(&mut self, bind: &Bind<'_>) -> Option<Action> {
         if !self.router.org.ever_set {
             return None;
         }
-        let bind = Bind::decode(&frame[5..]).ok()?;
         let (portal, name) = (bind.portal, bind.statement);
         // The unnamed statement never outlives a SET: its simple query destroys it.
         let mark = self.router.org.marks.get(name)?;
@@ -179,7 +179,7 @@ impl ClientFrames<'_> {
         let ty = self.router.org_type(name);
         let message = mark
             .allows(org.as_deref(), |n| {
-                super::statement::bind_param(&bind, n, ty).ok().flatten()
+                super::statement::bind_param(bind, n, ty).ok().flatten()
             })
             .err()?;
         let portal = portal.to_owned();

@@ -303,6 +303,34 @@ impl Exchange {
     }
 }
 
+/// A client message as it is routed: decoded once, its statement analysed at most once
+/// (by the first concern that asks), whichever concerns read it.
+pub(super) struct Routed<'f> {
+    pub msg: Message<'f>,
+    analysis: std::cell::OnceCell<Analysis>,
+}
+
+impl<'f> Routed<'f> {
+    pub fn new(msg: Message<'f>) -> Routed<'f> {
+        Routed {
+            msg,
+            analysis: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The statement of a Query or Parse.
+    pub fn statement(&self) -> Option<&Statement<'f>> {
+        self.msg.statement()
+    }
+
+    /// The analysis of its statement in this session: `analyze` of its text the first
+    /// time ([`ClientFrames::analyze`]); `None` for a message without a statement.
+    pub fn analysis(&self, analyze: impl FnOnce(&str) -> Analysis) -> Option<&Analysis> {
+        let sql = self.statement()?.sql;
+        Some(self.analysis.get_or_init(|| analyze(sql)))
+    }
+}
+
 /// Inspects client → backend frames.
 pub struct ClientFrames<'a> {
     /// Both backends' exchange state.
@@ -374,15 +402,25 @@ impl ClientFrames<'_> {
         let mut keyed = false;
         // Decoded once for every concern that reads it; a malformed one goes as sent (the
         // cloud refuses it).
-        let msg = frame.and_then(|f| Message::decode(header.tag, &f[5..]).ok());
-        let (refusal, refused) = match (frame, &msg) {
-            (Some(_), Some(Message::Query(st) | Message::Parse(st))) => {
+        let msg = frame
+            .and_then(|f| Message::decode(header.tag, &f[5..]).ok())
+            .map(Routed::new);
+        let (refusal, refused) = match (frame, msg.as_ref()) {
+            (
+                Some(_),
+                Some(
+                    r @ Routed {
+                        msg: Message::Query(st) | Message::Parse(st),
+                        ..
+                    },
+                ),
+            ) => {
                 let reported = self.router.path_reported();
                 self.router.names.note_statement(st.sql, reported);
                 match self
                     .owing_refusal(header.tag, st)
                     .map(OrgStep::Refused)
-                    .or_else(|| self.org_step(header.tag, st))
+                    .or_else(|| self.org_step(header.tag, r))
                 {
                     Some(OrgStep::Scoped(frame)) => {
                         scoped = true;
@@ -395,7 +433,7 @@ impl ClientFrames<'_> {
                     }
                     None => match self.refusal(st) {
                         Some(r) => (Some(r), true),
-                        None => match self.rewrite(st) {
+                        None => match self.rewrite(r) {
                             Some((rewritten, by_key)) => {
                                 keyed = by_key;
                                 (Some(rewritten), false)
@@ -405,18 +443,30 @@ impl ClientFrames<'_> {
                     },
                 }
             }
-            (Some(f), Some(Message::Bind(_))) => {
-                if let Some(action) = self.owing_bind(f) {
+            (
+                Some(_),
+                Some(
+                    r @ Routed {
+                        msg: Message::Bind(bind),
+                        ..
+                    },
+                ),
+            ) => {
+                if let Some(action) = self.owing_bind(r) {
                     return action;
                 }
-                if let Some(action) = self.check_bind(f) {
+                if let Some(action) = self.check_bind(bind) {
                     return action;
                 }
                 (None, false)
             }
-            (Some(_), Some(Message::Close(Close { kind: b'S', name })))
-                if !self.router.org.marks.is_empty() =>
-            {
+            (
+                Some(_),
+                Some(Routed {
+                    msg: Message::Close(Close { kind: b'S', name }),
+                    ..
+                }),
+            ) if !self.router.org.marks.is_empty() => {
                 self.router.org.mark(name, None);
                 (None, false)
             }
@@ -424,7 +474,7 @@ impl ClientFrames<'_> {
         };
         let routed = refusal.as_deref().or(frame);
         let routed_msg = match &refusal {
-            Some(r) => Message::decode(header.tag, &r[5..]).ok(),
+            Some(r) => Message::decode(header.tag, &r[5..]).ok().map(Routed::new),
             None => msg,
         };
         // The direct path runs the client's own text: the organization's database holds
@@ -443,8 +493,8 @@ impl ClientFrames<'_> {
         if matches!(self.router.lookup, Lookup::Answered(..)) {
             self.router.lookup = Lookup::None;
         }
-        if let (Some(f), Some(st)) = (routed, routed_msg.as_ref().and_then(Message::statement)) {
-            self.note_for_cloud_org(f, st);
+        if let (Some(f), Some(r)) = (routed, routed_msg.as_ref()) {
+            self.note_for_cloud_org(f, r);
         }
         self.router.refused_now |= refused;
         if refused && self.route_log {
@@ -508,16 +558,16 @@ impl ClientFrames<'_> {
 
     /// A Bind of a statement placed in an organization that owes migrations: refused as
     /// [`Self::owing_refusal`] refuses a Query.
-    fn owing_bind(&mut self, frame: &[u8]) -> Option<Action> {
+    fn owing_bind(&mut self, routed: &Routed<'_>) -> Option<Action> {
         if !self.meta?.has_owing() {
             return None;
         }
-        let (org, _) = self.statement_org(FE_BIND, frame)?;
+        let (org, _) = self.message_org(&routed.msg)?;
         if !self.meta?.owes(&org) {
             return None;
         }
         let (message, hint) = owing_error(&org);
-        let portal = Bind::decode(&frame[5..]).ok()?.portal.to_owned();
+        let portal = routed.msg.bind()?.portal.to_owned();
         Some(self.refuse_here(FE_BIND, &portal, "55000", &message, &hint))
     }
 
@@ -555,8 +605,9 @@ impl ClientFrames<'_> {
     /// ([`crate::route::rewrite`]),
     /// as the same message with the rewritten text (a Parse keeps its parameter types), and
     /// whether it was the key-map rewrite.
-    fn rewrite(&self, statement: &Statement<'_>) -> Option<(Vec<u8>, bool)> {
+    fn rewrite(&self, routed: &Routed<'_>) -> Option<(Vec<u8>, bool)> {
         let meta = self.meta?;
+        let statement = routed.statement()?;
         let sql = statement.sql;
         // Only a join, or a statement that may look a key up, can be rewritten: the rest
         // pay a short scan, no lookup (a simple query's text differs with every value, so
@@ -579,7 +630,7 @@ impl ClientFrames<'_> {
         if !keyed && !mentions(sql, b"join") {
             return None;
         }
-        let (rewritten, by_key) = match self.analyze(meta, sql) {
+        let (rewritten, by_key) = match routed.analysis(|sql| self.analyze(meta, sql))? {
             Analysis::Org {
                 rewrite: Some(rewritten),
                 ..
@@ -587,7 +638,7 @@ impl ClientFrames<'_> {
             Analysis::Keyed(rewritten) => (rewritten, true),
             _ => return None,
         };
-        Some((statement.with_sql(&rewritten), by_key))
+        Some((statement.with_sql(rewritten), by_key))
     }
 }
 
