@@ -420,10 +420,60 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
             L += ["", "Errors: " + "; ".join(rnd["errors"])]
         L.append("")
     text = "\n".join(L)
+    chart = None
+    try:
+        chart = draw_chart(raw, outdir)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+    if chart:
+        text += f"\n![requests per second by set-up]({chart})\n"
     (outdir / "summary.md").write_text(text)
     if charts_data:
-        common.summary_to_charts_data("django", text)
+        common.summary_to_charts_data(
+            "django", text.replace(f"]({chart})", f"](results/{meta['run_id']}/{chart})") if chart else text)
     return text
+
+
+def draw_chart(raw: dict, outdir: Path) -> str | None:
+    """django-requests.png: per RTT, each set-up's requests/s (median, whiskers the spread over
+    repetitions), and through LokaDB ÷ straight for the organization in the cloud with the
+    reference's 0.90–0.95 drawn."""
+    plt = common.plt
+    rounds = [(rnd["rtt_ms"], medians(rnd)) for rnd in raw["rounds"] if rnd["setups"]]
+    if not rounds:
+        return None
+    colors = {"cloud-1": "#8b949e", "lokadb-1": "#1f6feb", "cloud-2-fdw": "#d29922",
+              "lokadb-2-fdw": "#bf8700", "lokadb-2-direct": "#2da44e"}
+    fig, axes = plt.subplots(1, len(rounds), figsize=(4.2 * len(rounds) + 1, 4.2), squeeze=False)
+    for ax, (rtt, m) in zip(axes[0], rounds):
+        keys = [k for k, *_ in SETUPS if k in m]
+        for i, k in enumerate(keys):
+            r = m[k]
+            lo, hi = min(r["per_s_all"]), max(r["per_s_all"])
+            ax.bar(i, r["per_s"], 0.7, yerr=[[r["per_s"] - lo], [hi - r["per_s"]]], capsize=3,
+                   color=colors.get(k, "#57606a"))
+            ax.text(i, r["per_s"] * 0.5, f"{r['per_s']:.0f}", ha="center", fontsize=8, color="white")
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([m[k]["label"].replace(", ", "\n") for k in keys], fontsize=7)
+        ax.set_title(f"organization 2 at RTT {rtt:g} ms", fontsize=9)
+        ax.set_ylabel("requests/s (median, whiskers min–max)", fontsize=8)
+        if "lokadb-1" in m and "cloud-1" in m:
+            ratio = m["lokadb-1"]["per_s"] / m["cloud-1"]["per_s"]
+            top = max(r["per_s"] for r in m.values())
+            ax.set_ylim(0, top * 1.3)
+            ax.text(0.5, top * 1.18, f"org in the cloud: LokaDB ÷ straight {ratio:.2f}\n"
+                    "(reference 0.90–0.95)", ha="center", fontsize=7)
+            # The reference's figure for an organization in the cloud: 5–10 % below straight.
+            straight = m["cloud-1"]["per_s"]
+            ax.fill_between([0.6, 1.4], straight * 0.90, straight * 0.95, color="grey", alpha=0.35,
+                            label="reference: 0.90–0.95 of straight")
+            ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"Django application, {raw['meta']['mode_settings']['clients']} HTTP clients "
+                 f"({raw['meta']['run_id']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(outdir / "django-requests.png", dpi=80)
+    plt.close(fig)
+    return "django-requests.png"
 
 
 def main() -> int:
