@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
-from run import Ctx, catch_signals, fatal, ignore_signals, log, preflight, result_dir, safe_cleanup, temp_dir  # noqa: E402
+from run import Ctx, catch_signals, log, preflight, result_dir, temp_dir  # noqa: E402
 from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, prepare_tunnel, start_tunnel, stop_tunnel  # noqa: E402
 import routing  # noqa: E402
 from routing import INSERT_SQL, ORG, UPDATE_SQL, OrgLog, analyse, build_world, client, set_profile, start_proxy  # noqa: E402
@@ -155,10 +155,9 @@ def main() -> int:
                            sql={"update": UPDATE_SQL, "insert": INSERT_SQL},
                            setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "cells": []}
-    t_start = time.time()
-    rc = 0
     ctx.relay = ctx.link = ctx.agent = ctx.proxy = None
-    try:
+
+    def body():
         ctx.tmp = temp_dir("lokadb-contention-bench-")
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} clients={mode.clients} seconds={mode.seconds} out={outdir}")
@@ -175,20 +174,14 @@ def main() -> int:
                 ctx.proxy = start_proxy(ctx, "contention")
                 raw["cells"].append(cell(ctx, profile, dist))
                 (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
-    finally:
-        ignore_signals()
+
+    def stop():
         stop_tunnel(ctx)
         if ctx.log is not None:
             ctx.log.close()
-        safe_cleanup()
-        common.finish_run(raw, outdir, t_start, render, rc == 0)
-    return rc
 
+    return common.guarded_run(ctx, raw, outdir, render, lambda rc: rc == 0 and not args.out, body,
+                              before_cleanup=stop)
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     """summary.md and (for a whole run) the charts-data.md section."""

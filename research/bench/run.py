@@ -1266,11 +1266,13 @@ def save_rendered(raw: dict, raw_json: Path, render, charts_data: bool) -> None:
     print(md)
 
 
-def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data: bool, body, at_end=None) -> int:
+def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data, body, at_end=None,
+                before_cleanup=None) -> int:
     """A harness's run: body() (its exit code; None is 0) with an interrupt (130) or an
     exception (1, recorded in ctx.errors) caught; then, whatever happened, signals ignored,
-    every child and cluster stopped, at_end() (what the script records last) and the outputs
-    written (finish_run). Returns the exit code."""
+    before_cleanup() (what the script stops in its own order), every child and cluster
+    stopped, at_end() (what the script records last) and the outputs written (finish_run;
+    charts_data a bool, or a function of the exit code). Returns the exit code."""
     t_start = time.time()
     rc = 0
     try:
@@ -1282,10 +1284,12 @@ def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data: bool, body, a
         rc = fatal(ctx.errors, e)
     finally:
         ignore_signals()
+        if before_cleanup is not None:
+            before_cleanup()
         safe_cleanup()
         if at_end is not None:
             at_end()
-        finish_run(raw, outdir, t_start, render, charts_data)
+        finish_run(raw, outdir, t_start, render, charts_data(rc) if callable(charts_data) else charts_data)
     return rc
 
 
