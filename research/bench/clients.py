@@ -51,10 +51,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (log, /proc, cleanup, charts-data, the run wrapper)
 from run import (  # noqa: E402
-    Ctx, catch_signals, fatal, ignore_signals, log, percentile, raise_fd_limit, rerender, result_dir,
-    safe_cleanup, finish_run, sched_ns, temp_dir, write_charts_section, write_empty_summary,
-    write_outputs,
-    preflight,
+    Ctx, catch_signals, log, percentile, raise_fd_limit, rerender, result_dir, sched_ns, temp_dir,
+    write_charts_section, write_empty_summary, write_outputs, preflight,
 )
 from tunnel import binaries_at_end, binary_info, prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
 import moves  # noqa: E402
@@ -417,9 +415,9 @@ def main() -> int:
                        for k, lab, t, p, pool, o in setups],
             "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta, "world": None, "setups": []}
-    t_start = time.time()
-    rc = 0
-    try:
+
+    def body():
+        rc = 0
         ctx.tmp = temp_dir("lokadb-clients-bench-")
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} clients={mode.client_counts} ops={mode.ops} binaries={BIN_DIR} out={outdir}")
@@ -441,25 +439,17 @@ def main() -> int:
                 (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
                 if r.get("error"):
                     rc = 1
-        if ctx.errors:
-            rc = 1
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
-    finally:
-        ignore_signals()
-        for proc in (getattr(ctx, "agent", None),):
-            if proc is not None:
-                stop_agents([proc])
+        return 1 if ctx.errors else rc
+
+    def stop():
+        if getattr(ctx, "agent", None) is not None:
+            stop_agents([ctx.agent])
         if getattr(ctx, "relay", None) is not None:
             ctx.relay.stop()
-        safe_cleanup()
-        binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN))
-        finish_run(raw, outdir, t_start, render, not args.no_charts_data and not args.out)
-    return rc
 
+    return common.guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body,
+                              lambda: binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN)),
+                              before_cleanup=stop)
 
 if __name__ == "__main__":
     sys.exit(main())
