@@ -19,7 +19,6 @@ Writes raw.json and summary.md into research/bench/results/<UTC ts>-enable[-quic
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -31,8 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
 from run import (  # noqa: E402
-    PG_BIN, Ctx, catch_signals, fatal, finish_run, ignore_signals, log, preflight, rerender, result_dir,
-    safe_cleanup, temp_dir,
+    PG_BIN, Ctx, catch_signals, log, preflight, rerender, result_dir, temp_dir,
 )
 import moves  # noqa: E402  (its cluster, writers, schema and settings: one place for each)
 from moves import CLOUD_PG, LOKADB_BIN, PgCluster, Writers, cluster_root, fmt, mask, schema_sql  # noqa: E402
@@ -192,23 +190,13 @@ def main() -> int:
             "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
             "postgres_settings": CLOUD_PG, "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta}
-    t_start = time.time()
-    rc = 0
-    try:
+
+    def body():
         ctx.tmp = temp_dir("lokadb-enable-bench-")
         raw["run"] = measure(ctx)
-        if not all(raw["run"]["checks"].values()):
-            rc = 1
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
-    finally:
-        ignore_signals()
-        safe_cleanup()
-        finish_run(raw, outdir, t_start, render, False)
-    return rc
+        return 0 if all(raw["run"]["checks"].values()) else 1
+
+    return common.guarded_run(ctx, raw, outdir, render, False, body)
 
 
 if __name__ == "__main__":
