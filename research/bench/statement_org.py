@@ -19,15 +19,14 @@ import json
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
 from run import (  # noqa: E402
-    Ctx, catch_signals, fatal, finish_run, ignore_signals, log, preflight, raise_fd_limit, rerender,
-    result_dir, safe_cleanup, temp_dir, write_empty_summary, write_summary,
+    Ctx, catch_signals, log, preflight, raise_fd_limit, rerender, result_dir, temp_dir, write_empty_summary,
+    write_summary,
 )
 import orgs  # noqa: E402  (the worlds, the proxy, pgbench with the proxy's and the cloud's CPU)
 from moves import fmt, med  # noqa: E402
@@ -120,10 +119,10 @@ def side_by_side(args, ap, *, script: str, tag: str, variants: dict, render, pre
             "binaries": {LOKADB_BIN.name: binary_info(LOKADB_BIN)}, "variants": variants,
             "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta, "worlds": [], "runs": ctx.runs}
-    t_start = time.time()
-    rc = 0
     proxies = {}
-    try:
+
+    def body():
+        rc = 0
         ctx.tmp = temp_dir("lokadb-" + tag.strip("-") + "-bench-")
         meta["postgres_version"] = orgs.start_cloud(ctx)
         if prepare_cloud:
@@ -159,16 +158,9 @@ def side_by_side(args, ap, *, script: str, tag: str, variants: dict, render, pre
                                 ctx.errors.append(f"{script_name} {qm} N={n} {v}: {r.get('error')}")
                                 rc = 1
             (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
-    finally:
-        ignore_signals()
-        safe_cleanup()
-        finish_run(raw, outdir, t_start, render, False)
-    return rc
+        return rc
+
+    return common.guarded_run(ctx, raw, outdir, render, False, body)
 
 
 def arguments(doc: str, quick_help: str) -> tuple:

@@ -28,7 +28,6 @@ Writes raw.json and summary.md into research/bench/results/<UTC ts>-statement-or
 """
 
 import argparse
-import json
 import os
 import shlex
 import socket
