@@ -46,11 +46,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402
-from run import Ctx, catch_signals, fatal, ignore_signals, log, preflight, result_dir, safe_cleanup, temp_dir  # noqa: E402
-import tunnel  # noqa: E402
+from run import Ctx, catch_signals, log, preflight, result_dir, temp_dir  # noqa: E402
 from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, Relay, make_certs, new_token, start_agent, start_link, stop_agents  # noqa: E402
 from moves import APP_PASSWORD, CLOUD_PG, ORG_PG, PgCluster, cluster_root, lokadb  # noqa: E402
-import routing  # noqa: E402
 from routing import AUTH_PASSWORD, start_proxy  # noqa: E402
 
 import psycopg  # noqa: E402
@@ -440,11 +438,10 @@ def main() -> int:
     meta = common.run_meta("migrations.py", run_id, started, mode,
                            setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "cells": []}
-    t_start = time.time()
-    rc = 0
     ctx.relay = ctx.link = ctx.proxy = None
     ctx.agents = []
-    try:
+
+    def body():
         ctx.tmp = temp_dir("lokadb-migrations-bench-")
         log(f"mode={mode.name} counts={mode.counts} rtts={mode.rtts_ms} out={outdir}")
         raw["world"] = build_world(ctx)
@@ -465,13 +462,8 @@ def main() -> int:
                 raw["cells"].append(cell(ctx, moved, rtt, k))
                 k += mode.reps
                 (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
-    finally:
-        ignore_signals()
+
+    def stop():
         if ctx.proxy is not None:
             ctx.proxy.stop()
         stop_agents(ctx.agents)
@@ -479,9 +471,9 @@ def main() -> int:
             ctx.link.stop()
         if ctx.relay is not None:
             ctx.relay.stop()
-        safe_cleanup()
-        common.finish_run(raw, outdir, t_start, render, rc == 0)
-    return rc
+
+    return common.guarded_run(ctx, raw, outdir, render, lambda rc: rc == 0 and not args.out, body,
+                              before_cleanup=stop)
 
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
