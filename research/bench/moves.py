@@ -46,9 +46,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
-    CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cpu_ticks, fatal, free_port, ignore_signals, log,
-    percentile, rerender, result_dir, run_checked, safe_cleanup, finish_run, stop_process, temp_dir,
-    write_charts_section, write_outputs, preflight,
+    CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cpu_ticks, free_port, log, percentile, rerender,
+    result_dir, run_checked, stop_process, temp_dir, write_charts_section, write_outputs, preflight,
 )
 import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
 from tunnel import (  # noqa: E402
@@ -1355,9 +1354,8 @@ def main() -> int:
             "trace_admin": args.trace_admin,
             "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta, "templates": {}, "runs": ctx.runs}
-    t_start = time.time()
-    rc = 0
-    try:
+
+    def body():
         ctx.tmp = temp_dir("lokadb-moves-bench-")
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} sizes={mode.sizes_mb} MB modes={mode.modes} writers={mode.writers} out={outdir}")
@@ -1375,18 +1373,10 @@ def main() -> int:
                     log(f"  scenario done in {rec['wall_s']} s")
                     (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
             shutil.rmtree(Path(tpl["cloud_template"]).parent.parent, ignore_errors=True)
-        if any(r.get("error") or (r.get("move_org") or {}).get("move", {}).get("rc") for r in ctx.runs):
-            rc = 1
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
-    finally:
-        ignore_signals()
-        safe_cleanup()
-        finish_run(raw, outdir, t_start, render, not args.no_charts_data and not args.out)
-    return rc
+        failed = any(r.get("error") or (r.get("move_org") or {}).get("move", {}).get("rc") for r in ctx.runs)
+        return 1 if failed else 0
+
+    return common.guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body)
 
 
 if __name__ == "__main__":
