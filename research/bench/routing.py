@@ -39,10 +39,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
 from run import (  # noqa: E402
-    Ctx, catch_signals, cpu_ticks, delta, fatal, ignore_signals, log, percentile, rerender, result_dir,
-    safe_cleanup, finish_run, sched_ns, temp_dir, write_charts_section, write_empty_summary,
-    write_outputs,
-    preflight,
+    Ctx, catch_signals, cpu_ticks, delta, log, percentile, rerender, result_dir, sched_ns, temp_dir,
+    write_charts_section, write_empty_summary, write_outputs, preflight,
 )
 from tunnel import (  # noqa: E402
     LineProc, binary_info, binaries_at_end, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, ticks_to_ms,
@@ -1007,9 +1005,9 @@ def main() -> int:
                        "autocommit": True, "application_name": CLIENT_APP, "prepare_threshold": 5},
             "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta, "world": None, "rounds": []}
-    t_start = time.time()
-    rc = 0
-    try:
+
+    def body():
+        rc = 0
         ctx.tmp = temp_dir("lokadb-routing-bench-")
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} RTTs={mode.rtts_ms} ms N={mode.n} binaries={BIN_DIR} out={outdir}")
@@ -1025,24 +1023,20 @@ def main() -> int:
             (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
             if r.get("error"):
                 rc = 1
-        if ctx.errors:
-            rc = 1
-    except KeyboardInterrupt as e:
-        ctx.errors.append(f"interrupted: {e}")
-        rc = 130
-    except Exception as e:  # noqa: BLE001
-        rc = fatal(ctx.errors, e)
+        return 1 if ctx.errors else rc
+
+    def log_tails():
         for c in (getattr(ctx, "cloud", None), getattr(ctx, "org", None)):
             if c is not None:
                 raw.setdefault("log_tails", {})[c.name] = c.log_tail()
-    finally:
-        ignore_signals()
+
+    def close_log():
         if ctx.log is not None:
             ctx.log.close()
-        safe_cleanup()
-        binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN))
-        finish_run(raw, outdir, t_start, render, not args.no_charts_data and not args.out)
-    return rc
+
+    return common.guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body,
+                              lambda: binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN)),
+                              before_cleanup=close_log, on_error=log_tails)
 
 
 if __name__ == "__main__":

@@ -1267,12 +1267,13 @@ def save_rendered(raw: dict, raw_json: Path, render, charts_data: bool) -> None:
 
 
 def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data, body, at_end=None,
-                before_cleanup=None) -> int:
+                before_cleanup=None, on_error=None) -> int:
     """A harness's run: body() (its exit code; None is 0) with an interrupt (130) or an
-    exception (1, recorded in ctx.errors) caught; then, whatever happened, signals ignored,
-    before_cleanup() (what the script stops in its own order), every child and cluster
-    stopped, at_end() (what the script records last) and the outputs written (finish_run;
-    charts_data a bool, or a function of the exit code). Returns the exit code."""
+    exception (1, recorded in ctx.errors, then on_error(): what the script keeps of a failure)
+    caught; then, whatever happened, signals ignored, before_cleanup() (what the script stops
+    in its own order), every child and cluster stopped, at_end() (what the script records
+    last) and the outputs written (finish_run; charts_data a bool, or a function of the exit
+    code). Returns the exit code."""
     t_start = time.time()
     rc = 0
     try:
@@ -1282,6 +1283,8 @@ def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data, body, at_end=
         rc = 130
     except Exception as e:  # noqa: BLE001
         rc = fatal(ctx.errors, e)
+        if on_error is not None:
+            on_error()
     finally:
         ignore_signals()
         if before_cleanup is not None:
