@@ -54,7 +54,7 @@ from run import (  # noqa: E402
     Ctx, catch_signals, log, percentile, raise_fd_limit, rerender, result_dir, sched_ns, temp_dir,
     write_charts_section, write_empty_summary, write_outputs, preflight,
 )
-from tunnel import binaries_at_end, binary_info, prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
+from tunnel import binary_info, prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
 import moves  # noqa: E402
 from moves import ORG_DB, SUPER_PASSWORD, fmt  # noqa: E402
 import routing  # noqa: E402  (the world: clusters, schema, move-org; the proxy; the profile switch)
@@ -448,7 +448,7 @@ def main() -> int:
             ctx.relay.stop()
 
     return common.guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body,
-                              lambda: binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN)),
+                              binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN),
                               before_cleanup=stop)
 
 if __name__ == "__main__":

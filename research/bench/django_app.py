@@ -66,7 +66,7 @@ from run import (  # noqa: E402
     Ctx, catch_signals, free_port, log, percentile, preflight, result_dir, sched_ns, stop_process, temp_dir,
 )
 from tunnel import (  # noqa: E402
-    binaries_at_end, binary_info, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, tunnel_agent,
+    binary_info, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, tunnel_agent,
     tunnel_relay, LOKADB_BIN, AGENT_BIN, LINK_BIN,
 )
 import moves  # noqa: E402
@@ -518,7 +518,7 @@ def main() -> int:
         return common.run_rounds(ctx, raw, outdir, rtt_round)
 
     return common.guarded_run(ctx, raw, outdir, render, not args.out, body,
-                              lambda: binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN)))
+                              binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN))
 
 if __name__ == "__main__":
     sys.exit(main())

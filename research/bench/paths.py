@@ -45,7 +45,7 @@ from run import (  # noqa: E402
     Ctx, catch_signals, log, preflight, result_dir, temp_dir,
 )
 from tunnel import (  # noqa: E402
-    binaries_at_end, binary_info, prepare_tunnel, start_tunnel, stop_tunnel, LOKADB_BIN, AGENT_BIN, LINK_BIN,
+    binary_info, prepare_tunnel, start_tunnel, stop_tunnel, LOKADB_BIN, AGENT_BIN, LINK_BIN,
 )
 import routing  # noqa: E402  (its world: clusters, schema, move-org, the proxy)
 from moves import SUPER_PASSWORD, fmt, loadavg  # noqa: E402
@@ -279,7 +279,7 @@ def main() -> int:
         return common.run_rounds(ctx, raw, outdir, rtt_round)
 
     return common.guarded_run(ctx, raw, outdir, render, False, body,
-                              lambda: binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN)))
+                              binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN))
 
 if __name__ == "__main__":
     sys.exit(main())

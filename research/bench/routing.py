@@ -43,7 +43,7 @@ from run import (  # noqa: E402
     write_charts_section, write_empty_summary, write_outputs, preflight,
 )
 from tunnel import (  # noqa: E402
-    LineProc, binary_info, binaries_at_end, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, ticks_to_ms,
+    LineProc, binary_info, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, ticks_to_ms,
     tunnel_agent, tunnel_relay,
 )
 import moves  # noqa: E402  (the move benchmark's clusters, admin commands, schema and load)
@@ -1035,7 +1035,7 @@ def main() -> int:
             ctx.log.close()
 
     return common.guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body,
-                              lambda: binaries_at_end(meta, ctx.errors, (LOKADB_BIN, AGENT_BIN, LINK_BIN)),
+                              binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN),
                               before_cleanup=close_log, on_error=log_tails)
 
 

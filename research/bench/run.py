@@ -1266,14 +1266,15 @@ def save_rendered(raw: dict, raw_json: Path, render, charts_data: bool) -> None:
     print(md)
 
 
-def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data, body, at_end=None,
+def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data, body, binaries=(),
                 before_cleanup=None, on_error=None) -> int:
     """A harness's run: body() (its exit code; None is 0) with an interrupt (130) or an
     exception (1, recorded in ctx.errors, then on_error(): what the script keeps of a failure)
     caught; then, whatever happened, signals ignored, before_cleanup() (what the script stops
-    in its own order), every child and cluster stopped, at_end() (what the script records
-    last) and the outputs written (finish_run; charts_data a bool, or a function of the exit
-    code). Returns the exit code."""
+    in its own order), every child and cluster stopped, `binaries` checked unchanged since
+    raw["meta"]["binaries"] was taken (tunnel.binaries_at_end) and the outputs written
+    (finish_run; charts_data a bool, or a function of the exit code). Returns the exit
+    code."""
     t_start = time.time()
     rc = 0
     try:
@@ -1290,8 +1291,10 @@ def guarded_run(ctx, raw: dict, outdir: Path, render, charts_data, body, at_end=
         if before_cleanup is not None:
             before_cleanup()
         safe_cleanup()
-        if at_end is not None:
-            at_end()
+        if binaries:
+            # tunnel imports run: taken here, where every caller has it loaded already.
+            from tunnel import binaries_at_end
+            binaries_at_end(raw["meta"], ctx.errors, binaries)
         finish_run(raw, outdir, t_start, render, charts_data(rc) if callable(charts_data) else charts_data)
     return rc
 

@@ -344,7 +344,7 @@ impl ClientFrames<'_> {
                 let analysis = routed
                     .analysis(|sql| self.analyze(meta, sql))
                     .cloned()
-                    .unwrap_or(Analysis::Unplaced("no statement"));
+                    .expect("a statement (read above)");
                 let ty = super::router::org_param_type(frame, &analysis, Some(&meta.meta.catalog));
                 self.router.remember(name, &[], None, analysis, ty);
             }

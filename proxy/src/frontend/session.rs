@@ -460,15 +460,13 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                 && !router.holds_message();
             // What the proxy queued of its own goes before anything else of the client's.
             match flush_own(cx, &mut backend.stream, &mut exchanges.cloud) {
-                Poll::Ready(Ok(true)) => progress = true,
-                Poll::Ready(Ok(false)) | Poll::Pending => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(lost(Side::Cloud, &router, e)),
+                Ok(wrote) => progress |= wrote,
+                Err(e) => return Poll::Ready(lost(Side::Cloud, &router, e)),
             }
             if let Some(d) = direct.conn.as_mut() {
                 match flush_own(cx, &mut d.conn.stream, &mut exchanges.direct) {
-                    Poll::Ready(Ok(true)) => progress = true,
-                    Poll::Ready(Ok(false)) | Poll::Pending => {}
-                    Poll::Ready(Err(e)) => return Poll::Ready(lost(Side::Direct, &router, e)),
+                    Ok(wrote) => progress |= wrote,
+                    Err(e) => return Poll::Ready(lost(Side::Direct, &router, e)),
                 }
             }
             if paused {
@@ -539,10 +537,14 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
                         cloud: &backend,
                         reported: &reported,
                     };
+                    let queued_before =
+                        exchanges.cloud.outbox.len() + exchanges.direct.outbox.len();
                     let done = super::switch::switch(&mut router, &mut exchanges, &mut link);
-                    // What it queued is written at the next step.
-                    let queued =
-                        !exchanges.cloud.outbox.is_empty() || !exchanges.direct.outbox.is_empty();
+                    // What it queued now is written at the next step; bytes queued before
+                    // that wait for their socket are no reason to turn again (woken when
+                    // it is writable).
+                    let queued = exchanges.cloud.outbox.len() + exchanges.direct.outbox.len()
+                        > queued_before;
                     if done {
                         up.release();
                     }
@@ -714,29 +716,30 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
 }
 
 /// Writes the requests of the proxy's own queued for a backend ([`Exchange::send_own`]):
-/// true when it wrote something; pending while some are left (woken when writable).
+/// true when all of them are written now; false when there were none or some are left (the
+/// session is woken when the socket is writable).
 fn flush_own(
     cx: &mut std::task::Context<'_>,
     stream: &mut (impl futures_lite::AsyncWrite + Unpin),
     ex: &mut Exchange,
-) -> Poll<std::io::Result<bool>> {
+) -> std::io::Result<bool> {
     if ex.outbox.is_empty() {
-        return Poll::Ready(Ok(false));
+        return Ok(false);
     }
     while !ex.outbox.is_empty() {
         match Pin::new(&mut *stream).poll_write(cx, &ex.outbox) {
-            Poll::Ready(Ok(0)) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
             Poll::Ready(Ok(n)) => {
                 ex.outbox.drain(..n);
             }
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => return Ok(false),
         }
     }
     // TLS may hold the last records until flushed; a flush that cannot finish now wakes
     // the session when it can (the pump flushes too).
     let _ = Pin::new(&mut *stream).poll_flush(cx);
-    Poll::Ready(Ok(true))
+    Ok(true)
 }
 
 /// How a failed backend ends the session.
