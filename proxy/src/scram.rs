@@ -270,37 +270,103 @@ impl fmt::Debug for Secret {
 }
 
 /// The most PBKDF2 iterations a server may ask the proxy to compute for a password login.
-/// The derivation runs on the core's thread, so a server (an organization's database is
-/// not the proxy's to trust) asking for millions would stall every session of that core:
-/// 100,000 cost about 40 ms once per salt (PostgreSQL's default is 4,096).
+/// A server (an organization's database is not the proxy's to trust) asking for millions
+/// would take a CPU for minutes per login: 100,000 cost about 40 ms, on a thread of their
+/// own, once per salt and core (PostgreSQL's default is 4,096).
 pub const MAX_SERVER_ITERATIONS: u32 = 100_000;
 
-/// Keys derived from a password, per core: a server keeps its salt, so each login after the
-/// first on a core costs no PBKDF2 at all.
-fn derived_keys(password: &str, salt: &[u8], iterations: u32) -> ScramKeys {
-    use std::cell::RefCell;
-    use std::collections::HashMap;
-    /// Entries kept before the cache starts over (servers × logins of the proxy's own).
-    const KEPT: usize = 256;
-    /// SHA-256 of the password, salt, iterations.
-    type Derivation = ([u8; 32], Vec<u8>, u32);
-    thread_local! {
-        static CACHE: RefCell<HashMap<Derivation, ScramKeys>> = RefCell::new(HashMap::new());
-    }
-    // The password itself is not kept as a key.
-    let key = (sha256(password.as_bytes()), salt.to_vec(), iterations);
-    if let Some(k) = CACHE.with(|c| c.borrow().get(&key).cloned()) {
-        return k;
-    }
-    let keys = ScramKeys::from_password(password, salt, iterations);
-    CACHE.with(|c| {
+/// A server-first-message, read ([`ClientExchange::read_server_first`]).
+#[derive(Debug)]
+pub struct ServerFirst<'a> {
+    msg: &'a str,
+    nonce: &'a str,
+    salt: Vec<u8>,
+    iterations: u32,
+}
+
+/// SHA-256 of the password (the password itself is not kept as a key), salt, iterations.
+type Derivation = ([u8; 32], Vec<u8>, u32);
+
+thread_local! {
+    /// Keys derived from a password, per core: a server keeps its salt, so each login after
+    /// the first on a core costs no PBKDF2 at all.
+    static DERIVED: std::cell::RefCell<std::collections::HashMap<Derivation, ScramKeys>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Entries kept before the cache starts over (servers × logins of the proxy's own).
+const DERIVED_KEPT: usize = 256;
+
+fn remember(key: Derivation, keys: &ScramKeys) {
+    DERIVED.with(|c| {
         let mut c = c.borrow_mut();
-        if c.len() >= KEPT {
+        if c.len() >= DERIVED_KEPT {
             c.clear();
         }
         c.insert(key, keys.clone());
     });
-    keys
+}
+
+/// The keys `creds` answer `first` with, or the derivation they need (`Err`): passthrough
+/// keys as they are; a password's from the core's cache.
+fn known_keys(
+    creds: &Credentials,
+    first: &ServerFirst<'_>,
+) -> Result<Result<ScramKeys, (Derivation, String)>, ScramError> {
+    let p = match creds {
+        Credentials::Keys(k) => return Ok(Ok(k.clone())),
+        Credentials::Password(p) => p,
+    };
+    if first.iterations > MAX_SERVER_ITERATIONS {
+        return Err(ScramError::TooManyIterations(first.iterations));
+    }
+    let key = (sha256(p.0.as_bytes()), first.salt.clone(), first.iterations);
+    Ok(match DERIVED.with(|c| c.borrow().get(&key).cloned()) {
+        Some(k) => Ok(k),
+        None => Err((key, p.0.clone())),
+    })
+}
+
+/// The keys `creds` answer `first` with. A password's keys not derived on this core yet are
+/// derived on a thread of their own while the core serves its other sessions: PBKDF2 at
+/// [`MAX_SERVER_ITERATIONS`] takes tens of milliseconds, and a server may change its salt
+/// at every login.
+///
+/// # Errors
+///
+/// [`ScramError::TooManyIterations`] past [`MAX_SERVER_ITERATIONS`] for a password.
+pub async fn keys(creds: &Credentials, first: &ServerFirst<'_>) -> Result<ScramKeys, ScramError> {
+    let (key, password) = match known_keys(creds, first)? {
+        Ok(k) => return Ok(k),
+        Err(derive) => derive,
+    };
+    let (salt, iterations, moved) = (first.salt.clone(), first.iterations, password.clone());
+    let derived = match crate::rt::off_core(move || {
+        ScramKeys::from_password(&moved, &salt, iterations)
+    })
+    .await
+    {
+        Ok(k) => k,
+        // No thread to be had: derived here (bounded by the cap all the same).
+        Err(_) => ScramKeys::from_password(&password, &first.salt, first.iterations),
+    };
+    remember(key, &derived);
+    Ok(derived)
+}
+
+/// [`keys`] on the calling thread (tests, and callers outside a core).
+///
+/// # Errors
+///
+/// As [`keys`].
+pub fn keys_here(creds: &Credentials, first: &ServerFirst<'_>) -> Result<ScramKeys, ScramError> {
+    let (key, password) = match known_keys(creds, first)? {
+        Ok(k) => return Ok(k),
+        Err(derive) => derive,
+    };
+    let derived = ScramKeys::from_password(&password, &first.salt, first.iterations);
+    remember(key, &derived);
+    Ok(derived)
 }
 
 /// Client side of an exchange with the cloud.
@@ -325,17 +391,16 @@ impl ClientExchange {
         )
     }
 
-    /// Handles server-first-message; returns client-final-message and what checks the
-    /// server's final message.
+    /// Reads server-first-message: the server's nonce (which must extend ours), its salt
+    /// and iteration count.
     ///
     /// # Errors
     ///
     /// [`ScramError::Malformed`] when the server's message is not valid.
-    pub fn respond(
-        self,
-        server_first: &[u8],
-        creds: &Credentials,
-    ) -> Result<(String, [u8; 32]), ScramError> {
+    pub fn read_server_first<'a>(
+        &self,
+        server_first: &'a [u8],
+    ) -> Result<ServerFirst<'a>, ScramError> {
         let msg = std::str::from_utf8(server_first)
             .map_err(|_| ScramError::Malformed("server-first-message"))?;
         let nonce = attr(msg, 'r').ok_or(ScramError::Malformed("server nonce"))?;
@@ -349,24 +414,26 @@ impl ClientExchange {
             .and_then(|i| i.parse().ok())
             .filter(|&i| i > 0)
             .ok_or(ScramError::Malformed("iterations"))?;
-        let keys = match creds {
-            Credentials::Keys(k) => k.clone(),
-            Credentials::Password(p) => {
-                if iterations > MAX_SERVER_ITERATIONS {
-                    return Err(ScramError::TooManyIterations(iterations));
-                }
-                derived_keys(&p.0, &salt, iterations)
-            }
-        };
-        let without_proof = format!("c=biws,r={nonce}");
-        let auth_message = format!("{},{},{}", self.client_first_bare, msg, without_proof);
+        Ok(ServerFirst {
+            msg,
+            nonce,
+            salt,
+            iterations,
+        })
+    }
+
+    /// Answers server-first-message with `keys` ([`keys`]): client-final-message, and what
+    /// checks the server's final message.
+    pub fn respond(self, first: &ServerFirst<'_>, keys: &ScramKeys) -> (String, [u8; 32]) {
+        let without_proof = format!("c=biws,r={}", first.nonce);
+        let auth_message = format!("{},{},{}", self.client_first_bare, first.msg, without_proof);
         let signature = hmac(&sha256(&keys.client_key), auth_message.as_bytes());
         let proof = xor(&keys.client_key, &signature);
         let expected_server_sig = hmac(&keys.server_key, auth_message.as_bytes());
-        Ok((
+        (
             format!("{without_proof},p={}", B64.encode(proof)),
             expected_server_sig,
-        ))
+        )
     }
 
     /// Checks server-final-message against the expected signature.
@@ -442,7 +509,9 @@ mod tests {
     fn exchange(creds: &Credentials, verifier: &Verifier) -> Result<ScramKeys, ScramError> {
         let (client, first) = ClientExchange::start();
         let (server, server_first) = ServerExchange::start(first.as_bytes(), verifier)?;
-        let (client_final, expect) = client.respond(server_first.as_bytes(), creds)?;
+        let first = client.read_server_first(server_first.as_bytes())?;
+        let keys = keys_here(creds, &first)?;
+        let (client_final, expect) = client.respond(&first, &keys);
         let (keys, server_final) = server.finish(client_final.as_bytes(), verifier)?;
         ClientExchange::verify_final(server_final.as_bytes(), &expect)?;
         Ok(keys)
@@ -478,19 +547,28 @@ mod tests {
         format!("r={nonce}server,s={},i={iterations}", B64.encode(b"salt"))
     }
 
+    /// The keys `creds` give for `msg`, answering `client`'s first message.
+    fn keys_for(
+        client: &ClientExchange,
+        msg: &str,
+        creds: &Credentials,
+    ) -> Result<ScramKeys, ScramError> {
+        keys_here(creds, &client.read_server_first(msg.as_bytes())?)
+    }
+
     #[test]
     fn a_servers_iteration_count_is_bounded() {
         let (client, first) = ClientExchange::start();
         let too_many = server_first(&first, "100001");
         assert_eq!(
-            client.respond(too_many.as_bytes(), &password("p")).err(),
+            keys_for(&client, &too_many, &password("p")).err(),
             Some(ScramError::TooManyIterations(100_001))
         );
         for bad in ["0", "-1", "x"] {
             let (client, first) = ClientExchange::start();
             let msg = server_first(&first, bad);
             assert_eq!(
-                client.respond(msg.as_bytes(), &password("p")).err(),
+                keys_for(&client, &msg, &password("p")).err(),
                 Some(ScramError::Malformed("iterations")),
                 "i={bad}"
             );
@@ -499,23 +577,64 @@ mod tests {
         let keys = ScramKeys::from_password("p", b"salt", 4096);
         let (client, first) = ClientExchange::start();
         let msg = server_first(&first, "4000000");
-        assert!(client
-            .respond(msg.as_bytes(), &Credentials::Keys(keys))
-            .is_ok());
+        assert!(keys_for(&client, &msg, &Credentials::Keys(keys)).is_ok());
+    }
+
+    /// The keys for `password`, `salt` and `iterations`, as a login derives them.
+    fn derived(password: &str, salt: &[u8], iterations: u32) -> ScramKeys {
+        let first = ServerFirst {
+            msg: "",
+            nonce: "",
+            salt: salt.to_vec(),
+            iterations,
+        };
+        keys_here(&super::tests::password(password), &first).unwrap()
     }
 
     #[test]
     fn derived_keys_are_the_passwords_and_kept_per_salt() {
         let direct = ScramKeys::from_password("secret", b"salt-a", 4096);
-        assert_eq!(derived_keys("secret", b"salt-a", 4096), direct);
-        assert_eq!(
-            derived_keys("secret", b"salt-a", 4096),
-            direct,
-            "from the cache"
-        );
-        assert_ne!(derived_keys("secret", b"salt-b", 4096), direct);
-        assert_ne!(derived_keys("other", b"salt-a", 4096), direct);
-        assert_ne!(derived_keys("secret", b"salt-a", 4097), direct);
+        assert_eq!(derived("secret", b"salt-a", 4096), direct);
+        assert_eq!(derived("secret", b"salt-a", 4096), direct, "from the cache");
+        assert_ne!(derived("secret", b"salt-b", 4096), direct);
+        assert_ne!(derived("other", b"salt-a", 4096), direct);
+        assert_ne!(derived("secret", b"salt-a", 4097), direct);
+    }
+
+    /// On a core, a derivation runs on a thread of its own: the core's other tasks go on
+    /// meanwhile (a timer firing every millisecond keeps ticking through it).
+    #[test]
+    fn a_derivation_leaves_the_core_free() {
+        let ticks = crate::rt::block_on(async {
+            let first = ServerFirst {
+                msg: "",
+                nonce: "",
+                salt: b"salt-free".to_vec(),
+                iterations: MAX_SERVER_ITERATIONS,
+            };
+            let done = std::rc::Rc::new(std::cell::Cell::new(false));
+            let ticker = crate::rt::spawn({
+                let done = done.clone();
+                async move {
+                    let mut ticks = 0u32;
+                    while !done.get() {
+                        crate::rt::sleep(std::time::Duration::from_millis(1)).await;
+                        ticks += 1;
+                    }
+                    ticks
+                }
+            });
+            let keys = keys(&password("secret"), &first).await.unwrap();
+            done.set(true);
+            assert_eq!(
+                keys,
+                ScramKeys::from_password("secret", b"salt-free", MAX_SERVER_ITERATIONS)
+            );
+            ticker.await
+        });
+        // 100,000 iterations take milliseconds at the least: the timer ticked meanwhile (on
+        // the core's thread it could not have, not even once).
+        assert!(ticks >= 1, "{ticks}");
     }
 
     #[test]

@@ -178,9 +178,13 @@ impl BackendConn {
                             let exchange = scram.take().ok_or_else(|| {
                                 ConnError::Protocol("unexpected SASLContinue".into())
                             })?;
-                            let (fin, sig) = exchange
-                                .respond(f.rest(), creds)
+                            let first = exchange
+                                .read_server_first(f.rest())
                                 .map_err(ConnError::Scram)?;
+                            let keys = crate::scram::keys(creds, &first)
+                                .await
+                                .map_err(ConnError::Scram)?;
+                            let (fin, sig) = exchange.respond(&first, &keys);
                             expected_sig = Some(sig);
                             let mut out = Vec::new();
                             frontend::sasl_response(&mut out, fin.as_bytes());

@@ -55,23 +55,54 @@ pub async fn serve(core: Rc<Core>, tcp: TcpStream) {
             return;
         }
     };
-    serve_inner(&core, tcp, handshake).instrument(span).await
+    serve_inner(&core, tcp, handshake, &subnet)
+        .instrument(span)
+        .await
 }
 
-async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>) {
+/// The largest message a backend (the cloud or an organization's database) may send: what
+/// Postgres itself can build (a message is assembled in at most 1 GiB), with room to
+/// spare. A header declaring more ends the session with an error naming it; below it,
+/// memory follows the bytes that arrive, not the length declared ([`Pipe`]).
+const SERVER_MESSAGE_MAX: u32 = (1 << 30) + (64 << 10);
+
+/// Whose session a log line is about: the fields operators filter on.
+#[derive(Clone, Copy)]
+struct Who<'a> {
+    user: &'a str,
+    database: &'a str,
+    /// The client's subnet, never its full address (docs/security.md).
+    client: &'a str,
+}
+
+async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>, subnet: &str) {
     let _ = tcp.set_nodelay(true);
     let auth_timeout = core.shared.settings().config.auth_timeout;
     let started = Instant::now();
+    let unknown = Who {
+        user: "",
+        database: "",
+        client: subnet,
+    };
     let (mut stream, startup) = match with_timeout(auth_timeout, negotiate(tcp, core)).await {
         None => return tracing::debug!("auth_timeout during the startup phase"),
-        Some(Err((e, Some(mut stream)))) => return report(&mut stream, e).await,
-        Some(Err((e, None))) => return log_error(&e),
+        Some(Err((e, Some(mut stream)))) => return report(&mut stream, e, &unknown).await,
+        Some(Err((e, None))) => return log_error(&e, &unknown),
         Some(Ok(Negotiated::Cancelled)) => return,
         Some(Ok(Negotiated::Startup(stream, startup))) => (stream, startup),
     };
+    let user = startup.param("user").unwrap_or_default();
+    let who = Who {
+        user,
+        database: startup
+            .param("database")
+            .filter(|d| !d.is_empty())
+            .unwrap_or(user),
+        client: subnet,
+    };
     // Accepted before the listener closed: served, unless the drain is past its grace.
     if core.idle_cut.is_fired() {
-        return report(&mut stream, SessionError::Shutdown).await;
+        return report(&mut stream, SessionError::Shutdown, &who).await;
     }
     let remaining = auth_timeout.saturating_sub(started.elapsed());
     if super::console::asked(core, &startup) {
@@ -83,7 +114,7 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>) 
         drop(handshake);
         return match login.unwrap_or(Err(SessionError::AuthTimeout)) {
             Ok(admitted) => super::console::serve(core, stream, admitted).await,
-            Err(e) => report(&mut stream, e).await,
+            Err(e) => report(&mut stream, e, &who).await,
         };
     }
     let attached = match with_timeout(remaining, attach(core, &mut stream, &startup)).await {
@@ -92,8 +123,8 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>) 
     };
     drop(handshake);
     match attached {
-        Ok((key, backend)) => forward(core, stream, key, backend).await,
-        Err(e) => report(&mut stream, e).await,
+        Ok((key, backend)) => forward(core, stream, key, backend, subnet).await,
+        Err(e) => report(&mut stream, e, &who).await,
     }
 }
 
@@ -309,7 +340,13 @@ impl End {
     }
 }
 
-async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attached: Attached) {
+async fn forward(
+    core: &Rc<Core>,
+    mut client: ClientStream,
+    key: PoolKey,
+    attached: Attached,
+    subnet: &str,
+) {
     let Attached {
         _admitted,
         mut backend,
@@ -326,6 +363,11 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     };
     CoreStats::add(&core.stats.sessions, 1);
     let started = Instant::now();
+    let who = Who {
+        user: &key.user,
+        database: &db.name,
+        client: subnet,
+    };
     let mut seen = Seen::default();
     // The console's view of the session (only kept when something reads it).
     let live = core.shared.publishes().then(|| {
@@ -400,7 +442,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         rec.start(id, &key.database, &key.user);
     }
     let mut up = Pipe::new(max);
-    let mut down = Pipe::new(u32::MAX);
+    let mut down = Pipe::new(SERVER_MESSAGE_MAX);
     down.preload(&std::mem::take(&mut backend.rbuf));
     // Timed and counted where it is read (`GET /metrics`, the console), as `live` is kept.
     router.tally = live.is_some().then(|| {
@@ -616,6 +658,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
             if !progress {
                 // Idle until the next event: what was answered so far is counted now.
                 core.stats.follow(&mut seen, counts(&exchanges));
+                log_statement_errors(&router, &mut exchanges, &who);
                 super::tally::follow(&mut router, &mut exchanges, down.has_unwritten());
                 if let Some(live) = &live {
                     let busy = exchanges.cloud.pending > 0 || exchanges.direct.pending > 0;
@@ -636,6 +679,7 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
     .await;
 
     core.stats.follow(&mut seen, counts(&exchanges));
+    log_statement_errors(&router, &mut exchanges, &who);
     super::tally::follow(&mut router, &mut exchanges, false);
     if live.is_some() {
         core.clients.borrow_mut().remove(&session.get());
@@ -682,9 +726,10 @@ async fn forward(core: &Rc<Core>, mut client: ClientStream, key: PoolKey, attach
         "session ended"
     );
     if let Some(e) = notice {
-        log_error(&e);
         if down.at_frame_boundary() && !down.has_unwritten() {
-            report(&mut client, e).await;
+            report(&mut client, e, &who).await;
+        } else {
+            log_error(&e, &who);
         }
     }
     drop(client);
@@ -759,8 +804,8 @@ fn parameter_status_body(name: &str, value: &str) -> Vec<u8> {
 }
 
 /// Sends an error to the client (if it is one the client may see) and closes.
-async fn report(stream: &mut ClientStream, e: SessionError) {
-    log_error(&e);
+async fn report(stream: &mut ClientStream, e: SessionError, who: &Who<'_>) {
+    log_error(&e, who);
     let mut out = Vec::new();
     e.to_client(&mut out);
     if !out.is_empty() {
@@ -770,7 +815,7 @@ async fn report(stream: &mut ClientStream, e: SessionError) {
     let _ = stream.close().await;
 }
 
-fn log_error(e: &SessionError) {
+fn log_error(e: &SessionError, who: &Who<'_>) {
     // The SQLSTATE the client is told, for filtering (errors are rare: encoding it again
     // costs nothing).
     let mut told = Vec::new();
@@ -779,13 +824,62 @@ fn log_error(e: &SessionError) {
         .get(5..)
         .and_then(|body| lokadb_shared::wire::notice::Notice::parse(body).ok());
     let sqlstate = notice.as_ref().map_or("", |n| n.code.as_str());
+    let Who {
+        user,
+        database,
+        client,
+    } = *who;
     match e.kind() {
-        ErrorKind::ClientDisconnect => tracing::debug!(error = %e, "client went away"),
-        ErrorKind::User => tracing::info!(error = %e, sqlstate, "client error"),
-        ErrorKind::Limit | ErrorKind::Service => {
-            tracing::info!(error = %e, sqlstate, "connection refused")
+        ErrorKind::ClientDisconnect => {
+            tracing::debug!(user, database, client, error = %e, "client went away")
         }
-        ErrorKind::Upstream => tracing::warn!(error = %e, sqlstate, "cloud error"),
+        ErrorKind::User => {
+            tracing::info!(user, database, client, sqlstate, error = %e, "client error")
+        }
+        ErrorKind::Limit | ErrorKind::Service => {
+            tracing::info!(user, database, client, sqlstate, error = %e, "connection refused")
+        }
+        ErrorKind::Upstream => {
+            tracing::warn!(user, database, client, sqlstate, error = %e, "cloud error")
+        }
+    }
+}
+
+/// One line per error a backend answered the client with (at most [`ERRORS_LOGGED`] per
+/// request: the rest are counted), with the session's fields and the organization: the
+/// direct connection's, else the session's (`lokadb.org`), else the statement's where the
+/// figures per organization are kept.
+fn log_statement_errors(router: &Router, exchanges: &mut Exchanges, who: &Who<'_>) {
+    for side in [Side::Cloud, Side::Direct] {
+        let notes = std::mem::take(&mut exchanges.get_mut(side).error_notes);
+        if notes.is_empty() {
+            continue;
+        }
+        let org = match side {
+            Side::Direct => router.direct_org.as_ref().map(OrgId::as_str),
+            Side::Cloud => router
+                .org
+                .current
+                .as_ref()
+                .map(OrgId::as_str)
+                .or_else(|| router.tally.as_ref().and_then(|t| t.org())),
+        }
+        .unwrap_or("");
+        for n in &notes {
+            tracing::info!(
+                user = who.user,
+                database = who.database,
+                client = who.client,
+                org,
+                side = match side {
+                    Side::Cloud => "cloud",
+                    Side::Direct => "direct",
+                },
+                sqlstate = n.sqlstate.as_str(),
+                error = n.message.as_str(),
+                "statement error"
+            );
+        }
     }
 }
 

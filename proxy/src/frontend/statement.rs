@@ -53,6 +53,8 @@ pub struct Exchange {
     /// ErrorResponses by SQLSTATE class (its first two characters) since the session last
     /// handed them to its core ([`crate::metrics::DbStats`]).
     pub error_classes: Vec<([u8; 2], u64)>,
+    /// The errors answered since the session last logged them (at most [`ERRORS_LOGGED`]).
+    pub error_notes: Vec<ErrorNote>,
     /// The backend said why it ends (a FATAL error reached the client): its end needs no
     /// message of the proxy's.
     pub ended_with_fatal: bool,
@@ -147,6 +149,49 @@ pub fn gets_answer(tag: u8) -> bool {
     )
 }
 
+/// The most errors of one request the session logs a line for (a pipeline of failing
+/// statements is counted, not logged in full).
+pub const ERRORS_LOGGED: usize = 8;
+
+/// An error a backend answered, for its log line.
+#[derive(Debug, Clone)]
+pub struct ErrorNote {
+    pub sqlstate: String,
+    /// The primary message, at most [`ErrorNote::MESSAGE_MAX`] bytes of it.
+    pub message: String,
+}
+
+impl ErrorNote {
+    const MESSAGE_MAX: usize = 300;
+
+    /// From an ErrorResponse frame (`None`: too large to have been kept whole).
+    fn of(frame: Option<&[u8]>) -> ErrorNote {
+        let notice = frame
+            .and_then(|f| f.get(5..))
+            .and_then(|body| lokadb_shared::wire::notice::Notice::parse(body).ok());
+        match notice {
+            Some(n) => {
+                let mut message = n.message;
+                if message.len() > Self::MESSAGE_MAX {
+                    let mut end = Self::MESSAGE_MAX;
+                    while !message.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    message.truncate(end);
+                }
+                ErrorNote {
+                    sqlstate: n.code,
+                    message,
+                }
+            }
+            None => ErrorNote {
+                sqlstate: "?????".to_owned(),
+                message: String::new(),
+            },
+        }
+    }
+}
+
 impl Default for Exchange {
     fn default() -> Self {
         Exchange {
@@ -160,6 +205,7 @@ impl Default for Exchange {
             silenced_failed: std::collections::VecDeque::new(),
             errors: 0,
             error_classes: Vec::new(),
+            error_notes: Vec::new(),
             ended_with_fatal: false,
             syncs_after_execute: 0,
             sent_in_batch: 0,
@@ -878,6 +924,9 @@ impl Inspect for ServerFrames<'_> {
                 match classes.iter_mut().find(|(c, _)| *c == class) {
                     Some((_, n)) => *n += 1,
                     None => classes.push((class, 1)),
+                }
+                if self.exchange.error_notes.len() < ERRORS_LOGGED {
+                    self.exchange.error_notes.push(ErrorNote::of(frame));
                 }
             }
             if silent {

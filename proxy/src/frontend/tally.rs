@@ -43,6 +43,11 @@ impl Tally {
         }
     }
 
+    /// The organization of the request in flight, if it named one.
+    pub fn org(&self) -> Option<&str> {
+        self.has_org.then_some(self.org.as_str())
+    }
+
     /// Keeps the organization routing read for the message being routed (telling the
     /// cloud): counting it then costs no second analysis.
     pub fn remember(&mut self, org: &str) {

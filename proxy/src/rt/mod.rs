@@ -34,6 +34,30 @@ pub mod reactor;
 pub use executor::{block_on, spawn};
 pub use reactor::{sleep, sleep_until};
 
+/// Runs `work` on a thread of its own and waits for it without blocking the core: for the
+/// rare CPU-bound step (deriving a password's keys) that would stall every session of the
+/// core. A thread per call: such steps are rare and bounded, and a pool would be idle.
+///
+/// # Errors
+///
+/// No thread or eventfd could be had (the caller may then do the work itself).
+pub async fn off_core<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<T> {
+    let done = std::sync::Arc::new(reactor::EventFd::new()?);
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let signal = done.clone();
+    std::thread::Builder::new()
+        .name("lokadb-off-core".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+            signal.notify();
+        })?;
+    done.wait().await;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("the worker thread ended without an answer"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::net::{TcpListener, TcpStream};

@@ -33,6 +33,10 @@ mod reload;
 mod several_proxies;
 // Two relays, one killed under load: no organization lost.
 mod several_relays;
+// Chaos and abuse: slow-loris clients, oversized headers, an organization database that stops
+// answering, a stalled agent, a client killed mid-transaction, SCRAM iteration bombs, killed
+// processes; the other organizations' clients see no error and bounded latency.
+mod chaos;
 // upstream_pool: reuse and the reset between clients.
 mod proxy_pool;
 // Limits and bad input.

@@ -218,6 +218,16 @@ async fn figures_per_organization_follow_each_route() {
         .await
         .unwrap_err();
     assert_eq!(crate::world::sqlstate(&e), "22012");
+    // Logged with the organization the statement named.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !proxy
+        .output()
+        .lines()
+        .any(|l| l.contains("statement error") && l.contains("22012") && l.contains("org=\"1\""))
+    {
+        assert!(Instant::now() < deadline, "{}", proxy.output());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Nothing names an organization: counted for the database only.
     c.simple_query("SELECT 1").await.unwrap();
     // A session limited to organization 2 naming organization 1: refused, under 2.
@@ -318,6 +328,58 @@ async fn logs_can_be_json_lines() {
         "{error}"
     );
     assert_eq!(error["fields"]["sqlstate"], "28P01", "{error}");
+    assert_eq!(
+        (
+            error["fields"]["user"].as_str(),
+            error["fields"]["database"].as_str(),
+            error["fields"]["client"].as_str()
+        ),
+        (Some("app"), Some("app"), Some("127.0.0.0/24")),
+        "{error}"
+    );
+
+    // An error a statement gets: one line with the session's fields and the SQLSTATE.
+    let c = w.client().await.unwrap();
+    let e = c.simple_query("SELECT 1 / 0").await.unwrap_err();
+    assert_eq!(crate::world::sqlstate(&e), "22012");
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let failed = loop {
+        let line = w
+            .proxy
+            .output()
+            .lines()
+            .find(|l| l.contains("statement error"))
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+        if let Some(line) = line {
+            break line;
+        }
+        assert!(Instant::now() < deadline, "{}", w.proxy.output());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let f = &failed["fields"];
+    assert_eq!(
+        (
+            f["sqlstate"].as_str(),
+            f["user"].as_str(),
+            f["database"].as_str(),
+            f["client"].as_str(),
+            f["side"].as_str()
+        ),
+        (
+            Some("22012"),
+            Some("app"),
+            Some("app"),
+            Some("127.0.0.0/24"),
+            Some("cloud")
+        ),
+        "{failed}"
+    );
+    assert_eq!(
+        (f["message"].as_str(), f["error"].as_str()),
+        (Some("statement error"), Some("division by zero")),
+        "{failed}"
+    );
 
     // One line as a session starts and one as it ends, with what an operator filters on.
     drop(w.client().await.unwrap());

@@ -241,7 +241,7 @@ pub struct MovedWorld {
     pub relay: Proxy,
     pub more_relays: Vec<Proxy>,
     pub orgs: Vec<Org>,
-    _agents: Vec<Agent>,
+    pub agents: Vec<Agent>,
     pub cloud: Cluster,
     pub proxy: Proxy,
 }
@@ -325,7 +325,7 @@ pub fn moved_world_with(
         relay,
         more_relays,
         orgs,
-        _agents: agents,
+        agents,
         cloud,
         proxy,
     }
