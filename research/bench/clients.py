@@ -379,7 +379,7 @@ def main() -> int:
     ap.add_argument("--clients", help="comma-separated client counts (default 200,500,1000; quick 1000)")
     ap.add_argument("--setups", help="comma-separated subset of: " + ",".join(k for k, *_ in SETUPS))
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)

@@ -484,7 +484,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, help="HTTP clients (default 16)")
     ap.add_argument("--seconds", type=float, help="measured seconds per set-up")
     ap.add_argument("--reps", type=int, help="repetitions")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
         return common.rerender(args.render, render, False)

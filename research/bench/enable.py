@@ -172,7 +172,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, help="rows of documents (default: quick 1,000,000, full 10,000,000)")
     ap.add_argument("--writers", type=int, help="writer threads (default 8)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-enable[-quick])")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, False)

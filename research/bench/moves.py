@@ -1166,7 +1166,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
         for e in raw["meta"]["errors"]:
             L.append(f"- {e}")
         L.append("")
-    L.append("Raw numbers, every command, the move's timestamped output and per-second writer counts: `raw.json`. "
+    L.append("Raw numbers, every command, the move's timestamped output and per-second writer counts: `raw.json.gz`. "
              "Method: `research/bench/README.md`, \"Move benchmark\".\n")
     return "\n".join(L)
 
@@ -1318,7 +1318,7 @@ def main() -> int:
                     help="diagnostic: both clusters log every statement with its duration; the lines of "
                          "lokadb's own sessions are kept in admin-statements-run<N>/ of the result folder "
                          "(the logging costs time: not for the measured runs)")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)

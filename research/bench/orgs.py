@@ -1149,7 +1149,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
         L += [f"- {e[:1500]}" for e in m["errors"]]
         L.append("")
     L.append("Every run (command, tps, latencies, CPU, load average), the worlds' counts, the fidelity signatures and "
-             "the planner probes: `raw.json`. Method: `research/bench/README.md`, \"Organizations benchmark\".\n")
+             "the planner probes: `raw.json.gz`. Method: `research/bench/README.md`, \"Organizations benchmark\".\n")
     return "\n".join(L)
 
 
@@ -1322,7 +1322,7 @@ def main() -> int:
                     help="the N organizations back in DEFAULT, as move-back leaves a small one (default), or each "
                          "with its own partition, as move-back --fold-max-rows 0 leaves them")
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)

@@ -737,7 +737,7 @@ def tables_md(s: dict) -> list[str]:
     L.append("")
     big = max(rtts)
     L += [f"### One operation's requests to the org database (the example operation after the window, RTT {big:g} ms)",
-          "", "ᵈ = by the direct path, else postgres_fdw's session from the cloud. Verbatim SQL: `raw.json`, "
+          "", "ᵈ = by the direct path, else postgres_fdw's session from the cloud. Verbatim SQL: `raw.json.gz`, "
           "`rounds[].windows[].example.lines`.", "",
           "| operation | profile | requests |", "|---|---|---|"]
     for row in s["rows"]:
@@ -864,7 +864,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
         for e in m["errors"]:
             L.append(f"- {e[:1000]}")
         L.append("")
-    L.append("Every window's statements (source, protocol, SQL, timestamp), latencies and CPU readings: `raw.json`. "
+    L.append("Every window's statements (source, protocol, SQL, timestamp), latencies and CPU readings: `raw.json.gz`. "
              "Method: `research/bench/README.md`, \"Routing benchmark\".\n")
     return "\n".join(L)
 
@@ -978,7 +978,7 @@ def main() -> int:
     ap.add_argument("--rtts", help="comma-separated RTTs in ms (default: quick 0,10, full 0,10,40)")
     ap.add_argument("--n", type=int, help="measured operations per window (default: quick 15, full 50)")
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)

@@ -1259,10 +1259,10 @@ def write_outputs(raw: dict, s: dict, outdir: Path, charts_data: bool, summary_m
 
 
 def save_rendered(raw: dict, raw_json: Path, render, charts_data: bool) -> None:
-    """render(raw, outdir, charts_data) into raw_json's folder, then raw_json (with the summary);
-    prints the markdown."""
+    """render(raw, outdir, charts_data) into raw_json's folder, then the raw numbers (with the
+    summary) compressed beside it as raw.json.gz (write_raw_gz); prints the markdown."""
     md = render(raw, raw_json.parent, charts_data)
-    raw_json.write_text(json.dumps(raw, indent=1, default=str))
+    write_raw_gz(raw_json.parent, raw)
     print(md)
 
 
@@ -1310,8 +1310,9 @@ def finish_run(raw: dict, outdir: Path, t_start: float, render, charts_data: boo
 
 
 def rerender(raw_json: Path, render, charts_data: bool) -> int:
-    """--render: render again from a run's raw.json, which is written back (save_rendered)."""
-    save_rendered(json.loads(raw_json.read_text()), raw_json, render, charts_data)
+    """--render: render again from a run's raw.json or raw.json.gz, written back compressed
+    (save_rendered)."""
+    save_rendered(read_raw(raw_json), raw_json, render, charts_data)
     return 0
 
 

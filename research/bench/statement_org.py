@@ -168,7 +168,7 @@ def arguments(doc: str, quick_help: str) -> tuple:
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=quick_help)
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-<name>[-quick])")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json or raw.json.gz")
     ap.add_argument("--orgs", help="comma-separated organization counts (default: 1000 quick, 1,1000 full)")
     ap.add_argument("--scripts", default="read,update,insert", help="comma-separated orgs.py scripts")
     ap.add_argument("--query-modes", default="simple,extended,prepared",

@@ -185,7 +185,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="N = 10,000, R = 3 (≈ 1 min)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-statement-org-wire[-quick])")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json or raw.json.gz")
     ap.add_argument("--transports", default="unix,tcp", help="comma-separated: unix, tcp (default both)")
     args = ap.parse_args()
     if args.render:

@@ -1142,14 +1142,14 @@ def main() -> int:
                     help="comma-separated scenarios (default: all)")
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
     ap.add_argument("--streams", type=int, help="streams of the streams scenario (default 2048)")
-    ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
-        raw = json.loads(args.render.read_text())
+        raw = common.read_raw(args.render)
         outdir = args.render.parent
         s = summarize(raw)
         raw["summary"] = s
-        args.render.write_text(json.dumps(raw, indent=1, default=str))
+        common.write_raw_gz(outdir, raw)
         md = summary_markdown(raw, s)
         (outdir / "summary.md").write_text(md)
         charts = draw_charts(outdir, raw, s)
