@@ -305,8 +305,11 @@ fn answer(core: &Rc<Core>, sql: &str, out: &mut Vec<u8>) {
                 "profile",
                 "direct",
                 "owes_migrations",
+                "tunnel",
+                "direct_used",
+                "direct_idle",
             ],
-            org_rows(core),
+            org_rows(core, published),
         ),
         ["SHOW", "CLIENTS"] => rows(
             out,
@@ -477,13 +480,32 @@ fn database_rows(core: &Core) -> Vec<Vec<Option<String>>> {
         .collect()
 }
 
-fn org_rows(core: &Core) -> Vec<Vec<Option<String>>> {
+/// One row per organization of each database: its state and profile from the metadata,
+/// its tunnel (when a relay runs in this process: `live` with its agent connected, `none`
+/// without; empty otherwise) and its direct connections over all cores, used and idle.
+fn org_rows(core: &Core, published: &crate::metrics::Published) -> Vec<Vec<Option<String>>> {
+    let tunnels = published.tunnels().map(|rows| tunnels_by_org(&rows));
+    let mut direct: std::collections::HashMap<(String, String), [u64; 2]> = Default::default();
+    for s in published.servers() {
+        if let (Some(org), "direct") = (s.org, s.side) {
+            direct.entry((s.database, org)).or_default()[usize::from(s.client_id.is_none())] += 1;
+        }
+    }
     let meta = core.meta.borrow();
     let mut out = Vec::new();
     for (db, m) in meta.iter() {
         let mut orgs: Vec<_> = m.meta.orgs.iter().collect();
         orgs.sort_by(|a, b| a.0.cmp(b.0));
         for (id, o) in orgs {
+            let tunnel = tunnels.as_ref().map(|t| match t.get(id) {
+                Some(true) => "live".to_owned(),
+                Some(false) => "standby".to_owned(),
+                None => "none".to_owned(),
+            });
+            let [used, idle] = direct
+                .get(&(db.to_string(), id.clone()))
+                .copied()
+                .unwrap_or_default();
             out.push(vec![
                 Some(db.to_string()),
                 Some(id.clone()),
@@ -491,10 +513,25 @@ fn org_rows(core: &Core) -> Vec<Vec<Option<String>>> {
                 Some(o.profile.as_str().to_owned()),
                 Some(o.is_direct().to_string()),
                 Some(o.owes.to_string()),
+                tunnel,
+                Some(used.to_string()),
+                Some(idle.to_string()),
             ]);
         }
     }
     out
+}
+
+/// The relay's tunnel rows (`SHOW TUNNELS`: organization first, state fourth) as whether
+/// each organization has a live tunnel (`false`: standbys only).
+fn tunnels_by_org(rows: &[Vec<Option<String>>]) -> std::collections::HashMap<String, bool> {
+    let mut by_org = std::collections::HashMap::new();
+    for r in rows {
+        if let (Some(Some(org)), Some(Some(state))) = (r.first(), r.get(3)) {
+            *by_org.entry(org.clone()).or_default() |= state == "live";
+        }
+    }
+    by_org
 }
 
 fn pool_rows(published: &crate::metrics::Published) -> Vec<Vec<Option<String>>> {
@@ -714,6 +751,27 @@ pub fn socket_of(tcp: &TcpStream) -> (RawFd, Option<SocketAddr>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_organization_with_a_live_tunnel_is_live_whatever_its_standbys() {
+        let row = |org: &str, state: &str| {
+            vec![
+                Some(org.to_owned()),
+                Some("1".to_owned()),
+                Some("127.0.0.1:5".to_owned()),
+                Some(state.to_owned()),
+            ]
+        };
+        let by_org = tunnels_by_org(&[
+            row("2", "standby"),
+            row("2", "live"),
+            row("3", "standby"),
+            vec![None],
+        ]);
+        assert_eq!(by_org.get("2"), Some(&true));
+        assert_eq!(by_org.get("3"), Some(&false));
+        assert_eq!(by_org.len(), 2);
+    }
 
     #[test]
     fn config_rows_are_dotted_and_hide_passwords() {

@@ -252,3 +252,54 @@ async fn pause_holds_statements_until_resume() {
     let e = console.simple_query("PAUSE nowhere").await.unwrap_err();
     assert_eq!(sqlstate(&e), "3D000");
 }
+
+/// `SHOW ORGS` of moved organizations: state and profile from the cloud's metadata, the
+/// direct connections each holds over all cores, and no tunnel column without a relay in
+/// the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_orgs_has_each_organizations_direct_connections() {
+    let w = crate::several_proxies::world();
+    w.cloud.create_role(OPS, OPS_PASSWORD).unwrap();
+    let proxy =
+        crate::tunnel_world::direct_proxy_with(&w.cloud, 2, json!({ "admin_users": [OPS] }));
+    let app = connect(&crate::several_proxies::dsn(&proxy)).await.unwrap();
+    app.simple_query("SELECT count(*) FROM notes WHERE organization_id = 2")
+        .await
+        .unwrap();
+    let console = connect(&format!(
+        "host=127.0.0.1 port={} user={OPS} password={OPS_PASSWORD} dbname=lokadb",
+        proxy.port()
+    ))
+    .await
+    .unwrap();
+    let connections = |r: &[(String, Option<String>)]| {
+        ["direct_used", "direct_idle"]
+            .map(|c| get(r, c).unwrap().parse::<u64>().unwrap())
+            .iter()
+            .sum::<u64>()
+    };
+    let two = show_until(&console, "SHOW ORGS", |r| {
+        get(r, "organization") == Some("2") && connections(r) >= 1
+    })
+    .await;
+    assert_eq!(
+        (
+            get(&two, "state"),
+            get(&two, "profile"),
+            get(&two, "direct")
+        ),
+        (Some("moved"), Some("fdw+direct"), Some("true")),
+        "{two:?}"
+    );
+    assert_eq!(get(&two, "tunnel"), None, "no relay in this proxy: {two:?}");
+    let rows = show(&console, "SHOW ORGS").await;
+    let three = rows
+        .iter()
+        .find(|r| get(r, "organization") == Some("3"))
+        .unwrap();
+    assert_eq!(
+        (get(three, "profile"), connections(three)),
+        (Some("fdw"), 0),
+        "{three:?}"
+    );
+}

@@ -334,6 +334,11 @@ pub fn moved_world_with(
 /// A proxy in front of the cloud's database `app`, its direct path logging in as `app`,
 /// `route_log` on; returned once it has loaded `orgs` organizations.
 pub fn direct_proxy(cloud: &Cluster, orgs: usize) -> Proxy {
+    direct_proxy_with(cloud, orgs, json!({}))
+}
+
+/// [`direct_proxy`] with `extra` merged into its configuration's top level.
+pub fn direct_proxy_with(cloud: &Cluster, orgs: usize, extra: Value) -> Proxy {
     // A second proxy in front of the same cloud finds the role there.
     let exists = cloud
         .psql(
@@ -344,7 +349,7 @@ pub fn direct_proxy(cloud: &Cluster, orgs: usize) -> Proxy {
     if exists.trim() == "0" {
         crate::world::create_auth_role(cloud).unwrap();
     }
-    let proxy = Proxy::builder(json!({
+    let mut config = json!({
         "listen": "127.0.0.1:0",
         "route_log": true,
         "databases": { "app": {
@@ -353,9 +358,11 @@ pub fn direct_proxy(cloud: &Cluster, orgs: usize) -> Proxy {
             "auth_password": "auth-secret",
             "direct": { "user": APP_USER, "password": APP_PASSWORD },
         } },
-    }))
-    .start()
-    .unwrap();
+    });
+    if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+        config.extend(extra.clone());
+    }
+    let proxy = Proxy::builder(config).start().unwrap();
     assert!(
         proxy.wait_for_output(&format!("organizations={orgs}"), Duration::from_secs(10)),
         "{}",
