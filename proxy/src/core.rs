@@ -51,7 +51,8 @@ pub struct Settings {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Users from `users_file`, if configured.
     pub users: Option<UsersFile>,
-    /// Each database's `direct.logins_file`, read.
+    /// Each database's organizations' own logins (`direct.logins`, then `direct.logins_file`),
+    /// their passwords read (`password_env`).
     pub direct_logins: HashMap<String, std::collections::BTreeMap<String, DirectLogin>>,
 }
 
@@ -78,11 +79,21 @@ impl Settings {
             if db.auth_user.is_some() && db.auth_password.is_none() && !env_auth_password {
                 anyhow::bail!("databases.{name}: auth_user is set but neither auth_password nor LOKADB_AUTH_PASSWORD is");
             }
-            if let Some(path) = db.direct.as_ref().and_then(|d| d.logins_file.as_deref()) {
-                let logins = DirectLogin::load_file(path)
-                    .map_err(|e| anyhow::anyhow!("databases.{name}.{e}"))?;
-                direct_logins.insert(name.clone(), logins);
+            let Some(direct) = &db.direct else { continue };
+            // The organizations' own logins, their passwords read from the environment
+            // where they say so: `logins` wins over `logins_file`.
+            let mut logins = match direct.logins_file.as_deref() {
+                Some(path) => DirectLogin::load_file(path)
+                    .map_err(|e| anyhow::anyhow!("databases.{name}.{e}"))?,
+                None => Default::default(),
+            };
+            logins.extend(direct.logins.clone());
+            for (org, login) in &mut logins {
+                *login = login
+                    .resolved()
+                    .map_err(|e| anyhow::anyhow!("databases.{name}.direct.logins.{org}: {e}"))?;
             }
+            direct_logins.insert(name.clone(), logins);
         }
         Ok(Settings {
             config: Arc::new(config),
@@ -213,9 +224,6 @@ impl Shared {
     /// shared one (`direct.user` with its password, else `LOKADB_DIRECT_PASSWORD`).
     pub fn direct_login(&self, name: &str, db: &DatabaseConfig, org: &str) -> Option<DirectLogin> {
         let direct = db.direct.as_ref()?;
-        if let Some(own) = direct.logins.get(org) {
-            return Some(own.clone());
-        }
         if let Some(own) = self
             .settings()
             .direct_logins
@@ -231,6 +239,7 @@ impl Shared {
                 .clone()
                 .or_else(|| self.env_direct_password.clone())
                 .unwrap_or_default(),
+            password_env: None,
         })
     }
 

@@ -243,11 +243,40 @@ pub struct DirectConfig {
 pub struct DirectLogin {
     /// The role in the organization's database.
     pub user: String,
-    /// Its password.
+    /// Its password (or `password_env`).
+    #[serde(default)]
     pub password: String,
+    /// The environment variable holding its password instead, read at start and on
+    /// SIGHUP (the passwords then live where the service manager keeps secrets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_env: Option<String>,
 }
 
 impl DirectLogin {
+    /// The login with its password read from `password_env` where it names one.
+    ///
+    /// # Errors
+    ///
+    /// Both `password` and `password_env` given, or the variable not set.
+    pub fn resolved(&self) -> Result<DirectLogin, String> {
+        match &self.password_env {
+            None => Ok(self.clone()),
+            Some(_) if !self.password.is_empty() => {
+                Err("give \"password\" or \"password_env\", not both".to_owned())
+            }
+            Some(var) => match std::env::var(var) {
+                Ok(password) => Ok(DirectLogin {
+                    user: self.user.clone(),
+                    password,
+                    password_env: None,
+                }),
+                Err(_) => Err(format!(
+                    "password_env: the environment variable {var} is not set"
+                )),
+            },
+        }
+    }
+
     /// Reads a `logins_file`.
     ///
     /// # Errors
@@ -258,7 +287,7 @@ impl DirectLogin {
             .map_err(|e| format!("cannot read direct.logins_file {}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| {
             format!(
-                "direct.logins_file {}: expected {{\"ORG\": {{\"user\": …, \"password\": …}}}}: {e}",
+                "direct.logins_file {}: expected {{\"ORG\": {{\"user\": …, \"password\": …}}}} (or \"password_env\": VARIABLE): {e}",
                 path.display()
             )
         })

@@ -341,4 +341,31 @@ async fn an_organization_has_a_login_of_its_own() {
         .err()
         .unwrap_or_else(|| panic!("a missing logins file stops the start"));
     assert!(e.to_string().contains("logins_file"), "{e}");
+
+    // The password in an environment variable: the login works as from the file.
+    let from_env = json!({ "direct": { "user": APP_USER, "password": APP_PASSWORD,
+        "logins": { "2": { "user": "org2_reader", "password_env": "ORG2_READER_PASSWORD" } } } });
+    let env = crate::direct::direct_proxy(
+        &w,
+        from_env.clone(),
+        &[("ORG2_READER_PASSWORD", "r-secret")],
+    );
+    let c = client(&env).await;
+    assert_eq!(
+        crate::direct::one_i64(&c.simple_query(sql).await.unwrap()),
+        100
+    );
+    assert_eq!(org_ran(&w, sql), 2, "{}", env.output());
+    let log = w.org.db.log_contents();
+    let last = log.lines().rev().find(|l| l.contains(sql)).unwrap();
+    assert!(last.contains(&format!("org2_reader@{ORG_DB}")), "{last}");
+    // Not set: the proxy does not start, and says which variable.
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.config_path()).unwrap()).unwrap();
+    config["databases"]["app"]["direct"]["logins"]["2"]["password_env"] =
+        json!("LOKADB_TEST_UNSET_PASSWORD");
+    let e = Proxy::start(&config)
+        .err()
+        .unwrap_or_else(|| panic!("an unset password_env stops the start"));
+    assert!(e.to_string().contains("LOKADB_TEST_UNSET_PASSWORD"), "{e}");
 }

@@ -499,3 +499,52 @@ async fn a_reload_revokes_a_token_and_keeps_the_others() {
     wait_reachable(&relay_dsn(&relay, "acme"), Duration::from_secs(60)).await;
     globex_client.simple_query("SELECT 1").await.unwrap();
 }
+
+/// A new certificate for the relay (a new CA even), put in place and SIGHUP: tunnels up
+/// keep running on the old one — acme's agent does not reconnect, its session goes on —
+/// and an agent that connects next gets the new one (globex's, trusting only the new CA).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_certificate_keeps_the_tunnels_up() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    let globex = Org::start("globex").unwrap();
+    let relay = start_relay(&certs, &[&acme, &globex], json!({}), &[]).unwrap();
+    let _acme_agent = start_agent(&certs, &acme, addrs(&relay).agents, &[]).unwrap();
+    let acme_dsn = relay_dsn(&relay, "acme");
+    wait_reachable(&acme_dsn, Duration::from_secs(30)).await;
+    let session = connect(&acme_dsn).await.unwrap();
+    assert_eq!(items(&session).await, 1000);
+
+    let ca = lokadb_tests::certs::TestCa::new("LokaDB rotated CA").unwrap();
+    let (cert, key) = ca.issue("relay", &["localhost", "127.0.0.1"]).unwrap();
+    std::fs::write(&certs.files.cert, cert).unwrap();
+    std::fs::write(&certs.files.key, key).unwrap();
+    let rotated = certs.files.ca.with_file_name("rotated-ca.crt");
+    std::fs::write(&rotated, ca.pem()).unwrap();
+    relay.signal(libc::SIGHUP);
+    assert!(
+        relay.wait_for_output("tokens and certificate reloaded", Duration::from_secs(30)),
+        "{}",
+        relay.output()
+    );
+
+    // The next agent sees the new certificate: one trusting only the new CA connects.
+    let _globex_agent = lokadb_tests::agent::Agent::start(
+        &[addrs(&relay).agents],
+        &globex.token,
+        globex.db.addr(),
+        &rotated,
+        &[],
+        &[],
+    )
+    .unwrap();
+    wait_reachable(&relay_dsn(&relay, "globex"), Duration::from_secs(30)).await;
+    // acme's tunnel never dropped: its session works and its agent connected once.
+    assert_eq!(items(&session).await, 1000);
+    assert_eq!(
+        relay.output().matches("agent connected").count(),
+        2,
+        "{}",
+        relay.output()
+    );
+}
