@@ -315,6 +315,15 @@ def summary_markdown(raw: dict, s: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+# Operations failed on a moved organization through LokaDB on fdw, by clients: the reference's
+# 0 / 0 / 82 % at 200 / 500 / 1000 (shared/seed/performance-reference.txt, "Ceilings by the number
+# of clients"; RESULTS.md's overview, row "Clients"), drawn over the "lokadb, fdw" set-up. The
+# goal: 0 % failed (the same row).
+REFERENCE_SETUP = "lokadb_fdw"
+REFERENCE_FAILED_PCT = {200: 0.0, 500: 0.0, 1000: 82.0}
+GOAL_FAILED_PCT = 0.0
+
+
 def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     rows = raw["setups"]
     m = raw["meta"]["mode_settings"]
@@ -323,6 +332,8 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(labels) + 2), 3.8))
     w = 0.8 / len(counts)
     shades = ["#9ecae1", "#4292c6", "#08519c", "#08306b"]
+    ref_label = next((r["label"] for r in rows if r.get("key") == REFERENCE_SETUP), None)
+    ref_drawn = False
     for i, n in enumerate(counts):
         vals = [next((r["refused_pct"] for r in rows
                       if r["label"] == lab and r.get("clients", m["clients"]) == n), None) for lab in labels]
@@ -331,14 +342,22 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
         for b, v in zip(bars, vals):
             ax.text(b.get_x() + b.get_width() / 2, (v or 0) + 1, "–" if v is None else f"{v:g}",
                     ha="center", fontsize=7)
+        if ref_label in labels and n in REFERENCE_FAILED_PCT:
+            common.marks(ax, [xs[labels.index(ref_label)]], [REFERENCE_FAILED_PCT[n]], w,
+                         "_" if ref_drawn else "reference (LokaDB, moved on fdw): "
+                         + " / ".join(f"{v:g} %" for v in REFERENCE_FAILED_PCT.values())
+                         + f" at {' / '.join(map(str, REFERENCE_FAILED_PCT))} clients", common.REFERENCE_STYLE)
+            ref_drawn = True
+    common.goal_line(ax, GOAL_FAILED_PCT, f"{GOAL_FAILED_PCT:g} % failed on a moved organization")
     ax.set_xticks(range(len(labels)), [lab.replace(", ", ",\n", 1) for lab in labels], fontsize=8)
-    ax.set_ylim(0, 105)
-    ax.set_ylabel("operations failed (%)")
-    ax.legend(fontsize=8)
-    ax.set_title("Ceilings by clients: operations failed, per set-up and number of clients (goal 0 %)",
-                 fontsize=10)
+    ax.set_ylim(-2, 128)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_ylabel("operations failed (% of attempted)")
+    ax.legend(fontsize=7, loc="upper center", ncol=3)
+    ax.set_title(f"Ceilings by clients: operations failed, per set-up and number of clients "
+                 f"({raw['meta']['mode']} mode, run {raw['meta']['run_id']})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(outdir / "clients-refused.png", dpi=110)
+    common.save_png(fig, outdir / "clients-refused.png", 110)
     plt.close(fig)
     return ["clients-refused.png"]
 

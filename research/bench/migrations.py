@@ -402,7 +402,10 @@ def summary(raw: dict) -> str:
 
 
 def chart(raw: dict, path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    """migrations.png: each statement's time at the client by moved organizations, and how long
+    another organization waited. The reference has no migration figure and no goal is stated
+    (RESULTS.md, "Migrations"): title and units only."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.3))
     for ax, stmt, label in ((axes[0], "add_column", "ALTER TABLE … ADD COLUMN"),
                             (axes[1], "create_index", "CREATE INDEX")):
         for rtt in sorted({c["rtt_ms"] for c in raw["cells"]}):
@@ -420,8 +423,11 @@ def chart(raw: dict, path: Path) -> None:
         ax.set_ylabel("ms at the client (median)")
         ax.set_title(label)
         ax.legend(fontsize=7)
+    m = raw["meta"]
+    fig.suptitle(f"Schema migrations with moved organizations: time at the client and another organization's "
+                 f"longest wait ({m['mode']} mode, run {m['run_id']})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    common.save_png(fig, path, 110)
     plt.close(fig)
 
 
@@ -429,7 +435,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="0, 1 and 10 moved organizations, 3 repetitions")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-migrations[-quick])")
+    ap.add_argument("--no-charts-data", action="store_true", help="with --render: leave charts-data.md alone")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, the chart and charts-data.md from this "
+                                                "raw.json or raw.json.gz")
     args = ap.parse_args()
+    if args.render:
+        return common.rerender(args.render, render, not args.no_charts_data)
     preflight("migrations.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     started, run_id, outdir = result_dir(args.out, "-migrations", mode.quick)

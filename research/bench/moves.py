@@ -1132,7 +1132,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
     L = [f"# Move benchmark, {m['mode']} mode — run {m['run_id']}", "",
          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
          f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
-         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{BIN_DIR}`. "
+         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{common.bin_dir_of(m, BIN_DIR)}`. "
          f"Command: `{m['command'].strip()}`.", "",
          f"World: PostgreSQL 18 clusters (cloud and organization 2's), relay, organization 2's agent dialing the "
          f"relay through the latency link ({RTT_MS / 2:g} ms each way = {RTT_MS:g} ms RTT); the move reaches the org "
@@ -1171,6 +1171,19 @@ def summary_markdown(raw: dict, s: dict) -> str:
     return "\n".join(L)
 
 
+# The reference's pauses of a move under writers, 43 ms from the cloud (shared/seed/
+# performance-reference.txt, "Moving an organization under writes"; RESULTS.md's overview and
+# section "Moves"): at the switch, by size and mode, 1.74 s (trigger, 2 writers) and 1.66 s
+# (logical, 8 writers) at 60 MB, 2.32 s and 3.26 s at 600 MB; the split (the first move, out of
+# DEFAULT) about 6 s at 60 MB and about a minute at 600 MB. Drawn over the move-org rows of the
+# same size and mode (not move-back's).
+REFERENCE_SWITCH_MS = {(60, "trigger"): 1740, (60, "logical"): 1660, (600, "trigger"): 2320, (600, "logical"): 3260}
+REFERENCE_SPLIT_MS = {60: 6000, 600: 60000}
+# The goals (RESULTS.md's overview, rows "Moves"): split and switch pause ≤ 0.3 s (GOAL_PAUSE_MS);
+# the copy ≥ 0.8 × the link's write ceiling (issue 23).
+GOAL_COPY_OVER_WRITE_CEILING = 0.8
+
+
 def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     made = []
     rows = s["rows"]
@@ -1178,25 +1191,39 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
         return made
     names = [r["label"].replace(", ", "\n").replace(" — ", "\n") for r in rows]
     x = list(range(len(rows)))
-    # 1. pauses vs the goal
+    run_of = f"{raw['meta']['mode']} mode, run {raw['meta']['run_id']}"
+    # 1. pauses vs the goal and the reference (log scale: ours 0.1–10 s, the reference's up to a minute)
     fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(rows) + 2), 4.8))
-    sp = [r["split_pause_ms"] or 0 for r in rows]
-    sw = [r["switch_pause_ms"] or 0 for r in rows]
-    ax.bar([i - 0.2 for i in x], sp, 0.4, label="split out of DEFAULT (first move)", color="#8b949e")
-    ax.bar([i + 0.2 for i in x], sw, 0.4, label="switch", color="#1f6feb")
+    sp = [r["split_pause_ms"] for r in rows]
+    sw = [r["switch_pause_ms"] for r in rows]
+    ax.bar([i - 0.2 for i in x], [v or float("nan") for v in sp], 0.4, label="split out of DEFAULT (first move)",
+           color="#8b949e")
+    ax.bar([i + 0.2 for i in x], [v or float("nan") for v in sw], 0.4, label="switch", color="#1f6feb")
     for i in x:
-        if rows[i]["split_pause_ms"] is not None:
-            ax.text(i - 0.2, sp[i], f"{sp[i]}", ha="center", va="bottom", fontsize=7)
-        if rows[i]["switch_pause_ms"] is not None:
-            ax.text(i + 0.2, sw[i], f"{sw[i]}", ha="center", va="bottom", fontsize=7)
-    ax.axhline(GOAL_PAUSE_MS, ls="--", color="#a33", lw=1, label=f"goal {GOAL_PAUSE_MS} ms")
+        if sp[i] is not None:
+            ax.text(i - 0.2, sp[i], f"{sp[i]:,}", ha="center", va="bottom", fontsize=7)
+        if sw[i] is not None:
+            ax.text(i + 0.2, sw[i], f"{sw[i]:,}", ha="center", va="bottom", fontsize=7)
+    ref_split = [REFERENCE_SPLIT_MS.get(r["size_mb"]) if r["mode"] in ("trigger", "logical") else None for r in rows]
+    ref_switch = [REFERENCE_SWITCH_MS.get((r["size_mb"], r["mode"])) for r in rows]
+    common.marks(ax, [i - 0.2 for i in x], ref_split, 0.4,
+                 "reference, split: ≈ " + ", ".join(f"{v / 1000:g} s at {k} MB" for k, v in REFERENCE_SPLIT_MS.items()
+                                                     if v in ref_split),
+                 {**common.REFERENCE_STYLE, "colors": "#24292f"})
+    common.marks(ax, [i + 0.2 for i in x], ref_switch, 0.4,
+                 "reference, switch: " + ", ".join(f"{v / 1000:g} s ({m}, {k} MB)"
+                                                   for (k, m), v in REFERENCE_SWITCH_MS.items() if v in ref_switch),
+                 common.REFERENCE_STYLE)
+    common.goal_line(ax, GOAL_PAUSE_MS, f"≤ {GOAL_PAUSE_MS} ms, split and switch")
+    ax.set_yscale("log")
     ax.set_xticks(x, names, fontsize=7)
-    ax.set_ylabel("writes paused (ms)")
-    ax.set_title(f"Pauses of lokadb move-org / move-back at {RTT_MS:g} ms RTT ({raw['meta']['mode']} mode)", fontsize=10)
-    ax.margins(y=0.15)
-    ax.legend(fontsize=8)
+    ax.set_ylabel("writes paused, ms (log)")
+    ax.set_title(f"Pauses of lokadb move-org / move-back at {RTT_MS:g} ms RTT\n({run_of})", fontsize=10)
+    # Room above the tallest figure for the legend.
+    ax.set_ylim(top=max(v for v in sp + sw + ref_split + ref_switch + [GOAL_PAUSE_MS] if v) * 15)
+    ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
-    fig.savefig(outdir / "moves-pause.png", dpi=110)
+    common.save_png(fig, outdir / "moves-pause.png", 110)
     plt.close(fig)
     made.append("moves-pause.png")
     # 2. MB/s vs the link's ceilings
@@ -1212,13 +1239,19 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
         for xx, v in zip(xs, vals):
             if v is not None:
                 ax.text(xx, v, f"{v:.0f}", ha="center", va="bottom", fontsize=6)
+    # The goal over each row's copy bar: 0.8 × that run's write ceiling.
+    common.marks(ax, [i - 1.5 * w for i in x],
+                 [GOAL_COPY_OVER_WRITE_CEILING * r["ceiling_write_mb_s"]
+                  if r["ceiling_write_mb_s"] and r["mode"] in ("trigger", "logical") else None for r in rows],
+                 w, f"goal: move-org's copy ≥ {GOAL_COPY_OVER_WRITE_CEILING:g} × the write ceiling",
+                 common.GOAL_STYLE)
     ax.set_xticks(x, names, fontsize=7)
     ax.set_ylabel("MB/s")
-    ax.set_title(f"Move throughput vs the link's ceiling ({RTT_MS:g} ms RTT, {raw['meta']['mode']} mode)", fontsize=10)
-    ax.margins(y=0.15)
-    ax.legend(fontsize=7)
+    ax.set_title(f"Move throughput vs the link's ceiling, {RTT_MS:g} ms RTT\n({run_of})", fontsize=10)
+    ax.set_ylim(top=max([r[k] for r in rows for k, *_ in series if r[k]] + [1]) * 1.6)
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
     fig.tight_layout()
-    fig.savefig(outdir / "moves-throughput.png", dpi=110)
+    common.save_png(fig, outdir / "moves-throughput.png", 110)
     plt.close(fig)
     made.append("moves-throughput.png")
     # 3. writers per second around each move
@@ -1256,8 +1289,9 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
             ax.legend(fontsize=6)
         for k in range(n, nrows * cols):
             axes[k // cols][k % cols].axis("off")
+        fig.suptitle(f"Writers' commits per second around each move, {RTT_MS:g} ms RTT ({run_of})", fontsize=9)
         fig.tight_layout()
-        fig.savefig(outdir / "moves-writers.png", dpi=100)
+        common.save_png(fig, outdir / "moves-writers.png", 100)
         plt.close(fig)
         made.append("moves-writers.png")
     return made

@@ -1013,7 +1013,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
               "mode.**", ""]
     L += [f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
           f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
-          f"at the end {m.get('loadavg_at_end', '?')}; {m.get('wall_seconds', 0):.0f} s in all. Binaries: `{BIN_DIR}` "
+          f"at the end {m.get('loadavg_at_end', '?')}; {m.get('wall_seconds', 0):.0f} s in all. Binaries: `{common.bin_dir_of(m, BIN_DIR)}` "
           f"(lokadb sha256 `{m['binaries']['lokadb']['sha256'][:16]}…`, mtime {m['binaries']['lokadb']['mtime_utc']}). "
           f"Command: `{m['command']}`.", ""]
     L += [f"Worlds: one cloud PostgreSQL 18 cluster (`max_locks_per_transaction = {ms.get('max_locks')}`), one "
@@ -1160,10 +1160,26 @@ MARKERS = {"read": "o", "update": "s", "insert": "^", "route": "D"}
 def _xaxis(ax, Ns, title):
     ax.set_xscale("log")
     ax.set_xticks(Ns)
-    ax.set_xticklabels([f"{n:,}" for n in Ns])
+    ax.set_xticklabels([f"{n:,}" for n in Ns], fontsize=8)
     ax.minorticks_off()
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("organizations")
+
+
+# The reference's throughput through LokaDB by the number of organizations, 32 clients, ops/s
+# (shared/seed/performance-reference.txt, "Thousands of organizations"; at 3000 ÷ at 1: read
+# 0.52, update 0.72, insert 0.16 as RESULTS.md's overview, row "Organizations", gives them),
+# drawn ÷ its figure at 1.
+REFERENCE_OPS = {"read": {1: 24371, 100: 23984, 1000: 12596, 3000: 12606},
+                 "update": {1: 22209, 100: 25194, 1000: 17853, 3000: 15908},
+                 "insert": {1: 8952, 100: 7846, 1000: 4961, 3000: 1432}}
+# The reference's first statement after connecting: 1.6 ms with one organization, 14.8 ms with
+# 3000 (the same section; RESULTS.md's overview: 9 ×), drawn as that factor over LokaDB's p50 at 1.
+REFERENCE_FIRST_MS = {1: 1.6, 3000: 14.8}
+# The goals (issue 6; RESULTS.md's overview, rows "Organizations"): throughput at 3000 ≥ 0.9 × at
+# 1, the first statement after connecting at 3000 ≤ 2 × at 1.
+GOAL_OVER_BASE = 0.9
+GOAL_FIRST_OVER_BASE = 2.0
 
 
 def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
@@ -1177,8 +1193,15 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
                 ys = [(cell_of(s, script, qm, n) or {}).get("targets", {}).get(t, {}).get("over_base") for n in Ns]
                 ax.plot(Ns, ys, ls, marker="o", color=COLORS.get(qm, "k"),
                         label=f"{'LokaDB' if t == 'lokadb' else 'direct'} {qm}")
-        ax.axhline(0.9, color="#cf222e", lw=0.8, ls=":")
+        ref = REFERENCE_OPS.get(script)
+        if ref and s["base"] in ref:
+            rn = [n for n in sorted(ref) if n <= max(Ns)]  # a quick run stops at 1000
+            ax.plot(rn, [ref[n] / ref[s["base"]] for n in rn], color=common.REFERENCE_STYLE["colors"], ls="-.",
+                    lw=common.REFERENCE_STYLE["linewidths"], marker="x",
+                    label=f"reference: LokaDB, {ref[max(rn)] / ref[s['base']]:.2f} at {max(rn):,}")
+        common.goal_line(ax, GOAL_OVER_BASE, f"≥ {GOAL_OVER_BASE:g} through LokaDB at {max(Ns):,}")
         _xaxis(ax, Ns, f"{SCRIPT_LABEL.get(script, script)}: tps at N ÷ at {s['base']}{sfx}")
+        ax.set_ylabel(f"throughput at N ÷ at {s['base']} (tps ratio)")
         ax.set_ylim(0, max(1.3, ax.get_ylim()[1]))
         ax.legend(fontsize=7)
     ax = axes[0][3]
@@ -1190,7 +1213,8 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
                     v = (cell_of(s, "route", qm, n) or {}).get("targets", {}).get("lokadb", {}).get(key)
                     ys.append(v * 10 if v is not None and key == "p50_ms" else v)
                 ax.plot(Ns, ys, ls, marker="D", color=COLORS.get(qm, "k"), label=f"{lab}, {qm}")
-        _xaxis(ax, Ns, f"route, {ROUTE_RATE:,}/s via LokaDB: proxy CPU µs, p50 ms × 10{sfx}")
+        _xaxis(ax, Ns, f"route, {ROUTE_RATE:,}/s via LokaDB:\nproxy CPU µs, p50 ms × 10{sfx}")
+        ax.set_ylabel("µs per statement; ms × 10")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     else:
@@ -1198,11 +1222,12 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     for ax in axes[0][len(top_scripts):3]:
         ax.axis("off")
     panels = [
-        ("proxy_over_direct", None, "LokaDB ÷ direct (tps)"),
-        ("targets", "proxy_us_per_stmt", "proxy CPU µs per statement"),
-        ("targets", "cloud_us_per_stmt", "cloud CPU µs per statement (LokaDB runs)"),
+        ("proxy_over_direct", None, "LokaDB ÷ direct (tps)", "throughput ÷ direct (tps ratio)"),
+        ("targets", "proxy_us_per_stmt", "proxy CPU µs per statement", "µs per statement"),
+        ("targets", "cloud_us_per_stmt", "cloud CPU µs per statement (LokaDB runs)", "µs per statement"),
     ]
-    for ax, (key, sub, title) in zip(axes[1][:3], panels):
+    for ax, (key, sub, title, ylabel) in zip(axes[1][:3], panels):
+        ax.set_ylabel(ylabel)
         for script in s["scripts"]:
             for qm in s["query_modes"]:
                 ys = []
@@ -1223,11 +1248,25 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
             ys = [s["first"].get(n, {}).get("targets", {}).get(t, {}).get(key) for n in Ns]
             ax.plot(Ns, ys, ls, marker="o", color=color,
                     label=f"{'LokaDB' if t == 'lokadb' else 'direct'} {'first statement' if key.startswith('first') else 'connect'}")
+    base = s["first"].get(s["base"], {}).get("targets", {}).get("lokadb", {}).get("first_ms_p50")
+    if base:
+        ref_factor = REFERENCE_FIRST_MS[max(REFERENCE_FIRST_MS)] / REFERENCE_FIRST_MS[min(REFERENCE_FIRST_MS)]
+        common.reference_line(ax, ref_factor * base,
+                              f"first statement {ref_factor:.0f} × at 1\nwith {max(REFERENCE_FIRST_MS):,} "
+                              f"(its {REFERENCE_FIRST_MS[min(REFERENCE_FIRST_MS)]:g} → "
+                              f"{REFERENCE_FIRST_MS[max(REFERENCE_FIRST_MS)]:g} ms),\ndrawn × LokaDB's "
+                              f"{base:.2f} ms at {s['base']}")
+        common.goal_line(ax, GOAL_FIRST_OVER_BASE * base,
+                         f"first statement ≤ {GOAL_FIRST_OVER_BASE:g} × at {s['base']}\n"
+                         f"({GOAL_FIRST_OVER_BASE * base:.2f} ms)")
     _xaxis(ax, Ns, "a new connection: p50 ms" + sfx)
+    ax.set_ylabel("p50, ms")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="center right")
+    fig.suptitle(f"Organizations: cost vs their number, 32 clients ({raw['meta']['mode']} mode, "
+                 f"run {raw['meta']['run_id']})", fontsize=11)
     fig.tight_layout()
-    fig.savefig(outdir / "orgs-scaling.png", dpi=90)
+    common.save_png(fig, outdir / "orgs-scaling.png", 90)
     plt.close(fig)
     return ["orgs-scaling.png"]
 

@@ -832,7 +832,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
     L = [f"# Routing benchmark, {m['mode']} mode — run {m['run_id']}", "",
          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
          f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
-         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{BIN_DIR}` (lokadb sha256 "
+         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{common.bin_dir_of(m, BIN_DIR)}` (lokadb sha256 "
          f"`{m['binaries']['lokadb']['sha256'][:16]}…`, mtime {m['binaries']['lokadb']['mtime_utc']}). "
          f"Command: `{m['command'].strip()}`.", "",
          f"World: cloud and organization 2's PostgreSQL 18 clusters; organization 2 moved once with "
@@ -885,10 +885,42 @@ def _bars(ax, s, key, rtt, x, ops, label_fmt="{:.1f}"):
                 ax.text(xx, v, label_fmt.format(v), ha="center", va="bottom", fontsize=7)
 
 
+# Round trips to the organization's database per operation, the reference's (shared/seed/
+# performance-reference.txt, "Where the round trips go on fdw" and "fdw+direct"; RESULTS.md's
+# overview, row "Distance", and its section "Distance: round trips and RTT"): in a transaction a
+# read ≈ 8 on fdw → ≈ 3 on fdw+direct, an update ≈ 8 → ≈ 2; autocommit on fdw a read ≈ 5, an
+# update 8, the ORM read 10.
+REFERENCE_ROUND_TRIPS = {("tx_read", "fdw"): 8, ("tx_read", "fdw+direct"): 3,
+                         ("tx_update", "fdw"): 8, ("tx_update", "fdw+direct"): 2,
+                         ("read", "fdw"): 5, ("update", "fdw"): 8, ("orm_read", "fdw"): 10}
+# The goal (issue 6; RESULTS.md, same row and section): on fdw+direct a read and an update in a
+# transaction in ≤ 2 round trips, an autocommit statement in 1.
+GOAL_ROUND_TRIPS = {("tx_read", "fdw+direct"): 2, ("tx_update", "fdw+direct"): 2,
+                    ("read", "fdw+direct"): 1, ("update", "fdw+direct"): 1}
+# p50 ÷ RTT of the reference's operations in a transaction, at its 9.4 and 38.7 ms (the same
+# file, "The price of distance"; RESULTS.md, "Distance"): read fdw 80.3 and 353 ms, fdw+direct
+# 30.5 and 133; update fdw 80.5 and 353, fdw+direct 20.8 and 89.1. Drawn on our panel of the
+# nearest RTT (10 and 40 ms).
+REFERENCE_P50_MS = {9.4: {("tx_read", "fdw"): 80.3, ("tx_read", "fdw+direct"): 30.5,
+                          ("tx_update", "fdw"): 80.5, ("tx_update", "fdw+direct"): 20.8},
+                    38.7: {("tx_read", "fdw"): 353, ("tx_read", "fdw+direct"): 133,
+                           ("tx_update", "fdw"): 353, ("tx_update", "fdw+direct"): 89.1}}
+
+
+def _marks(ax, ops, figures: dict, label: str, style: dict) -> None:
+    """figures[(op, profile)] over the bars of _bars, one legend entry."""
+    for j, profile in enumerate(PROFILES):
+        ys = [figures.get((op, profile)) for op in ops]
+        common.marks(ax, [i + (j - 0.5) * 0.38 for i in range(len(ops))], ys, 0.38, label, style)
+        if any(y is not None for y in ys):
+            label = "_"
+
+
 def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     made = []
     pos = [r for r in s["rtts"] if r > 0]
-    ops = [op for op, _, _ in OPS]
+    # Operations a run measured (an older run's raw numbers lack the ones added since).
+    ops = [op for op, _, _ in OPS if any(_row(s, op, p)["cells"] for p in PROFILES)]
     x = list(range(len(ops)))
     names = [OP_SHORT[o].replace(" (control)", "\n(control)") for o in ops]
     if not pos:
@@ -896,28 +928,39 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     fig, axes = plt.subplots(1, len(pos), figsize=(6.2 * len(pos), 4.6), squeeze=False)
     for ax, rtt in zip(axes[0], pos):
         _bars(ax, s, "p50_over_rtt", rtt, x, ops)
+        ref_rtt = min(REFERENCE_P50_MS, key=lambda r: abs(r - rtt))
+        if abs(ref_rtt - rtt) <= 0.1 * rtt:
+            _marks(ax, ops, {k: v / ref_rtt for k, v in REFERENCE_P50_MS[ref_rtt].items()},
+                   f"reference: p50 ÷ RTT at its {ref_rtt:g} ms (in a transaction: read "
+                   + ", ".join(f"{REFERENCE_P50_MS[ref_rtt][('tx_read', p)] / ref_rtt:.1f}" for p in PROFILES)
+                   + "; update "
+                   + ", ".join(f"{REFERENCE_P50_MS[ref_rtt][('tx_update', p)] / ref_rtt:.1f}" for p in PROFILES)
+                   + ")", common.REFERENCE_STYLE)
         ax.set_xticks(x, names, fontsize=7)
-        ax.set_ylabel("p50 latency ÷ RTT")
+        ax.set_ylabel("p50 latency ÷ RTT (≈ round trips)")
         ax.set_title(f"RTT {rtt:g} ms", fontsize=10)
-        ax.margins(y=0.15)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Latency ÷ RTT per operation, fdw vs fdw+direct ({raw['meta']['mode']} mode, one client)",
-                 fontsize=10)
+        ax.margins(y=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Latency ÷ RTT per operation, fdw vs fdw+direct, one client, organization 2's database "
+                 f"at the RTT ({raw['meta']['mode']} mode, run {raw['meta']['run_id']})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(outdir / "routing-latency-per-rtt.png", dpi=110)
+    common.save_png(fig, outdir / "routing-latency-per-rtt.png", 110)
     plt.close(fig)
     made.append("routing-latency-per-rtt.png")
     big = max(pos)
     fig, ax = plt.subplots(figsize=(8, 4.4))
     _bars(ax, s, "round_trips", big, x, ops, "{:g}")
+    _marks(ax, ops, REFERENCE_ROUND_TRIPS, "reference: fdw → fdw+direct, in a transaction read ≈ 8 → ≈ 3, "
+           "update ≈ 8 → ≈ 2; fdw autocommit read ≈ 5, update 8, ORM read 10", common.REFERENCE_STYLE)
+    _marks(ax, ops, GOAL_ROUND_TRIPS, "goal: fdw+direct ≤ 2 in a transaction, 1 autocommit", common.GOAL_STYLE)
     ax.set_xticks(x, names, fontsize=7)
-    ax.set_ylabel("round trips to the organization per operation")
-    ax.set_title(f"Round trips to organization 2's database per operation (RTT {big:g} ms, from its log; "
-                 f"{raw['meta']['mode']} mode)", fontsize=9)
-    ax.margins(y=0.15)
-    ax.legend(fontsize=8)
+    ax.set_ylabel("round trips to the organization per operation (count)")
+    ax.set_title(f"Round trips to organization 2's database per operation\n(RTT {big:g} ms, from its log; "
+                 f"{raw['meta']['mode']} mode, run {raw['meta']['run_id']})", fontsize=9)
+    ax.margins(y=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(outdir / "routing-round-trips.png", dpi=110)
+    common.save_png(fig, outdir / "routing-round-trips.png", 110)
     plt.close(fig)
     made.append("routing-round-trips.png")
     return made

@@ -18,6 +18,7 @@ import datetime as dt
 import glob
 import gzip
 import hashlib
+import io
 import json
 import os
 import platform
@@ -1035,43 +1036,134 @@ def summary_markdown(meta: dict, summary: dict, idle: list[dict]) -> str:
     return "\n".join(L)
 
 
+# Charts: the performance reference's figure and the goal are drawn alike on every chart of
+# research/bench/ (the reference grey and dash-dotted, as django_app.py's reference band is grey;
+# the goal red and dashed), each labelled "reference: …" / "goal: …" in the legend.
+REFERENCE_STYLE = {"colors": "#57606a", "linestyles": "dashdot", "linewidths": 1.4}
+GOAL_STYLE = {"colors": "#cf222e", "linestyles": "dashed", "linewidths": 1.2}
+
+
+def save_png(fig, path: Path, dpi: int) -> None:
+    """fig as a PNG of at most 256 colours (a chart has a few dozen: a third of the size of
+    matplotlib's RGBA, so that run folders stay small in git)."""
+    from PIL import Image  # matplotlib's own dependency
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    buf.seek(0)
+    with Image.open(buf) as im:
+        # method 0: median cut, dither 0: none (Image.Quantize / Image.Dither from Pillow 9.1 on)
+        im.convert("RGB").quantize(256, method=0, dither=0).save(path, optimize=True)
+
+
+def reference_line(ax, value: float, label: str, vertical: bool = False) -> None:
+    """The reference's figure across the whole axes, labelled `reference: label`."""
+    (ax.axvline if vertical else ax.axhline)(value, color=REFERENCE_STYLE["colors"], ls="-.",
+                                             lw=REFERENCE_STYLE["linewidths"], label=f"reference: {label}")
+
+
+def goal_line(ax, value: float, label: str, vertical: bool = False) -> None:
+    """The goal across the whole axes, labelled `goal: label`."""
+    (ax.axvline if vertical else ax.axhline)(value, color=GOAL_STYLE["colors"], ls="--",
+                                             lw=GOAL_STYLE["linewidths"], label=f"goal: {label}")
+
+
+def marks(ax, xs: list, ys: list, width: float, label: str, style: dict) -> None:
+    """A figure per category (a bar group): a short horizontal segment `width` wide over each x
+    (None skipped), one legend entry `label`; style REFERENCE_STYLE or GOAL_STYLE."""
+    from matplotlib import patheffects
+
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    if pts:
+        # A white edge: the segment stays visible over a bar of any colour.
+        ax.hlines([y for _, y in pts], [x - width / 2 for x, _ in pts], [x + width / 2 for x, _ in pts],
+                  label=label, zorder=3, **style,
+                  path_effects=[patheffects.withStroke(linewidth=style["linewidths"] + 2.5, foreground="white")])
+
+
+# run.py's charts. The reference (shared/seed/performance-reference.txt, "Organizations that stay
+# in the cloud" and "A new connection for every request"; RESULTS.md's overview, rows "Proxy
+# overhead", "One client" and "A new connection per request"): LokaDB ÷ direct with 32 clients,
+# its ops/s divided (read 29,799 ÷ 66,496, feed 28,375 ÷ 35,526, update 33,880 ÷ 57,166, insert
+# 8,612 ÷ 23,673); with a new connection per request 2,795 ÷ 1,321 requests/s; p50 added, one
+# client (read 0.25 → 0.61 ms, feed 0.12 → 0.29, update 0.25 → 0.46, insert 0.71 → 1.77).
+REFERENCE_TPS_RATIO = {"read": 0.45, "feed": 0.80, "update": 0.59, "insert": 0.36}
+REFERENCE_CONNECT_RATIO = 2.1
+REFERENCE_ADDED_P50_MS = {"read": 0.36, "feed": 0.17, "update": 0.21, "insert": 1.06}
+# The goals (RESULTS.md's overview, same rows): throughput ÷ direct ≥ 0.9 with 32 clients, ≥ 3
+# with a new connection per request, p50 added ≤ 0.05 ms.
+GOAL_TPS_RATIO = 0.9
+GOAL_CONNECT_RATIO = 3.0
+GOAL_ADDED_P50_MS = 0.05
+
+
 def draw_charts(outdir: Path, summary: dict, idle: list[dict], title_suffix: str) -> list[str]:
     files = []
     colors = {"lokadb": "#1f6feb", "pgbouncer": "#d29922"}
     labels = {"lokadb": "LokaDB", "pgbouncer": "PgBouncer"}
 
-    def bars(kinds, key, fname, ylabel, title, hline=None):
+    def bars(kinds, key, fname, ylabel, title, hline=None, refs=None, value_fmt="{:.2f}", legend_loc="upper left"):
+        """refs(ax, scs, width): draws the reference's and the goal's figures."""
         scs = [sc for sc, e in summary.items() if e["kind"] in kinds]
         if not scs:
             return
-        fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(scs) + 2), 4.5))
+        fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(scs) + 2), 4.8))
         w = 0.38
         for i, t in enumerate(PROXIES):
             vals = [summary[sc]["targets"][t].get(key) for sc in scs]
             xs = [j + (i - 0.5) * w for j in range(len(scs))]
             ax.bar(xs, [v if v is not None else 0 for v in vals], w, label=labels[t], color=colors[t])
             for x, v in zip(xs, vals):
-                ax.text(x, (v or 0), "failed" if v is None else f"{v:.2f}", ha="center",
+                ax.text(x, (v or 0), "failed" if v is None else value_fmt.format(v), ha="center",
                         va="bottom", fontsize=7, rotation=90 if len(scs) > 6 else 0)
         if hline is not None:
-            ax.axhline(hline, color="grey", lw=0.8, ls="--")
+            ax.axhline(hline, color="grey", lw=0.8, ls=":", label=f"= direct ({hline:g})")
+        if refs is not None:
+            refs(ax, scs, 2 * w)
         ax.set_xticks(range(len(scs)))
         ax.set_xticklabels(scs, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(ylabel)
         ax.margins(y=0.15)
         ax.set_title(title + title_suffix, fontsize=10)
-        ax.legend()
+        ax.legend(fontsize=7, loc=legend_loc)
         fig.tight_layout()
-        fig.savefig(outdir / fname, dpi=110)
+        save_png(fig, outdir / fname, 110)
         plt.close(fig)
         files.append(fname)
 
-    bars({"throughput", "connect"}, "tps_ratio", "throughput-ratio.png", "throughput ÷ direct",
-         "Throughput through the proxy ÷ direct (32 clients; -C: 16 clients)", hline=1.0)
-    bars({"latency"}, "added_p50_ms", "added-p50.png", "added p50 (ms)",
-         "p50 latency added over direct, one client")
+    def script_of(sc):
+        return sc.split()[0]
+
+    def ratio_refs(ax, scs, width):
+        xs = list(range(len(scs)))
+        conn = [summary[sc]["kind"] == "connect" for sc in scs]
+        marks(ax, xs, [REFERENCE_CONNECT_RATIO if c else REFERENCE_TPS_RATIO.get(script_of(sc))
+                       for sc, c in zip(scs, conn)], width,
+              "reference: LokaDB ÷ direct, 32 clients " + " / ".join(f"{v:.2f}" for v in REFERENCE_TPS_RATIO.values())
+              + f" ({' / '.join(REFERENCE_TPS_RATIO)}); a new connection per request {REFERENCE_CONNECT_RATIO:g}",
+              REFERENCE_STYLE)
+        marks(ax, xs, [GOAL_CONNECT_RATIO if c else GOAL_TPS_RATIO for c in conn], width,
+              f"goal: ≥ {GOAL_TPS_RATIO:g} with 32 clients, ≥ {GOAL_CONNECT_RATIO:g} with a new connection per request",
+              GOAL_STYLE)
+
+    def added_refs(ax, scs, width):
+        marks(ax, list(range(len(scs))), [REFERENCE_ADDED_P50_MS.get(script_of(sc)) for sc in scs], width,
+              "reference: LokaDB's added p50 " + " / ".join(f"{v:g}" for v in REFERENCE_ADDED_P50_MS.values())
+              + f" ms ({' / '.join(REFERENCE_ADDED_P50_MS)})", REFERENCE_STYLE)
+        goal_line(ax, GOAL_ADDED_P50_MS, f"≤ {GOAL_ADDED_P50_MS:g} ms added")
+        # The reference's 0.17–1.06 ms beside our 0.03–0.05: linear around 0, logarithmic above.
+        ax.set_yscale("symlog", linthresh=0.1, linscale=2)
+        ax.set_ylim(-0.1, 2)
+        ticks = [-0.05, 0, 0.05, 0.1, 0.2, 0.5, 1, 2]
+        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+
+    bars({"throughput", "connect"}, "tps_ratio", "throughput-ratio.png", "throughput ÷ direct (median of R)",
+         "Throughput through the proxy ÷ direct (32 clients; -C: 16 clients)", hline=1.0, refs=ratio_refs)
+    bars({"latency"}, "added_p50_ms", "added-p50.png", "p50 added over direct, ms (symlog above 0.1)",
+         "p50 latency added over direct, one client", refs=added_refs, value_fmt="{:.3f}", legend_loc="lower left")
     bars({"latency", "throughput", "connect"}, "cpu_us_per_txn", "cpu-per-statement.png",
-         "CPU µs per statement", "Proxy process CPU time per statement")
+         "proxy CPU per statement, µs (utime + stime)", "Proxy process CPU time per statement")
     if idle:
         fig, ax = plt.subplots(figsize=(6, 4))
         names = [labels[r["target"]] for r in idle]
@@ -1091,7 +1183,7 @@ def draw_charts(outdir: Path, summary: dict, idle: list[dict], title_suffix: str
         ax.set_title("Proxy RSS, idle and with idle clients" + title_suffix, fontsize=10)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(outdir / "rss.png", dpi=110)
+        save_png(fig, outdir / "rss.png", 110)
         plt.close(fig)
         files.append("rss.png")
     return files
@@ -1137,6 +1229,15 @@ def charts_data_section(meta: dict, summary: dict, idle: list[dict], outdir: Pat
 
 def update_charts_data(section: str, mode: str) -> None:
     write_charts_section(f"proxy-core {mode}", section)
+
+
+def bin_dir_of(meta: dict, default) -> str:
+    """Where a run's binaries were, as its raw numbers recorded them (the folder of its lokadb
+    binary), not where they are as the summary is rendered again."""
+    for b in (meta.get("binaries") or {}).values():
+        if isinstance(b, dict) and b.get("path"):
+            return str(Path(b["path"]).parent)
+    return str(default)
 
 
 def run_meta(script: str, run_id: str, started, mode, **extra) -> dict:
@@ -1376,7 +1477,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="result folder (default research/bench/results/<UTC ts>[-quick])")
     ap.add_argument("--reps", type=int, help="override the number of repetitions R")
     ap.add_argument("--no-charts-data", action="store_true", help="do not update research/bench/charts-data.md")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md, the charts and charts-data.md from this "
+                                                "raw.json or raw.json.gz (its summary as recorded)")
     args = ap.parse_args()
+    if args.render:
+        return rerender(args.render, render_proxy_core, not args.no_charts_data)
 
     if os.geteuid() != 0:
         sys.exit("run.py must run as root (it starts Postgres and PgBouncer as the user lokadb-pg)")
@@ -1515,16 +1620,23 @@ def main() -> int:
     raw["summary"] = summary
     (outdir / "raw.json").write_text(json.dumps(raw, indent=2, default=str))
     if summary and exit_code == 0:
-        charts = draw_charts(outdir, summary, raw["idle_clients"],
-                             " (quick)" if mode.quick else "")
-        md = summary_markdown(meta, summary, raw["idle_clients"])
-        (outdir / "summary.md").write_text(md)
-        if not args.no_charts_data:
-            update_charts_data(charts_data_section(meta, summary, raw["idle_clients"], outdir, charts), mode.name)
+        md = render_proxy_core(raw, outdir, not args.no_charts_data)
         print()
         print(md)
     log(f"results in {outdir} ({meta['duration_seconds']} s)")
     return exit_code
+
+
+def render_proxy_core(raw: dict, outdir: Path, charts_data: bool) -> str:
+    """run.py's outputs of a run's raw numbers: the charts, summary.md and, if charts_data, its
+    charts-data.md section; returns the markdown."""
+    meta, summary = raw["meta"], raw["summary"]
+    charts = draw_charts(outdir, summary, raw["idle_clients"], f" ({meta['mode']} mode, run {meta['run_id']})")
+    md = summary_markdown(meta, summary, raw["idle_clients"])
+    (outdir / "summary.md").write_text(md)
+    if charts_data:
+        update_charts_data(charts_data_section(meta, summary, raw["idle_clients"], outdir, charts), meta["mode"])
+    return md
 
 
 if __name__ == "__main__":
