@@ -181,3 +181,18 @@ pub fn spawn_long_lived(cmd: Command) -> io::Result<Child> {
         .recv()
         .map_err(|_| io::Error::other("spawner thread is gone"))?
 }
+
+/// A process's resident memory in KiB, from `/proc/PID/status`.
+///
+/// # Panics
+///
+/// If the process is gone or the file has no `VmRSS` line.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"))
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}

@@ -171,6 +171,15 @@ async fn org2_served(w: &MovedWorld) {
     }
 }
 
+/// One statement on a session of its own: its error, if any, as text.
+async fn once(dsn: String, sql: &'static str) -> Result<(), String> {
+    let c = connect(&dsn).await.map_err(|e| format!("{e:?}"))?;
+    c.simple_query(sql)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("{e:?}"))
+}
+
 /// Organization 2's own clients, reads and writes in a loop (their errors are expected).
 struct Org2Load {
     stop: Arc<AtomicBool>,
@@ -271,17 +280,6 @@ fn startup_packet() -> Vec<u8> {
     packet
 }
 
-/// The proxy's resident memory in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS in /proc/PID/status")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_abuse_leaves_the_other_organizations_unharmed() {
     let w = world();
@@ -313,7 +311,7 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
 
     // Messages declaring 200 MB each from 50 logged-in clients, 1 KB of it sent: the proxy's
     // memory follows the bytes that arrived, not the headers.
-    let before = rss_kib(w.proxy.pid());
+    let before = lokadb_tests::rss_kib(w.proxy.pid());
     let grew = while_others_run(&w, "oversized message headers", async {
         let mut held = Vec::new();
         for _ in 0..50 {
@@ -325,7 +323,7 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
             held.push(raw);
         }
         tokio::time::sleep(PHASE).await;
-        let grew = rss_kib(w.proxy.pid()).saturating_sub(before);
+        let grew = lokadb_tests::rss_kib(w.proxy.pid()).saturating_sub(before);
         drop(held);
         grew
     })
@@ -341,14 +339,10 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
         signal_all(&pids, libc::SIGSTOP);
         let waiting: Vec<_> = (0..3)
             .map(|_| {
-                let dsn = dsn(&w.proxy);
-                tokio::spawn(async move {
-                    let c = connect(&dsn).await.map_err(|e| format!("{e:?}"))?;
-                    c.simple_query("SELECT count(*) FROM notes WHERE organization_id = 2")
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| format!("{e:?}"))
-                })
+                tokio::spawn(once(
+                    dsn(&w.proxy),
+                    "SELECT count(*) FROM notes WHERE organization_id = 2",
+                ))
             })
             .collect();
         tokio::time::sleep(PHASE).await;
@@ -371,18 +365,10 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
     // Organization 2's agent stalls in the middle of a large answer (SIGSTOP): frames half
     // sent, its tunnel full; organization 3's tunnel on the same relay goes on.
     let agent = w.agents[0].pid().expect("agent running") as i32;
-    let big = tokio::spawn({
-        let dsn = dsn(&w.proxy);
-        async move {
-            let c = connect(&dsn).await.map_err(|e| format!("{e:?}"))?;
-            c.simple_query(
-                "SELECT repeat(body, 20000) FROM notes, generate_series(1, 400) WHERE organization_id = 2",
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| format!("{e:?}"))
-        }
-    });
+    let big = tokio::spawn(once(
+        dsn(&w.proxy),
+        "SELECT repeat(body, 20000) FROM notes, generate_series(1, 400) WHERE organization_id = 2",
+    ));
     tokio::time::sleep(Duration::from_millis(200)).await;
     while_others_run(&w, "an agent that stalls mid-frame", async {
         signal_all(&[agent], libc::SIGSTOP);

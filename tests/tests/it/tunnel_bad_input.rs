@@ -312,17 +312,6 @@ fn log_lines(relay: &Proxy, needles: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// The relay's resident memory, from /proc.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS in /proc/PID/status")
-}
-
 // ---- the tests ----
 
 /// The real agent binary with a wrong secret, a token of an organization the relay
@@ -835,7 +824,7 @@ async fn an_agent_that_never_reads_is_cut_and_memory_stays_bounded() {
     let canary = Canary::start(relay_dsn(&relay, "acme"));
     let mut fake =
         blocking(|| FakeAgent::authenticated(agents_addr, &certs.files.ca, &fake_token, 64 << 20));
-    let rss_before = rss_kib(relay.pid());
+    let rss_before = lokadb_tests::rss_kib(relay.pid());
 
     // Two raw clients pushing 256 MB each into streams of the stuck organization.
     const PUSH: u64 = 256 << 20;
@@ -901,7 +890,7 @@ async fn an_agent_that_never_reads_is_cut_and_memory_stays_bounded() {
     let started = Instant::now();
     let mut rss_max = rss_before;
     while !relay.output().contains("peer does not read") {
-        rss_max = rss_max.max(rss_kib(relay.pid()));
+        rss_max = rss_max.max(lokadb_tests::rss_kib(relay.pid()));
         assert!(
             started.elapsed() < Duration::from_secs(15),
             "not cut after 15 s; pushed {} bytes; relay:\n{}",
