@@ -49,36 +49,25 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402  (log, /proc, cleanup, charts-data, the run wrapper)
-from run import (  # noqa: E402
-    Ctx, catch_signals, log, percentile, raise_fd_limit, rerender, result_dir, sched_ns, temp_dir,
-    write_charts_section, write_empty_summary, write_outputs, preflight,
+from lib import routing_world  # noqa: E402  (the world: clusters, schema, move-org; the proxy; the profile switch)
+from lib.binaries import AGENT_BIN, BIN_DIR, LINK_BIN, LOKADB_BIN, PG_BIN, binary_info  # noqa: E402
+from lib.charts import REFERENCE_STYLE, goal_line, marks, save_png  # noqa: E402
+from lib.clusters import CLOUD_PG, ORG, ORG_DB, ORG_PG, SUPER_PASSWORD  # noqa: E402
+from lib.numbers import fmt, percentile  # noqa: E402
+from lib.procs import catch_signals, delta, log, preflight, raise_fd_limit, sched_ns, temp_dir  # noqa: E402
+from lib.relay import prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
+from lib.results import (  # noqa: E402
+    Ctx, git_info, guarded_run, machine_info, rerender, result_dir, write_charts_section, write_empty_summary,
+    write_outputs,
 )
-from tunnel import binary_info, prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
-import moves  # noqa: E402
-from moves import ORG_DB, SUPER_PASSWORD, fmt  # noqa: E402
-import routing  # noqa: E402  (the world: clusters, schema, move-org; the proxy; the profile switch)
+from lib.routing_world import CLOUD_ORG, classify, org_pairs, read_sql, update_sql  # noqa: E402
 
 import psycopg  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
+import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
-from tunnel import BIN_DIR, LOKADB_BIN, AGENT_BIN, LINK_BIN  # noqa: E402,F401  (one place for the binaries' paths)
-ORG = routing.ORG
 CLIENT_APP = "lokadb-bench-many"
 CLOUD_MAX_CONNECTIONS = "1200"
 PROXY_MAX_CONNECTIONS = 1100
-
-CLOUD_ORG = routing.OTHER  # "1": stays in the cloud
-
-
-def read_sql(org: str) -> str:
-    return f"SELECT id, title FROM documents WHERE organization_id = {org} AND id = %s"
-
-
-def update_sql(org: str) -> str:
-    # document_versions.body has no constraint the cloud keeps: on fdw+direct the update goes
-    # direct.
-    return f"UPDATE document_versions SET body = %s WHERE organization_id = {org} AND id = %s"
 
 
 SETUPS = [  # (key, label, target, profile of organization 2 (None: left), direct_pool, org used)
@@ -99,24 +88,6 @@ class Mode:
         self.clients = max(self.client_counts)  # the rows needed: one pair per client
         self.ops = 6 if quick else 20  # per client
         self.connect_concurrency = 50
-
-
-def org_pairs(ctx) -> dict:
-    """(document id, version id) pairs of the moved organization's rows (in its database) and of
-    the cloud organization's, one pair per client (routing.build_world made ctx.ids1/ids2)."""
-    with ctx.org.conn(routing.ORG_DB) as c:
-        versions = [r[0] for r in c.execute(
-            f"SELECT id FROM document_versions WHERE organization_id = {ORG} ORDER BY id").fetchall()]
-    with ctx.cloud.conn("app") as c:
-        versions1 = [r[0] for r in c.execute(
-            f"SELECT id FROM document_versions WHERE organization_id = {CLOUD_ORG} ORDER BY id").fetchall()]
-    return {ORG: list(zip(ctx.ids2, versions)), CLOUD_ORG: list(zip(ctx.ids1, versions1))}
-
-
-def classify(e: BaseException) -> str:
-    state = getattr(e, "sqlstate", None) or "-"
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return f"{state}: {first[:140]}"
 
 
 async def one_client(i: int, kw: dict, rows: tuple, ops: int, sem, start, rec: dict, org: str) -> None:
@@ -220,11 +191,11 @@ def one_setup(ctx, key: str, label: str, target: str, profile: str | None, pool:
     sampler = Sampler(ctx.org)
     try:
         if profile is not None:
-            routing.set_profile(ctx, profile)
+            routing_world.set_profile(ctx, profile)
         rec["org_connections_before"] = wait_org_quiet(ctx, sampler)
         if target == "proxy":
-            ctx.proxy = routing.start_proxy(ctx, key, db_extra={"direct_pool": pool},
-                                            extra={"max_connections": PROXY_MAX_CONNECTIONS})
+            ctx.proxy = routing_world.start_proxy(ctx, key, db_extra={"direct_pool": pool},
+                                                  extra={"max_connections": PROXY_MAX_CONNECTIONS})
             port = ctx.proxy.port
             rec["proxy_config"] = ctx.proxy_config
         else:
@@ -237,7 +208,7 @@ def one_setup(ctx, key: str, label: str, target: str, profile: str | None, pool:
         asyncio.run(many_clients(kw, ctx.pairs[org], mode, rec, clients, org))
         rec["org_connections_peak"] = sampler.stop()
         if ctx.proxy:
-            rec["proxy_cpu_ns"] = common.delta(cpu0, sched_ns(ctx.proxy.proc.pid))
+            rec["proxy_cpu_ns"] = delta(cpu0, sched_ns(ctx.proxy.proc.pid))
             if ctx.proxy.proc.poll() is not None:
                 raise RuntimeError(f"the proxy exited ({ctx.proxy.proc.returncode})")
     except KeyboardInterrupt:
@@ -343,12 +314,12 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
             ax.text(b.get_x() + b.get_width() / 2, (v or 0) + 1, "–" if v is None else f"{v:g}",
                     ha="center", fontsize=7)
         if ref_label in labels and n in REFERENCE_FAILED_PCT:
-            common.marks(ax, [xs[labels.index(ref_label)]], [REFERENCE_FAILED_PCT[n]], w,
-                         "_" if ref_drawn else "reference (LokaDB, moved on fdw): "
-                         + " / ".join(f"{v:g} %" for v in REFERENCE_FAILED_PCT.values())
-                         + f" at {' / '.join(map(str, REFERENCE_FAILED_PCT))} clients", common.REFERENCE_STYLE)
+            marks(ax, [xs[labels.index(ref_label)]], [REFERENCE_FAILED_PCT[n]], w,
+                  "_" if ref_drawn else "reference (LokaDB, moved on fdw): "
+                  + " / ".join(f"{v:g} %" for v in REFERENCE_FAILED_PCT.values())
+                  + f" at {' / '.join(map(str, REFERENCE_FAILED_PCT))} clients", REFERENCE_STYLE)
             ref_drawn = True
-    common.goal_line(ax, GOAL_FAILED_PCT, f"{GOAL_FAILED_PCT:g} % failed on a moved organization")
+    goal_line(ax, GOAL_FAILED_PCT, f"{GOAL_FAILED_PCT:g} % failed on a moved organization")
     ax.set_xticks(range(len(labels)), [lab.replace(", ", ",\n", 1) for lab in labels], fontsize=8)
     ax.set_ylim(-2, 128)
     ax.set_yticks(range(0, 101, 20))
@@ -357,7 +328,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     ax.set_title(f"Ceilings by clients: operations failed, per set-up and number of clients "
                  f"({raw['meta']['mode']} mode, run {raw['meta']['run_id']})", fontsize=10)
     fig.tight_layout()
-    common.save_png(fig, outdir / "clients-refused.png", 110)
+    save_png(fig, outdir / "clients-refused.png", 110)
     plt.close(fig)
     return ["clients-refused.png"]
 
@@ -402,7 +373,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)
-    preflight("clients.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    preflight("clients.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.clients:
         try:
@@ -420,15 +391,15 @@ def main() -> int:
     catch_signals()
     raise_fd_limit()
     # The routing world, with room in the cloud for every client and no statement logging.
-    routing.CLOUD_PG = {**moves.CLOUD_PG, "max_connections": CLOUD_MAX_CONNECTIONS}
-    routing.ORG_DB_SETTINGS = {}
+    routing_world.CLOUD_PG = {**CLOUD_PG, "max_connections": CLOUD_MAX_CONNECTIONS}
+    routing_world.ORG_DB_SETTINGS = {}
     ctx = Ctx(mode)
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
             "command": ("/work/main/.venv/bin/python research/bench/clients.py " + shlex.join(sys.argv[1:])).strip(),
             "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
-            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "mode_settings": dict(vars(mode)), "machine": machine_info(), "git": git_info(),
             "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
-            "postgres_settings": {"cloud": routing.CLOUD_PG, "org": moves.ORG_PG},
+            "postgres_settings": {"cloud": routing_world.CLOUD_PG, "org": ORG_PG},
             "operations": {"read": read_sql("ORG"), "update": update_sql("ORG")},
             "setups": [{"key": k, "label": lab, "target": t, "profile": p, "direct_pool": pool, "org": o}
                        for k, lab, t, p, pool, o in setups],
@@ -441,7 +412,7 @@ def main() -> int:
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} clients={mode.client_counts} ops={mode.ops} binaries={BIN_DIR} out={outdir}")
         log("building the world (cloud + organization clusters, move-org)")
-        raw["world"] = routing.build_world(ctx)
+        raw["world"] = routing_world.build_world(ctx)
         ctx.pairs = org_pairs(ctx)
         for org, pairs in ctx.pairs.items():
             if len(pairs) < mode.clients:
@@ -466,9 +437,9 @@ def main() -> int:
         if getattr(ctx, "relay", None) is not None:
             ctx.relay.stop()
 
-    return common.guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body,
-                              binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN),
-                              before_cleanup=stop)
+    return guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body,
+                       binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN),
+                       before_cleanup=stop)
 
 if __name__ == "__main__":
     sys.exit(main())

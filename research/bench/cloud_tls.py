@@ -27,8 +27,9 @@ os.environ.setdefault("LOKADB_BENCH_PG_BIN", "/usr/lib/postgresql/15/bin")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-import statement_org  # noqa: E402  (the side-by-side method)
+from lib.binaries import PG_BIN  # noqa: E402  (after LOKADB_BENCH_PG_BIN's default is set)
+from lib.procs import PG_USER  # noqa: E402
+from lib.side_by_side import arguments, side_by_side, summary  # noqa: E402  (statement_org.py's method)
 
 VARIANTS = {"tls": {"cloud_options": "sslmode=require"}, "plain": {"cloud_options": "sslmode=disable"}}
 
@@ -41,11 +42,11 @@ def enable_tls(ctx) -> None:
     ctx.commands.append(" ".join(cmd))
     subprocess.run(cmd, check=True, capture_output=True)
     for f in (cert, key):
-        shutil.chown(f, common.PG_USER, common.PG_USER)
+        shutil.chown(f, PG_USER, PG_USER)
         os.chmod(f, 0o600)
     with ctx.cloud.conn() as c:
         if not c.execute("SHOW ssl_library").fetchone()[0]:
-            raise RuntimeError(f"the Postgres in {common.PG_BIN} has no TLS: set LOKADB_BENCH_PG_BIN "
+            raise RuntimeError(f"the Postgres in {PG_BIN} has no TLS: set LOKADB_BENCH_PG_BIN "
                                "to a build with it (apt-get install postgresql-15)")
         c.execute("ALTER SYSTEM SET ssl = on")
         c.execute("SELECT pg_reload_conf()")
@@ -54,18 +55,18 @@ def enable_tls(ctx) -> None:
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     del charts_data  # a cost check, not a chart
-    return statement_org.summary(raw, outdir, "TLS to the cloud",
-                                 "one with `sslmode=require` in each `cloud` string (TLS 1.3, the cloud's "
-                                 "OpenSSL and the proxy's rustls), one with `sslmode=disable`; clients reach "
-                                 "both in plain TCP")
+    return summary(raw, outdir, "TLS to the cloud",
+                   "one with `sslmode=require` in each `cloud` string (TLS 1.3, the cloud's "
+                   "OpenSSL and the proxy's rustls), one with `sslmode=disable`; clients reach "
+                   "both in plain TCP")
 
 
 def main() -> int:
-    args, ap = statement_org.arguments(__doc__, "N = 100 only, 3 s runs, R = 2 (≈ 2 min)")
+    args, ap = arguments(__doc__, "N = 100 only, 3 s runs, R = 2 (≈ 2 min)")
     if not args.orgs and args.quick:
         args.orgs = "100"
-    return statement_org.side_by_side(args, ap, script="cloud_tls.py", tag="-cloud-tls", variants=VARIANTS,
-                                      render=render, prepare_cloud=enable_tls)
+    return side_by_side(args, ap, script="cloud_tls.py", tag="-cloud-tls", variants=VARIANTS,
+                        render=render, prepare_cloud=enable_tls)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-from run import Ctx, catch_signals, log, preflight, result_dir, temp_dir  # noqa: E402
-from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, prepare_tunnel, start_tunnel, stop_tunnel  # noqa: E402
-import routing  # noqa: E402
-from routing import INSERT_SQL, ORG, UPDATE_SQL, OrgLog, analyse, build_world, client, set_profile, start_proxy  # noqa: E402
+from lib.binaries import AGENT_BIN, LINK_BIN, LOKADB_BIN, PG_BIN  # noqa: E402
+from lib.procs import catch_signals, log, preflight, temp_dir  # noqa: E402
+from lib.relay import prepare_tunnel, start_tunnel, stop_tunnel  # noqa: E402
+from lib.results import Ctx, guarded_run, result_dir, run_meta, summary_to_charts_data  # noqa: E402
+from lib.routing_world import (  # noqa: E402
+    INSERT_SQL, ORG, PROFILES, UPDATE_SQL, OrgLog, analyse, build_world, client, set_profile, start_proxy,
+)
 
 import psycopg  # noqa: E402
 
@@ -143,7 +145,7 @@ def main() -> int:
     for name in ("clients", "hot"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             sys.exit(f"--{name} {getattr(args, name)}: must be at least 1")
-    preflight("contention.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    preflight("contention.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     mode.clients = args.clients or mode.clients
     mode.hot = args.hot or mode.hot
@@ -151,9 +153,9 @@ def main() -> int:
     catch_signals()
     ctx = Ctx(mode)
     ctx.log = None
-    meta = common.run_meta("contention.py", run_id, started, mode,
-                           sql={"update": UPDATE_SQL, "insert": INSERT_SQL},
-                           setup_commands=ctx.commands, errors=ctx.errors)
+    meta = run_meta("contention.py", run_id, started, mode,
+                    sql={"update": UPDATE_SQL, "insert": INSERT_SQL},
+                    setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "cells": []}
     ctx.relay = ctx.link = ctx.agent = ctx.proxy = None
 
@@ -165,7 +167,7 @@ def main() -> int:
         ctx.log = OrgLog(ctx.org)
         start_tunnel(ctx, ORG, "relay-contention", mode.rtt_ms)
         ctx.proxy = start_proxy(ctx, "contention")
-        for profile in routing.PROFILES:
+        for profile in PROFILES:
             set_profile(ctx, profile)
             for dist in ("hot", "uniform"):
                 # A fresh proxy per cell: what one cell taught the proxy does not carry over.
@@ -180,8 +182,8 @@ def main() -> int:
         if ctx.log is not None:
             ctx.log.close()
 
-    return common.guarded_run(ctx, raw, outdir, render, lambda rc: rc == 0 and not args.out, body,
-                              before_cleanup=stop)
+    return guarded_run(ctx, raw, outdir, render, lambda rc: rc == 0 and not args.out, body,
+                       before_cleanup=stop)
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     """summary.md and (for a whole run) the charts-data.md section."""
@@ -189,7 +191,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     (outdir / "summary.md").write_text(md)
     if raw["cells"] and charts_data:
         hot = raw["meta"].get("mode_settings", {}).get("hot", 5)
-        common.summary_to_charts_data(f"contention {raw['meta']['mode']}" + (f" hot {hot}" if hot != 5 else ""), md)
+        summary_to_charts_data(f"contention {raw['meta']['mode']}" + (f" hot {hot}" if hot != 5 else ""), md)
     return md
 
 

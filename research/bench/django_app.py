@@ -61,24 +61,31 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-from run import (  # noqa: E402
-    Ctx, catch_signals, free_port, log, percentile, preflight, result_dir, sched_ns, stop_process, temp_dir,
+from lib import routing_world  # noqa: E402  (start_proxy, set_profile)
+from lib.binaries import AGENT_BIN, LINK_BIN, LOKADB_BIN, PG_BIN, binary_info  # noqa: E402
+from lib.charts import save_png  # noqa: E402
+from lib.clusters import (  # noqa: E402
+    APP_PASSWORD, CLOUD_PG, ORG_DB, ORG_PG, PgCluster, cluster_root, lokadb, org_database,
 )
-from tunnel import (  # noqa: E402
-    binary_info, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, tunnel_agent,
-    tunnel_relay, LOKADB_BIN, AGENT_BIN, LINK_BIN,
+from lib.numbers import fmt, percentile  # noqa: E402
+from lib.procs import (  # noqa: E402
+    CHILDREN, catch_signals, delta, free_port, log, preflight, sched_ns, stop_process, temp_dir,
 )
-import moves  # noqa: E402
-from moves import APP_PASSWORD, ORG_DB, PgCluster, cluster_root, fmt, lokadb, org_database  # noqa: E402
-import routing  # noqa: E402  (start_proxy, set_profile)
+from lib.relay import (  # noqa: E402
+    prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, tunnel_agent, tunnel_relay,
+)
+from lib.results import (  # noqa: E402
+    Ctx, guarded_run, parse_rtts, rerender, result_dir, run_meta, run_rounds, summary_to_charts_data,
+)
+
+import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
 
 REPO = HERE.parent.parent
 APP_DIR = REPO / "tests" / "django"
 PYTHON = REPO / ".venv" / "bin" / "python"
 GUNICORN = REPO / ".venv" / "bin" / "gunicorn"
-ORG, OTHER = routing.ORG, routing.OTHER
+ORG, OTHER = routing_world.ORG, routing_world.OTHER
 PAGES = [("list", 30), ("detail", 30), ("feed", 20), ("create", 10), ("update", 10)]
 SETUPS = [
     # key, label, target, org, profile
@@ -126,14 +133,14 @@ def build_world(ctx) -> dict:
     t0 = time.time()
     root = cluster_root(ctx.tmp / "world")
     ctx.org = org = PgCluster(root, "org", ctx.commands)
-    org.create(moves.ORG_PG)
+    org.create(ORG_PG)
     info["postgres_version"] = org_database(org)
     ctx.cloud = cloud = PgCluster(root, "cloud", ctx.commands)
-    cloud.create(moves.CLOUD_PG)
+    cloud.create(CLOUD_PG)
     with cloud.conn() as c:
         c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
         c.execute("CREATE DATABASE app OWNER app")
-        c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{routing.AUTH_PASSWORD}'")
+        c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{routing_world.AUTH_PASSWORD}'")
     ctx.commands.append("(cloud) CREATE ROLE app LOGIN PASSWORD '***'; CREATE DATABASE app OWNER app; "
                         "CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '***'")
     dsn = cloud.dsn()
@@ -193,7 +200,7 @@ class App:
         self.proc = subprocess.Popen(cmd, env=app_env(db_port), stdout=subprocess.DEVNULL,
                                      stderr=open(self.stderr_path, "ab"), stdin=subprocess.DEVNULL,
                                      start_new_session=True)
-        common.CHILDREN.append(self.proc)
+        CHILDREN.append(self.proc)
         deadline = time.time() + 60
         while True:
             try:
@@ -211,8 +218,8 @@ class App:
 
     def stop(self):
         stop_process(self.proc)
-        if self.proc in common.CHILDREN:
-            common.CHILDREN.remove(self.proc)
+        if self.proc in CHILDREN:
+            CHILDREN.remove(self.proc)
 
 
 # --------------------------------------------------------------------------------------
@@ -302,13 +309,13 @@ def drive(ctx, port: int, org: str) -> dict:
 def one_setup(ctx, rtt: float, key: str, label: str, target: str, org: str, profile: str | None) -> dict:
     rec = {"key": key, "label": label, "target": target, "org": org, "profile": profile, "rtt_ms": rtt}
     if profile is not None:
-        routing.set_profile(ctx, profile)
+        routing_world.set_profile(ctx, profile)
     db_port = ctx.proxy.port if target == "proxy" else ctx.cloud.port
     app = App(ctx, db_port, f"{key}-{rtt:g}")
     try:
         cpu0 = sched_ns(ctx.proxy.proc.pid)
         rec.update(drive(ctx, app.port, org))
-        cpu = common.delta(cpu0, sched_ns(ctx.proxy.proc.pid))
+        cpu = delta(cpu0, sched_ns(ctx.proxy.proc.pid))
         if target == "proxy" and cpu and rec["requests"]:
             rec["proxy_us_per_request"] = round(cpu / 1e3 / rec["requests"], 1)
         if ctx.proxy.proc.poll() is not None:
@@ -328,8 +335,8 @@ def rtt_round(ctx, rtt: float) -> dict:
     setups = [s for s in SETUPS if rtt == 0 or s[3] == ORG]
     try:
         start_tunnel(ctx, ORG, f"relay-rtt{rtt:g}", rtt)
-        rec["relay_select1_ms"] = routing.relay_rtt_ms(ctx)
-        ctx.proxy = routing.start_proxy(ctx, f"django-rtt{rtt:g}")
+        rec["relay_select1_ms"] = routing_world.relay_rtt_ms(ctx)
+        ctx.proxy = routing_world.start_proxy(ctx, f"django-rtt{rtt:g}")
         log(f"  RTT {rtt:g} ms: SELECT 1 through relay + link {rec['relay_select1_ms']} ms")
         for rep in range(ctx.mode.reps):
             # Rotated: no set-up always runs first or last.
@@ -429,7 +436,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
         text += f"\n![requests per second by set-up]({chart})\n"
     (outdir / "summary.md").write_text(text)
     if charts_data:
-        common.summary_to_charts_data(
+        summary_to_charts_data(
             "django", text.replace(f"]({chart})", f"](results/{meta['run_id']}/{chart})") if chart else text)
     return text
 
@@ -445,7 +452,6 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
     """django-requests.png: per RTT, each set-up's requests/s (median, whiskers the spread over
     repetitions), and through LokaDB ÷ straight for the organization in the cloud with the
     reference's 0.90–0.95 drawn."""
-    plt = common.plt
     rounds = [(rnd["rtt_ms"], medians(rnd)) for rnd in raw["rounds"] if rnd["setups"]]
     if not rounds:
         return None
@@ -480,7 +486,7 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
                  f"{raw['meta']['mode_settings']['clients']} HTTP clients "
                  f"({raw['meta']['mode']} mode, run {raw['meta']['run_id']})", fontsize=9)
     fig.tight_layout()
-    common.save_png(fig, outdir / "django-requests.png", 80)
+    save_png(fig, outdir / "django-requests.png", 80)
     plt.close(fig)
     return "django-requests.png"
 
@@ -496,13 +502,13 @@ def main() -> int:
     ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
-        return common.rerender(args.render, render, False)
-    preflight("django_app.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN, GUNICORN),
+        return rerender(args.render, render, False)
+    preflight("django_app.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN, GUNICORN),
               hint="run scripts/setup.sh, `.venv/bin/pip install -r research/bench/requirements.txt` and the "
                    "cargo build in the README first")
     mode = Mode(args.quick)
     if args.rtts:
-        mode.rtts_ms = common.parse_rtts(args.rtts, "0,40")
+        mode.rtts_ms = parse_rtts(args.rtts, "0,40")
     for name, lo in (("clients", 1), ("seconds", 0.5), ("reps", 1)):
         v = getattr(args, name)
         if v is not None:
@@ -512,11 +518,11 @@ def main() -> int:
     started, run_id, outdir = result_dir(args.out, "-django", mode.quick)
     catch_signals()
     ctx = Ctx(mode)
-    meta = common.run_meta("django_app.py", run_id, started, mode,
-                           binaries={b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
-                           setups=[{"key": k, "label": lab, "target": t, "org": o, "profile": p}
-                                   for k, lab, t, o, p in SETUPS],
-                           setup_commands=ctx.commands, errors=ctx.errors)
+    meta = run_meta("django_app.py", run_id, started, mode,
+                    binaries={b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
+                    setups=[{"key": k, "label": lab, "target": t, "org": o, "profile": p}
+                            for k, lab, t, o, p in SETUPS],
+                    setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "rounds": []}
 
     def body():
@@ -524,10 +530,10 @@ def main() -> int:
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} RTTs={mode.rtts_ms} ms clients={mode.clients} out={outdir}")
         raw["world"] = build_world(ctx)
-        return common.run_rounds(ctx, raw, outdir, rtt_round)
+        return run_rounds(ctx, raw, outdir, rtt_round)
 
-    return common.guarded_run(ctx, raw, outdir, render, not args.out, body,
-                              binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    return guarded_run(ctx, raw, outdir, render, not args.out, body,
+                       binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN))
 
 if __name__ == "__main__":
     sys.exit(main())

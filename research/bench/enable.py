@@ -28,12 +28,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-from run import (  # noqa: E402
-    PG_BIN, Ctx, catch_signals, log, preflight, rerender, result_dir, temp_dir,
-)
-import moves  # noqa: E402  (its cluster, writers, schema and settings: one place for each)
-from moves import CLOUD_PG, LOKADB_BIN, PgCluster, Writers, cluster_root, fmt, mask, schema_sql  # noqa: E402
+from lib.binaries import LOKADB_BIN, PG_BIN  # noqa: E402
+from lib.clusters import CLOUD_PG, PgCluster, cluster_root, lokadb, mask, schema_sql  # noqa: E402
+from lib.numbers import fmt  # noqa: E402
+from lib.procs import catch_signals, log, preflight, temp_dir  # noqa: E402
+from lib.results import Ctx, git_info, guarded_run, machine_info, rerender, result_dir  # noqa: E402
+from lib.writers import Writers  # noqa: E402  (moves.py's writers)
 
 
 class Mode:
@@ -88,7 +88,7 @@ def measure(ctx) -> dict:
         with cloud.conn() as c:
             c.execute("CREATE DATABASE app")
         dsn = cloud.dsn()
-        moves.lokadb(ctx, ["init"], dsn)
+        lokadb(ctx, ["init"], dsn)
         t = time.time()
         with cloud.conn("app") as c:
             c.execute(schema_sql())
@@ -187,7 +187,7 @@ def main() -> int:
     ctx = Ctx(mode)
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
             "command": ("/work/main/.venv/bin/python research/bench/enable.py " + shlex.join(sys.argv[1:])).strip(),
-            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "mode_settings": dict(vars(mode)), "machine": machine_info(), "git": git_info(),
             "postgres_settings": CLOUD_PG, "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta}
 
@@ -196,7 +196,7 @@ def main() -> int:
         raw["run"] = measure(ctx)
         return 0 if all(raw["run"]["checks"].values()) else 1
 
-    return common.guarded_run(ctx, raw, outdir, render, False, body)
+    return guarded_run(ctx, raw, outdir, render, False, body)
 
 
 if __name__ == "__main__":

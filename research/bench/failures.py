@@ -36,19 +36,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-from run import Ctx, catch_signals, fatal, ignore_signals, log, percentile, preflight, result_dir, safe_cleanup, temp_dir  # noqa: E402
-from tunnel import (  # noqa: E402
-    AGENT_BIN, LINK_BIN, LOKADB_BIN, Relay, new_token, prepare_tunnel, start_agent, start_link, stop_agents,
-    stop_tunnel, tunnel_agent,
+from lib import routing_world  # noqa: E402  (its world: clusters, schema, move-org, the proxy)
+from lib.binaries import AGENT_BIN, LINK_BIN, LOKADB_BIN, PG_BIN  # noqa: E402
+from lib.clusters import SUPER_PASSWORD  # noqa: E402
+from lib.numbers import percentile  # noqa: E402
+from lib.procs import catch_signals, ignore_signals, log, preflight, rss_kib, safe_cleanup, temp_dir  # noqa: E402
+from lib.relay import (  # noqa: E402
+    Relay, new_token, prepare_tunnel, start_agent, start_link, stop_agents, stop_tunnel, tunnel_agent,
 )
-import routing  # noqa: E402
-from clients import classify, org_pairs, read_sql, update_sql  # noqa: E402
-from moves import SUPER_PASSWORD  # noqa: E402
+from lib.results import Ctx, fatal, finish_run, result_dir, run_meta, summary_to_charts_data, write_raw_gz  # noqa: E402
+from lib.routing_world import ORG, OTHER, classify, org_pairs, read_sql, update_sql  # noqa: E402
 
 import psycopg  # noqa: E402
 
-ORGS = (routing.OTHER, routing.ORG)  # "1" stays in the cloud, "2" is moved and fails
+ORGS = (OTHER, ORG)  # "1" stays in the cloud, "2" is moved and fails
 
 
 class Mode:
@@ -138,7 +139,7 @@ def summary_markdown(raw: dict) -> str:
     m = raw["meta"]
     L = [f"# Failures under load ({m['mode']}), run `{m['run_id']}`", "",
          f"Command: `{m['command']}`; {m['mode_settings']['clients']} clients per organization through "
-         f"the proxy, organization {routing.OTHER} in the cloud, organization {routing.ORG} moved (fdw+direct).", "",
+         f"the proxy, organization {OTHER} in the cloud, organization {ORG} moved (fdw+direct).", "",
          "| phase | org | operations | failed | p50 ms | p99 ms | max ms | failures, most frequent |",
          "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in raw.get("phases", []):
@@ -147,7 +148,7 @@ def summary_markdown(raw: dict) -> str:
         L.append(f"| {r['phase']} | {r['org']} | {r['operations']} | {share} | {r['p50_ms']} | {r['p99_ms']} | "
                  f"{r['max_ms']} | {kinds} |")
     rec = raw.get("recovery", {})
-    L += ["", f"Organization {routing.ORG}'s first success after its database started again: "
+    L += ["", f"Organization {ORG}'s first success after its database started again: "
           f"{rec.get('database')} s; after its agent started again: {rec.get('agent')} s.", ""]
     for n, x in raw.get("extra_agents", {}).items():
         L.append(f"- {n} extra agents connected in {x['connected_in_s']} s; the relay's RSS then "
@@ -162,7 +163,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     md = summary_markdown(raw)
     (outdir / "summary.md").write_text(md)
     if charts_data:
-        common.summary_to_charts_data(f"failures {raw['meta']['mode']}", md)
+        summary_to_charts_data(f"failures {raw['meta']['mode']}", md)
     return md
 
 
@@ -171,14 +172,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="half-length phases, 2 clients per organization")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-failures[-quick])")
     args = ap.parse_args()
-    preflight("failures.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    preflight("failures.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     started, run_id, outdir = result_dir(args.out, "-failures", mode.quick)
     catch_signals()
-    routing.ORG_DB_SETTINGS = {}
+    routing_world.ORG_DB_SETTINGS = {}
     ctx = Ctx(mode)
     ctx.log = None
-    meta = common.run_meta("failures.py", run_id, started, mode, setup_commands=ctx.commands, errors=ctx.errors)
+    meta = run_meta("failures.py", run_id, started, mode, setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "phases": [], "recovery": {}}
     t_start = time.time()
     rc = 0
@@ -186,21 +187,21 @@ def main() -> int:
     load = None
     try:
         ctx.tmp = temp_dir("lokadb-failures-bench-")
-        prepare_tunnel(ctx, routing.ORG)
-        raw["world"] = routing.build_world(ctx)
+        prepare_tunnel(ctx, ORG)
+        raw["world"] = routing_world.build_world(ctx)
         pairs = org_pairs(ctx)
         # The relay knows the extra agents' organizations too (idle: no cloud organization is
         # theirs); organization 2's agent dials it through a link of 0 ms, as start_tunnel does.
         extra = [new_token(f"x{i}") for i in range(max(mode.extra_agents))]
-        tokens = {routing.ORG: ctx.token_hash, **{t.split(".")[0]: h for t, h in extra}}
+        tokens = {ORG: ctx.token_hash, **{t.split(".")[0]: h for t, h in extra}}
         ctx.relay = Relay(ctx.tmp, ctx.certs, tokens, {}, ctx.commands, agents_port=ctx.relay_agents_port,
                           postgres_port=ctx.relay_pg_port, tag="relay-failures")
         ctx.link = start_link(ctx.relay.agents_port, 0, ctx.tmp, ctx.commands)
         ctx.agent = tunnel_agent(ctx, ctx.link.port, ctx.org.addr())
         ctx.relay.wait_connected(1, timeout=60)
         ctx.extra = []
-        ctx.proxy = routing.start_proxy(ctx, "failures")
-        routing.set_profile(ctx, "fdw+direct")
+        ctx.proxy = routing_world.start_proxy(ctx, "failures")
+        routing_world.set_profile(ctx, "fdw+direct")
         load = Load(ctx, pairs)
         for t in load.threads:
             t.start()
@@ -216,7 +217,7 @@ def main() -> int:
                 ctx.relay.wait_connected(n + 1, timeout=300)
                 raw.setdefault("extra_agents", {})[n] = {
                     "connected_in_s": round(time.monotonic() - began, 2),
-                    "relay_rss_kib": common.rss_kib(ctx.relay.proc.pid)}
+                    "relay_rss_kib": rss_kib(ctx.relay.proc.pid)}
             t0 = time.time()
             log(f"{name} ({secs:g} s)")
             if name == "database stopped":
@@ -236,8 +237,8 @@ def main() -> int:
         for t in load.threads:
             t.join(15)
         raw["phases"] = summarize(load.samples, marks)
-        raw["recovery"]["database"] = first_success_after(load.samples, routing.ORG, raw["recovery"]["database_t"])
-        raw["recovery"]["agent"] = first_success_after(load.samples, routing.ORG, raw["recovery"]["agent_t"])
+        raw["recovery"]["database"] = first_success_after(load.samples, ORG, raw["recovery"]["database_t"])
+        raw["recovery"]["agent"] = first_success_after(load.samples, ORG, raw["recovery"]["agent_t"])
         for r in raw["phases"]:
             log(f"  {r['phase']:<26} org {r['org']}: {r['operations']} ops, {r['failed']} failed, "
                 f"p50 {r['p50_ms']} p99 {r['p99_ms']} max {r['max_ms']} ms")
@@ -254,8 +255,8 @@ def main() -> int:
         stop_agents(getattr(ctx, "extra", []))
         stop_tunnel(ctx)
         safe_cleanup()
-        common.finish_run(raw, outdir, t_start, render, rc == 0 and not args.out)
-        common.write_raw_gz(outdir, raw)
+        finish_run(raw, outdir, t_start, render, rc == 0 and not args.out)
+        write_raw_gz(outdir, raw)
     return rc
 
 

@@ -30,18 +30,28 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run  # noqa: E402
+from lib import three_targets as world  # noqa: E402  (run.py's world: Postgres, LokaDB, PgBouncer)
+from lib.binaries import PG_BIN  # noqa: E402
+from lib.charts import REFERENCE_STYLE, goal_line, marks, save_png  # noqa: E402
+from lib.procs import catch_signals, log, preflight  # noqa: E402
+from lib.results import finish_run, read_raw, result_dir, run_meta, write_raw_gz, write_with_chart  # noqa: E402
+from lib.three_targets import (  # noqa: E402
+    GOAL_TPS_RATIO, LOKADB_BIN, PGBOUNCER_BIN, PROXIES, REFERENCE_TPS_RATIO, TARGETS, binary_info, rotated,
+)
+
+import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
 SCRIPTS = ["read", "feed", "update", "insert"]
 VARIANTS = ["plain", "logged"]
 
 
-class Mode(run.Mode):
+class Mode(world.Mode):
     def __init__(self, quick: bool):
         super().__init__(quick)
         self.reps = 2 if quick else 5
@@ -49,15 +59,15 @@ class Mode(run.Mode):
         self.t_latency = 3 if quick else 8
 
 
-def measure(bench: run.Bench, mode: Mode) -> None:
-    run.log("warm-up")
-    for t in run.TARGETS:
+def measure(bench: world.Bench, mode: Mode) -> None:
+    log("warm-up")
+    for t in TARGETS:
         bench.pgbench(phase="warmup", kind="warmup", scenario="warmup read", script="read",
                       qmode="simple", target=t, clients=32, threads=2, seconds=mode.t_warmup,
                       log_txns=False)
     for rep in range(mode.reps):
-        order = run.rotated(rep)
-        run.log(f"repetition {rep + 1}/{mode.reps}, target order {order}")
+        order = rotated(rep)
+        log(f"repetition {rep + 1}/{mode.reps}, target order {order}")
         for script in SCRIPTS:
             # Alternate which variant goes first, so neither always follows the other.
             variants = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
@@ -67,10 +77,10 @@ def measure(bench: run.Bench, mode: Mode) -> None:
                                   script=script, qmode="simple", target=t, clients=32, threads=2,
                                   seconds=mode.t_throughput, rep=rep,
                                   log_txns=variant == "logged")
-    run.log("latency (separate runs with -l)")
+    log("latency (separate runs with -l)")
     for script in SCRIPTS:
         for clients, threads in ((1, 1), (32, 2)):
-            for t in run.TARGETS:
+            for t in TARGETS:
                 bench.pgbench(phase="latency", kind=f"latency c{clients}", scenario=f"{script} c{clients}",
                               script=script, qmode="simple", target=t, clients=clients,
                               threads=threads, seconds=mode.t_latency, log_txns=True)
@@ -92,7 +102,7 @@ def summarize(runs: list[dict]) -> dict:
             reps = sorted({r["rep"] for r in ok if r["phase"] == "measure"})
             by = {(r["rep"], r["target"]): r for r in ok
                   if r["phase"] == "measure" and r["script"] == script and r["phase_kind"] == variant}
-            for t in run.TARGETS:
+            for t in TARGETS:
                 tps = [by[(k, t)]["tps"] for k in reps if (k, t) in by]
                 if tps:
                     cell[f"{t}_tps"] = spread(tps)
@@ -101,7 +111,7 @@ def summarize(runs: list[dict]) -> dict:
             if pair:
                 cell["lokadb_per_pgbouncer"] = spread(pair)
                 cell["lokadb_ahead"] = sum(1 for x in pair if x > 1)
-            for t in run.PROXIES:
+            for t in PROXIES:
                 ratios = [by[(k, t)]["tps"] / by[(k, "direct")]["tps"] for k in reps
                           if (k, t) in by and (k, "direct") in by and by[(k, "direct")]["tps"]]
                 if ratios:
@@ -176,7 +186,7 @@ def summary_markdown(raw: dict) -> str:
         for clients in (1, 32):
             c = s["latency"].get(f"{script} c{clients}", {})
             cells = []
-            for t in run.TARGETS:
+            for t in TARGETS:
                 v = c.get(t) or {}
                 cells.append(f"{v.get('p50_ms', '—')} / {v.get('p99_ms', '—')}")
             lines.append(f"| {script} | {clients} | " + " | ".join(cells) + " |")
@@ -197,32 +207,32 @@ def main() -> int:
     ap.add_argument("--render", type=Path, help="render summary.md again from this raw.json[.gz]")
     args = ap.parse_args()
     if args.render:
-        raw = run.read_raw(args.render)
+        raw = read_raw(args.render)
         raw["summary"] = summarize(raw["runs"])
         print(_write(raw, args.render.parent))
-        run.write_raw_gz(args.render.parent, raw)
+        write_raw_gz(args.render.parent, raw)
         return 0
-    run.preflight("headline.py", [run.PG_BIN / "postgres", run.PG_BIN / "pgbench", run.PGBOUNCER_BIN,
-                                  run.LOKADB_BIN])
+    preflight("headline.py", [PG_BIN / "postgres", PG_BIN / "pgbench", PGBOUNCER_BIN,
+                              LOKADB_BIN])
     mode = Mode(args.quick)
     if args.reps is not None:
         if args.reps < 1:
             sys.exit(f"--reps {args.reps}: at least 1 repetition")
         mode.reps = args.reps
-    started, run_id, outdir = run.result_dir(args.out, "-headline", mode.quick)
-    run.catch_signals()
+    started, run_id, outdir = result_dir(args.out, "-headline", mode.quick)
+    catch_signals()
     t_start = time.time()
-    meta = run.run_meta(
+    meta = run_meta(
         "headline.py", run_id, started, mode, reps=mode.reps, throughput_seconds=mode.t_throughput,
-        latency_seconds=mode.t_latency, lokadb_binary=run.binary_info(),
-        pgbouncer_version=run.subprocess.run([str(run.PGBOUNCER_BIN), "--version"], capture_output=True,
-                                             text=True).stdout.splitlines()[0],
+        latency_seconds=mode.t_latency, lokadb_binary=binary_info(),
+        pgbouncer_version=subprocess.run([str(PGBOUNCER_BIN), "--version"], capture_output=True,
+                                         text=True).stdout.splitlines()[0],
         setup_commands=[], errors=[])
     raw = {"meta": meta, "runs": [], "summary": {}}
-    code = run.three_targets(mode, meta, raw, lambda bench: measure(bench, mode))
+    code = world.three_targets(mode, meta, raw, lambda bench: measure(bench, mode))
     raw["summary"] = summarize(raw["runs"])
-    run.finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d), False)
-    run.write_raw_gz(outdir, raw)
+    finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d), False)
+    write_raw_gz(outdir, raw)
     return code
 
 
@@ -230,15 +240,14 @@ def main() -> int:
 # (shared/seed/performance-reference.txt, "Organizations that stay in the cloud": read 29,799 ÷
 # 66,496, feed 28,375 ÷ 35,526, update 33,880 ÷ 57,166, insert 8,612 ÷ 23,673; RESULTS.md's
 # overview, row "Proxy overhead"). The goal: ≥ 0.9 (the same row).
-REFERENCE_RATIO = run.REFERENCE_TPS_RATIO
-GOAL_RATIO = run.GOAL_TPS_RATIO
+REFERENCE_RATIO = REFERENCE_TPS_RATIO
+GOAL_RATIO = GOAL_TPS_RATIO
 
 
 def draw_chart(raw: dict, outdir: Path) -> str | None:
     """throughput-ratio.png: each proxy's median ratio to direct per script, the bars' whiskers
     the spread over repetitions, the reference's ratio per script and the goal (0.9) drawn."""
     s = raw["summary"]["throughput"]
-    plt = run.plt
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     w = 0.38
     for i, (t, label, color) in enumerate((("lokadb", "LokaDB", "#1f6feb"),
@@ -253,10 +262,10 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
         ax.bar(xs, med, w, yerr=err, capsize=3, label=label, color=color)
         for x, m in zip(xs, med):
             ax.text(x, 0.02, f"{m:.2f}", ha="center", va="bottom", fontsize=8, color="white")
-    run.marks(ax, list(range(len(SCRIPTS))), [REFERENCE_RATIO.get(sc) for sc in SCRIPTS], 2 * w,
-              "reference: LokaDB ÷ direct " + " / ".join(f"{REFERENCE_RATIO[sc]:.2f}" for sc in SCRIPTS)
-              + f" ({' / '.join(SCRIPTS)})", run.REFERENCE_STYLE)
-    run.goal_line(ax, GOAL_RATIO, f"≥ {GOAL_RATIO:g} × direct")
+    marks(ax, list(range(len(SCRIPTS))), [REFERENCE_RATIO.get(sc) for sc in SCRIPTS], 2 * w,
+          "reference: LokaDB ÷ direct " + " / ".join(f"{REFERENCE_RATIO[sc]:.2f}" for sc in SCRIPTS)
+          + f" ({' / '.join(SCRIPTS)})", REFERENCE_STYLE)
+    goal_line(ax, GOAL_RATIO, f"≥ {GOAL_RATIO:g} × direct")
     ax.set_xticks(range(len(SCRIPTS)))
     ax.set_xticklabels(SCRIPTS)
     ax.set_ylim(0, 1.5)
@@ -267,13 +276,13 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
                  f"run {meta['run_id']})", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    run.save_png(fig, outdir / "throughput-ratio.png", 80)
+    save_png(fig, outdir / "throughput-ratio.png", 80)
     plt.close(fig)
     return "throughput-ratio.png"
 
 
 def _write(raw: dict, outdir: Path) -> str:
-    return run.write_with_chart(raw, outdir, summary_markdown(raw), draw_chart, "throughput ÷ direct", "headline")
+    return write_with_chart(raw, outdir, summary_markdown(raw), draw_chart, "throughput ÷ direct", "headline")
 
 
 if __name__ == "__main__":

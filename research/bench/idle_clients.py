@@ -12,10 +12,8 @@ import time
 
 import psycopg
 
-dsn, n, pid = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
-
-def rss_kib():
+def rss_kib(pid: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS"):
@@ -23,27 +21,35 @@ def rss_kib():
     raise RuntimeError("no VmRSS")
 
 
-before = rss_kib()
-conns = []
-lock = threading.Lock()
+def main() -> int:
+    if len(sys.argv) != 4 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
+    dsn, n, pid = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    before = rss_kib(pid)
+    conns = []
+    lock = threading.Lock()
+
+    def opener(k):
+        for _ in range(k):
+            c = psycopg.connect(dsn)
+            c.execute("SELECT 1")
+            with lock:
+                conns.append(c)
+
+    threads = [threading.Thread(target=opener, args=(n // 10,)) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(0.5)
+    with_clients = rss_kib(pid)
+    print(f"rss before {before} KiB, with {len(conns)} clients {with_clients} KiB, "
+          f"per client {(with_clients - before) / len(conns):.1f} KiB")
+    for c in conns:
+        c.close()
+    return 0
 
 
-def opener(k):
-    for _ in range(k):
-        c = psycopg.connect(dsn)
-        c.execute("SELECT 1")
-        with lock:
-            conns.append(c)
-
-
-threads = [threading.Thread(target=opener, args=(n // 10,)) for _ in range(10)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-time.sleep(0.5)
-with_clients = rss_kib()
-print(f"rss before {before} KiB, with {len(conns)} clients {with_clients} KiB, "
-      f"per client {(with_clients - before) / len(conns):.1f} KiB")
-for c in conns:
-    c.close()
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,8 +20,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import free_port  # noqa: E402
-import statement_org  # noqa: E402  (the side-by-side method)
+from lib.procs import free_port  # noqa: E402
+from lib.side_by_side import arguments, side_by_side, summary  # noqa: E402  (statement_org.py's method)
 
 METRICS_PORT = free_port()
 
@@ -59,17 +59,17 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     runs = [r for r in raw["runs"] if r["phase"] == "measure" and r.get("variant") == "scraped"]
     scrapes = sum(r.get("scrapes") or 0 for r in runs)
     slowest = max((r.get("scrape_ms_max") or 0 for r in runs), default=0)
-    return statement_org.summary(raw, outdir, "GET /metrics",
-                                 f"one with `\"metrics\"` set and scraped once a second during each of its "
-                                 f"runs ({scrapes} scrapes in all, the slowest {slowest} ms), one without")
+    return summary(raw, outdir, "GET /metrics",
+                   f"one with `\"metrics\"` set and scraped once a second during each of its "
+                   f"runs ({scrapes} scrapes in all, the slowest {slowest} ms), one without")
 
 
 def main() -> int:
-    args, ap = statement_org.arguments(__doc__, "N = 100 only, 3 s runs, R = 2 (≈ 2 min)")
+    args, ap = arguments(__doc__, "N = 100 only, 3 s runs, R = 2 (≈ 2 min)")
     if not args.orgs and args.quick:
         args.orgs = "100"
-    return statement_org.side_by_side(args, ap, script="metrics.py", tag="-metrics", variants=VARIANTS,
-                                      render=render)
+    return side_by_side(args, ap, script="metrics.py", tag="-metrics", variants=VARIANTS,
+                        render=render)
 
 
 if __name__ == "__main__":

@@ -45,14 +45,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-from run import Ctx, catch_signals, log, preflight, result_dir, temp_dir  # noqa: E402
-from tunnel import AGENT_BIN, LINK_BIN, LOKADB_BIN, Relay, make_certs, new_token, start_agent, start_link, stop_agents  # noqa: E402
-from moves import APP_PASSWORD, CLOUD_PG, ORG_PG, PgCluster, cluster_root, lokadb  # noqa: E402
-from routing import AUTH_PASSWORD, start_proxy  # noqa: E402
+from lib.binaries import AGENT_BIN, LINK_BIN, LOKADB_BIN, PG_BIN  # noqa: E402
+from lib.charts import save_png  # noqa: E402
+from lib.clusters import APP_PASSWORD, CLOUD_PG, ORG_PG, PgCluster, cluster_root, lokadb  # noqa: E402
+from lib.procs import catch_signals, log, preflight, temp_dir  # noqa: E402
+from lib.relay import Relay, make_certs, new_token, start_agent, start_link, stop_agents  # noqa: E402
+from lib.results import Ctx, guarded_run, rerender, result_dir, run_meta, summary_to_charts_data  # noqa: E402
+from lib.routing_world import AUTH_PASSWORD, start_proxy  # noqa: E402
 
 import psycopg  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
 CLOUD_ORG = "c0"
 TABLE_SQL = "CREATE TABLE notes (id bigserial PRIMARY KEY, organization_id text NOT NULL, body text)"
@@ -427,7 +429,7 @@ def chart(raw: dict, path: Path) -> None:
     fig.suptitle(f"Schema migrations with moved organizations: time at the client and another organization's "
                  f"longest wait ({m['mode']} mode, run {m['run_id']})", fontsize=9)
     fig.tight_layout()
-    common.save_png(fig, path, 110)
+    save_png(fig, path, 110)
     plt.close(fig)
 
 
@@ -440,14 +442,14 @@ def main() -> int:
                                                 "raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
-        return common.rerender(args.render, render, not args.no_charts_data)
-    preflight("migrations.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+        return rerender(args.render, render, not args.no_charts_data)
+    preflight("migrations.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     started, run_id, outdir = result_dir(args.out, "-migrations", mode.quick)
     catch_signals()
     ctx = Ctx(mode)
-    meta = common.run_meta("migrations.py", run_id, started, mode,
-                           setup_commands=ctx.commands, errors=ctx.errors)
+    meta = run_meta("migrations.py", run_id, started, mode,
+                    setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "cells": []}
     ctx.relay = ctx.link = ctx.proxy = None
     ctx.agents = []
@@ -483,8 +485,8 @@ def main() -> int:
         if ctx.relay is not None:
             ctx.relay.stop()
 
-    return common.guarded_run(ctx, raw, outdir, render, lambda rc: rc == 0 and not args.out, body,
-                              before_cleanup=stop)
+    return guarded_run(ctx, raw, outdir, render, lambda rc: rc == 0 and not args.out, body,
+                       before_cleanup=stop)
 
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
@@ -494,7 +496,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
     if raw["cells"]:
         chart(raw, outdir / "migrations.png")
         if charts_data:
-            common.summary_to_charts_data(f"migrations {raw['meta']['mode']}", md)
+            summary_to_charts_data(f"migrations {raw['meta']['mode']}", md)
     return md
 
 

@@ -33,8 +33,6 @@ import re
 import resource
 import shlex
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -44,37 +42,29 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
-from run import (  # noqa: E402
-    CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cpu_ticks, free_port, log, percentile, rerender,
-    result_dir, run_checked, stop_process, temp_dir, write_charts_section, write_outputs, preflight,
+from lib.binaries import AGENT_BIN, BIN_DIR, LINK_BIN, LOKADB_BIN, PG_BIN, bin_dir_of, binary_info  # noqa: E402
+from lib.charts import GOAL_STYLE, REFERENCE_STYLE, goal_line, marks, save_png  # noqa: E402
+from lib.clusters import (  # noqa: E402
+    APP_PASSWORD, BODY_BYTES, CLOUD_PG, ORG, ORG_DB, ORG_PG, OTHER, TABLES, PgCluster, cluster_root, load_sql,
+    lokadb, mask, org_database, schema_sql,
 )
-import tunnel  # noqa: E402  (the tunnel benchmark's relay, agent, link and cert helpers)
-from tunnel import (  # noqa: E402
-    binary_info, prepare_tunnel, start_link, start_tunnel, stop_agents, ticks_to_ms, tunnel_agent,
-    tunnel_relay,
+from lib.numbers import fmt  # noqa: E402
+from lib.procs import (  # noqa: E402
+    CHILDREN, CLK_TCK, catch_signals, cpu_ticks, loadavg, log, preflight, proc_status, temp_dir, ticks_to_ms,
+    tree_ticks,
 )
+from lib.relay import prepare_tunnel, start_link, start_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
+from lib.results import (  # noqa: E402
+    Ctx, git_info, guarded_run, machine_info, rerender, result_dir, write_charts_section, write_outputs,
+)
+from lib.writers import Writers  # noqa: E402
 
-import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
-import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
+import psycopg  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
-from tunnel import BIN_DIR, LOKADB_BIN, AGENT_BIN, LINK_BIN  # noqa: E402,F401  (one place for the binaries' paths)
-
-SUPER_PASSWORD = tunnel.SUPER_PASSWORD
-APP_PASSWORD = "app-bench-secret"
-ORG = "2"  # the organization that moves
-OTHER = "1"  # the one that stays in DEFAULT
-ORG_DB = "orgdb"
 RTT_MS = 40.0
-BODY_BYTES = 1000  # document_versions.body of a bulk row (under the TOAST threshold: stored as is)
 GOAL_PAUSE_MS = 300
-TABLES = ["documents", "document_versions"]
 
-# Postgres settings. fsync stays on (default); synchronous_commit off as in run.py.
-COMMON_PG = {"synchronous_commit": "off", "max_wal_size": "4GB", "min_wal_size": "80MB",
-             "checkpoint_timeout": "15min"}
-CLOUD_PG = {"max_connections": "100", "shared_buffers": "256MB", **COMMON_PG}
-ORG_PG = {"max_connections": "100", "shared_buffers": "128MB", **COMMON_PG}
 LOGICAL_CLOUD_PG = {"wal_level": "logical", "wal_writer_delay": "10ms"}
 
 
@@ -96,214 +86,12 @@ class Mode:
 
 
 # --------------------------------------------------------------------------------------
-# Small helpers
-
-
-def med(v):
-    v = [x for x in v if x is not None]
-    return statistics.median(v) if v else None
-
-
-def fmt(v, nd=1):
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, float):
-        return f"{v:,.{nd}f}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
-
-
-def loadavg() -> str:
-    return Path("/proc/loadavg").read_text().split()[0]
-
-
-def mask(s: str) -> str:
-    return s.replace(SUPER_PASSWORD, "***").replace(APP_PASSWORD, "***")
-
-
-def schema_sql() -> str:
-    """The test schema, read from tests/tests/it/admin_enable.rs (`SCHEMA`), so both stay one."""
-    src = (REPO / "tests" / "tests" / "it" / "admin_enable.rs").read_text()
-    m = re.search(r'pub\(crate\) const SCHEMA: &str = "(.*?)";\n', src, re.S)
-    if not m or "\\" in m.group(1) or '"' in m.group(1):
-        raise RuntimeError("could not read SCHEMA from tests/tests/it/admin_enable.rs")
-    return m.group(1)
-
-
-def stat_fields(pid: int):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return data[data.rindex(")") + 2:].split()
-
-
-def tree_ticks(pid: int):
-    """CPU ticks of a Postgres cluster: the postmaster, its reaped children (cutime+cstime) and
-    its live children. A backend that ends between two readings is counted by cutime."""
-    f = stat_fields(pid)
-    if f is None:
-        return None
-    total = sum(int(x) for x in f[11:15])
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        cf = stat_fields(int(d))
-        if cf and cf[1] == str(pid):
-            total += int(cf[11]) + int(cf[12])
-    return total
-
-
-# --------------------------------------------------------------------------------------
-# Clusters: initdb once per size, then copies of the data directory per scenario
-
-
-class PgCluster:
-    def __init__(self, root: Path, name: str, commands: list):
-        self.dir = root / name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        shutil.chown(self.dir, PG_USER, PG_USER)
-        self.data = self.dir / "pgdata"
-        self.name = name
-        self.commands = commands
-        self.proc = None
-        self.port = None
-        self.settings = {}
-
-    def initdb(self):
-        pwfile = self.dir / "pwfile"
-        pwfile.write_text(SUPER_PASSWORD + "\n")
-        shutil.chown(pwfile, PG_USER, PG_USER)
-        os.chmod(pwfile, 0o600)
-        cmd = [PG_BIN / "initdb", "-D", self.data, "-U", "postgres", f"--pwfile={pwfile}",
-               "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
-               "--locale=C.UTF-8", "--no-instructions"]
-        self.commands.append(f"(as {PG_USER}) {shlex.join(map(str, cmd))}")
-        run_checked([str(c) for c in cmd], user=PG_USER, group=PG_USER, extra_groups=[],
-                    cwd=self.dir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-        pwfile.unlink()
-
-    def create(self, settings: dict) -> "PgCluster":
-        """initdb, then start with these settings."""
-        self.initdb()
-        self.start(settings)
-        return self
-
-    def clone_from(self, template: Path):
-        cmd = ["cp", "-a", str(template), str(self.data)]
-        self.commands.append(shlex.join(cmd))
-        run_checked(cmd)
-
-    def start(self, settings: dict):
-        # A port in settings is kept (a restart at the same address: failures.py).
-        self.port = int(settings.get("port") or free_port())
-        s = {"listen_addresses": "127.0.0.1", "port": str(self.port),
-             "unix_socket_directories": str(self.dir), "password_encryption": "scram-sha-256",
-             "logging_collector": "off", **settings}
-        self.settings = s
-        cmd = [PG_BIN / "postgres", "-D", self.data]
-        for k, v in s.items():
-            cmd += ["-c", f"{k}={v}"]
-        self.commands.append(f"(as {PG_USER}) {shlex.join(map(str, cmd))}")
-        logf = open(self.dir / "postgres.log", "ab")
-        self.proc = subprocess.Popen(
-            [str(c) for c in cmd], stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            user=PG_USER, group=PG_USER, extra_groups=[], cwd=self.dir,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(self.dir)},
-            start_new_session=True)
-        self.proc._bench_stop_signal = signal.SIGINT
-        CHILDREN.append(self.proc)
-        deadline = time.time() + 120
-        while True:
-            try:
-                with self.conn():
-                    break
-            except psycopg.OperationalError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"Postgres {self.name} did not start:\n" + self.log_tail())
-                time.sleep(0.2)
-
-    def stop(self, wait=180.0):
-        if self.proc is not None:
-            stop_process(self.proc, signal.SIGINT, wait=wait)  # fast shutdown: a clean checkpoint
-            if self.proc in CHILDREN:
-                CHILDREN.remove(self.proc)
-            self.proc = None
-
-    def log_tail(self, n=3000) -> str:
-        p = self.dir / "postgres.log"
-        return p.read_text(errors="replace")[-n:] if p.exists() else ""
-
-    def conn(self, dbname="postgres", user="postgres", password=SUPER_PASSWORD, autocommit=True, **kw):
-        return psycopg.connect(host="127.0.0.1", port=self.port, user=user, password=password,
-                               dbname=dbname, sslmode="disable", autocommit=autocommit,
-                               connect_timeout=30, **kw)
-
-    def dsn(self, dbname="app", port=None) -> str:
-        return (f"host=127.0.0.1 port={port or self.port} user=postgres password={SUPER_PASSWORD} "
-                f"dbname={dbname} sslmode=disable")
-
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def one(self, sql: str, dbname="app"):
-        with self.conn(dbname) as c:
-            return c.execute(sql).fetchone()[0]
-
-
-def cluster_root(d: Path) -> Path:
-    """d, made and given to the Postgres user: the folder of a run's clusters."""
-    d.mkdir()
-    shutil.chown(d, PG_USER, PG_USER)
-    return d
-
-
-def org_database(org: PgCluster) -> str:
-    """The role app and the database ORG_DB it owns, in an organization's cluster; its version()."""
-    with org.conn() as c:
-        c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
-        c.execute(f"CREATE DATABASE {ORG_DB} OWNER app")
-        return c.execute("SELECT version()").fetchone()[0]
-
-
-def lokadb(ctx, args: list, dsn: str, timeout=3600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
-    # Plain TCP to the relay: the PostgreSQL 18 wheel's libpq has no TLS.
-    env.update({"LOKADB_CLOUD": dsn, "LOKADB_LOG": "warn", "LOKADB_RELAY_SSLMODE": "disable"})
-    cmd = [str(LOKADB_BIN), *args]
-    ctx.commands.append(mask(f"LOKADB_CLOUD='{dsn}' " + shlex.join(cmd)))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(f"{mask(shlex.join(cmd))} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
-    return r
-
-
-# --------------------------------------------------------------------------------------
 # The world of one size
 
 
 def org_pairs(size_mb: int) -> int:
     """Documents (one version each) of one organization for ~size_mb MB of COPY text."""
     return int(size_mb * 1e6 / (BODY_BYTES + 45))
-
-
-def load_sql(pairs: int, factor: int = 1) -> str:
-    # Triggers off for the bulk load (session_replication_role = replica): the rows are
-    # consistent by construction, the FK checks and the audit trigger would only slow it.
-    # Organization 2 gets `pairs`, organization 1 `factor` times as many, interleaved.
-    return f"""
-SET session_replication_role = replica;
-INSERT INTO documents (organization_id, project_id, title)
-  SELECT o, 10 * o, 'bulk ' || g
-    FROM (SELECT g, CASE WHEN g % {factor + 1} = 0 THEN 2 ELSE 1 END AS o
-            FROM generate_series(1, {(factor + 1) * pairs}) g) s;
-INSERT INTO document_versions (organization_id, document_id, body)
-  SELECT organization_id, id, left(repeat(md5(id::text), {BODY_BYTES // 32 + 1}), {BODY_BYTES})
-    FROM documents WHERE title LIKE 'bulk %';
-SET session_replication_role = origin;
-"""
 
 
 def build_template(ctx, size_mb: int) -> dict:
@@ -390,152 +178,6 @@ def build_template(ctx, size_mb: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------
-# Writers
-
-
-class Writers:
-    """n threads, each its own cloud connection: BEGIN; INSERT a document of organization 1 or 2
-    (alternately); INSERT a version of it; COMMIT. Every transaction's end time, org, outcome,
-    latency is kept."""
-
-    def __init__(self, cloud: PgCluster, n: int, tag: str):
-        self.cloud, self.n, self.tag = cloud, n, tag
-        self.stop = threading.Event()
-        self.events: list[tuple] = []  # (t_end monotonic, org, ok, latency s, sqlstate/None)
-        self.messages: dict[str, str] = {}
-        self.threads = [threading.Thread(target=self._run, args=(w,), daemon=True) for w in range(n)]
-        self.reconnects = 0
-
-    def start(self):
-        for t in self.threads:
-            t.start()
-
-    def _connect(self):
-        return self.cloud.conn("app", autocommit=False)
-
-    def _run(self, w: int):
-        conn = None
-        i = 0
-        while not self.stop.is_set():
-            if conn is None or conn.closed:
-                try:
-                    conn = self._connect()
-                except psycopg.Error as e:
-                    self._err(0, "connect", e, 0.0, time.monotonic())
-                    time.sleep(0.2)
-                    continue
-            i += 1
-            org = 1 + (i + w) % 2
-            t0 = time.monotonic()
-            try:
-                cur = conn.execute(
-                    "INSERT INTO documents (organization_id, project_id, title) VALUES (%s, %s, %s) RETURNING id",
-                    (org, org * 10, f"{self.tag} w{w} {i}"))
-                doc = cur.fetchone()[0]
-                conn.execute(
-                    "INSERT INTO document_versions (organization_id, document_id, body) VALUES (%s, %s, 'new')",
-                    (org, doc))
-                conn.commit()
-                t1 = time.monotonic()
-                self.events.append((t1, org, True, t1 - t0, None))
-            except psycopg.Error as e:
-                t1 = time.monotonic()
-                self._err(org, e.sqlstate or type(e).__name__, e, t1 - t0, t1)
-                try:
-                    conn.rollback()
-                except psycopg.Error:
-                    pass
-                if conn.closed or conn.broken:
-                    self.reconnects += 1
-                    try:
-                        conn.close()
-                    except psycopg.Error:
-                        pass
-                    conn = None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
-
-    def _err(self, org, code, e, lat, t1):
-        self.events.append((t1, org, False, lat, code))
-        key = f"org {org}: {code}"
-        if key not in self.messages:
-            self.messages[key] = str(e).strip().splitlines()[0][:300] if str(e).strip() else repr(e)
-
-    def finish(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=120)
-
-    def tally(self, t_move0: float, t_move1: float, t_start: float, t_stop: float) -> dict:
-        ev = sorted(self.events)
-        ok = {1: 0, 2: 0}
-        errors: dict[str, int] = {}
-        for t, org, good, lat, code in ev:
-            if good:
-                ok[org] += 1
-            else:
-                k = f"org {org}: {code}"
-                errors[k] = errors.get(k, 0) + 1
-
-        def rate(a, b, org=None):
-            if b <= a:
-                return None
-            n = sum(1 for t, o, good, _, _ in ev if good and a <= t < b and (org is None or o == org))
-            return n / (b - a)
-
-        def lat_stats(a, b, org):
-            # transactions that ended during [a, b] or were in flight across it
-            ls = sorted(lat for t, o, good, lat, _ in ev if good and o == org and t >= a and t - lat <= b)
-            return {"n": len(ls), "max_ms": round(ls[-1] * 1e3, 1) if ls else None,
-                    "p50_ms": round(percentile(ls, 0.5) * 1e3, 2) if ls else None,
-                    "p99_ms": round(percentile(ls, 0.99) * 1e3, 1) if ls else None}
-
-        b0 = t_start + 1.0  # the writers' first second (connecting) is left out
-        out = {
-            "writers": self.n, "ok": {str(k): v for k, v in ok.items()}, "errors": errors,
-            "error_messages": self.messages, "reconnects": self.reconnects,
-            "rate": {
-                "before": {"all": rate(b0, t_move0), "org1": rate(b0, t_move0, 1), "org2": rate(b0, t_move0, 2)},
-                "during": {"all": rate(t_move0, t_move1), "org1": rate(t_move0, t_move1, 1),
-                           "org2": rate(t_move0, t_move1, 2)},
-                "after": {"all": rate(t_move1, t_stop), "org1": rate(t_move1, t_stop, 1),
-                          "org2": rate(t_move1, t_stop, 2)},
-            },
-            "latency_during_move": {"org1": lat_stats(t_move0, t_move1, 1), "org2": lat_stats(t_move0, t_move1, 2)},
-            "latency_before": {"org1": lat_stats(b0, t_move0, 1), "org2": lat_stats(b0, t_move0, 2)},
-            "latency_after": {"org1": lat_stats(t_move1, t_stop, 1), "org2": lat_stats(t_move1, t_stop, 2)},
-            "windows_s": {"before": round(t_move0 - b0, 2), "during": round(t_move1 - t_move0, 2),
-                          "after": round(t_stop - t_move1, 2)},
-        }
-        # Per-second successes per organization, seconds relative to the move's start.
-        lo = math.floor(t_start - t_move0)
-        hi = math.ceil(t_stop - t_move0)
-        series = {"t": list(range(lo, hi)), "org1": [0] * (hi - lo), "org2": [0] * (hi - lo),
-                  "errors": [0] * (hi - lo)}
-        for t, org, good, _, _ in ev:
-            k = math.floor(t - t_move0) - lo
-            if 0 <= k < hi - lo:
-                if good:
-                    series[f"org{org}" if org in (1, 2) else "org1"][k] += 1
-                else:
-                    series["errors"][k] += 1
-        out["per_second"] = series
-        # The longest org-2 transaction and when it ended (relative to the move's start).
-        l2 = [(lat, t) for t, o, good, lat, _ in ev if o == 2]
-        if l2:
-            lat, t = max(l2)
-            out["longest_org2"] = {"ms": round(lat * 1e3, 1), "ended_at_s": round(t - t_move0, 2)}
-        l1 = [(lat, t) for t, o, good, lat, _ in ev if o == 1]
-        if l1:
-            lat, t = max(l1)
-            out["longest_org1"] = {"ms": round(lat * 1e3, 1), "ended_at_s": round(t - t_move0, 2)}
-        return out
-
-
-# --------------------------------------------------------------------------------------
 # The move command and its report
 
 
@@ -568,7 +210,7 @@ def run_move(ctx, args: list, dsn: str, timeout=3600) -> dict:
 
     def sample():
         while not done.is_set():
-            v = tunnel.proc_status(p.pid).get("VmHWM")
+            v = proc_status(p.pid).get("VmHWM")
             if v:
                 hwm[0] = max(hwm[0], v)
             done.wait(0.1)
@@ -836,7 +478,7 @@ def proc_snapshot(ctx) -> dict:
     if ctx.link_sub is not None:
         s["link_subscription"] = cpu_ticks(ctx.link_sub.proc.pid)
     r = resource.getrusage(resource.RUSAGE_SELF)
-    s["bench_python"] = int((r.ru_utime + r.ru_stime) * common.CLK_TCK)
+    s["bench_python"] = int((r.ru_utime + r.ru_stime) * CLK_TCK)
     return s
 
 
@@ -1132,7 +774,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
     L = [f"# Move benchmark, {m['mode']} mode — run {m['run_id']}", "",
          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
          f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
-         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{common.bin_dir_of(m, BIN_DIR)}`. "
+         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{bin_dir_of(m, BIN_DIR)}`. "
          f"Command: `{m['command'].strip()}`.", "",
          f"World: PostgreSQL 18 clusters (cloud and organization 2's), relay, organization 2's agent dialing the "
          f"relay through the latency link ({RTT_MS / 2:g} ms each way = {RTT_MS:g} ms RTT); the move reaches the org "
@@ -1206,15 +848,15 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
             ax.text(i + 0.2, sw[i], f"{sw[i]:,}", ha="center", va="bottom", fontsize=7)
     ref_split = [REFERENCE_SPLIT_MS.get(r["size_mb"]) if r["mode"] in ("trigger", "logical") else None for r in rows]
     ref_switch = [REFERENCE_SWITCH_MS.get((r["size_mb"], r["mode"])) for r in rows]
-    common.marks(ax, [i - 0.2 for i in x], ref_split, 0.4,
-                 "reference, split: ≈ " + ", ".join(f"{v / 1000:g} s at {k} MB" for k, v in REFERENCE_SPLIT_MS.items()
-                                                     if v in ref_split),
-                 {**common.REFERENCE_STYLE, "colors": "#24292f"})
-    common.marks(ax, [i + 0.2 for i in x], ref_switch, 0.4,
-                 "reference, switch: " + ", ".join(f"{v / 1000:g} s ({m}, {k} MB)"
-                                                   for (k, m), v in REFERENCE_SWITCH_MS.items() if v in ref_switch),
-                 common.REFERENCE_STYLE)
-    common.goal_line(ax, GOAL_PAUSE_MS, f"≤ {GOAL_PAUSE_MS} ms, split and switch")
+    marks(ax, [i - 0.2 for i in x], ref_split, 0.4,
+          "reference, split: ≈ " + ", ".join(f"{v / 1000:g} s at {k} MB" for k, v in REFERENCE_SPLIT_MS.items()
+                                              if v in ref_split),
+          {**REFERENCE_STYLE, "colors": "#24292f"})
+    marks(ax, [i + 0.2 for i in x], ref_switch, 0.4,
+          "reference, switch: " + ", ".join(f"{v / 1000:g} s ({m}, {k} MB)"
+                                            for (k, m), v in REFERENCE_SWITCH_MS.items() if v in ref_switch),
+          REFERENCE_STYLE)
+    goal_line(ax, GOAL_PAUSE_MS, f"≤ {GOAL_PAUSE_MS} ms, split and switch")
     ax.set_yscale("log")
     ax.set_xticks(x, names, fontsize=7)
     ax.set_ylabel("writes paused, ms (log)")
@@ -1223,7 +865,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     ax.set_ylim(top=max(v for v in sp + sw + ref_split + ref_switch + [GOAL_PAUSE_MS] if v) * 15)
     ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
-    common.save_png(fig, outdir / "moves-pause.png", 110)
+    save_png(fig, outdir / "moves-pause.png", 110)
     plt.close(fig)
     made.append("moves-pause.png")
     # 2. MB/s vs the link's ceilings
@@ -1240,18 +882,18 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
             if v is not None:
                 ax.text(xx, v, f"{v:.0f}", ha="center", va="bottom", fontsize=6)
     # The goal over each row's copy bar: 0.8 × that run's write ceiling.
-    common.marks(ax, [i - 1.5 * w for i in x],
-                 [GOAL_COPY_OVER_WRITE_CEILING * r["ceiling_write_mb_s"]
-                  if r["ceiling_write_mb_s"] and r["mode"] in ("trigger", "logical") else None for r in rows],
-                 w, f"goal: move-org's copy ≥ {GOAL_COPY_OVER_WRITE_CEILING:g} × the write ceiling",
-                 common.GOAL_STYLE)
+    marks(ax, [i - 1.5 * w for i in x],
+          [GOAL_COPY_OVER_WRITE_CEILING * r["ceiling_write_mb_s"]
+           if r["ceiling_write_mb_s"] and r["mode"] in ("trigger", "logical") else None for r in rows],
+          w, f"goal: move-org's copy ≥ {GOAL_COPY_OVER_WRITE_CEILING:g} × the write ceiling",
+          GOAL_STYLE)
     ax.set_xticks(x, names, fontsize=7)
     ax.set_ylabel("MB/s")
     ax.set_title(f"Move throughput vs the link's ceiling, {RTT_MS:g} ms RTT\n({run_of})", fontsize=10)
     ax.set_ylim(top=max([r[k] for r in rows for k, *_ in series if r[k]] + [1]) * 1.6)
     ax.legend(fontsize=7, loc="upper center", ncol=2)
     fig.tight_layout()
-    common.save_png(fig, outdir / "moves-throughput.png", 110)
+    save_png(fig, outdir / "moves-throughput.png", 110)
     plt.close(fig)
     made.append("moves-throughput.png")
     # 3. writers per second around each move
@@ -1291,7 +933,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
             axes[k // cols][k % cols].axis("off")
         fig.suptitle(f"Writers' commits per second around each move, {RTT_MS:g} ms RTT ({run_of})", fontsize=9)
         fig.tight_layout()
-        common.save_png(fig, outdir / "moves-writers.png", 100)
+        save_png(fig, outdir / "moves-writers.png", 100)
         plt.close(fig)
         made.append("moves-writers.png")
     return made
@@ -1380,7 +1022,7 @@ def main() -> int:
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
             "command": ("/work/main/.venv/bin/python research/bench/moves.py " + shlex.join(sys.argv[1:])).strip(),
             "mode_settings": dict(vars(mode)), "rtt_ms": RTT_MS, "body_bytes": BODY_BYTES,
-            "machine": common.machine_info(), "git": common.git_info(),
+            "machine": machine_info(), "git": git_info(),
             "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
             "postgres_settings": {"cloud": CLOUD_PG, "cloud_logical_extra": LOGICAL_CLOUD_PG, "org": ORG_PG,
                                   "fsync": "on (default)"},
@@ -1410,7 +1052,7 @@ def main() -> int:
         failed = any(r.get("error") or (r.get("move_org") or {}).get("move", {}).get("rc") for r in ctx.runs)
         return 1 if failed else 0
 
-    return common.guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body)
+    return guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run  # noqa: E402
+from lib import three_targets as world  # noqa: E402  (run.py's world: Postgres, LokaDB, PgBouncer)
+from lib.binaries import PG_BIN  # noqa: E402
+from lib.charts import goal_line, reference_line, save_png  # noqa: E402
+from lib.procs import catch_signals, log, preflight, raise_fd_limit  # noqa: E402
+from lib.results import finish_run, read_raw, result_dir, run_meta, write_raw_gz, write_with_chart  # noqa: E402
+from lib.three_targets import LOKADB_BIN, PGBOUNCER_BIN, PROXIES, TARGETS, binary_info, rotated  # noqa: E402
+
+import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
 SCRIPTS = ["read", "update"]
 CLIENTS = 256
@@ -46,7 +53,7 @@ KEEPS_UP = 0.95
 MAX_TIMEOUTS = 0.01
 
 
-class Mode(run.Mode):
+class Mode(world.Mode):
     def __init__(self, quick: bool):
         super().__init__(quick)
         self.shares = [0.5, 0.8, 1.1] if quick else [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3]
@@ -55,9 +62,9 @@ class Mode(run.Mode):
         self.reps = 1 if quick else 2
 
 
-def measure(bench: run.Bench, mode: Mode, raw: dict) -> None:
-    run.log("warm-up")
-    for t in run.TARGETS:
+def measure(bench: world.Bench, mode: Mode, raw: dict) -> None:
+    log("warm-up")
+    for t in TARGETS:
         bench.pgbench(phase="warmup", kind="warmup", scenario="warmup read", script="read",
                       qmode="simple", target=t, clients=32, threads=2, seconds=mode.t_warmup,
                       log_txns=False)
@@ -73,11 +80,11 @@ def measure(bench: run.Bench, mode: Mode, raw: dict) -> None:
             raise RuntimeError(f"no capacity measured for {script}")
         capacity = statistics.median(caps)
         raw["capacity"][script] = {"median_tps": capacity, "runs": caps}
-        run.log(f"{script}: C = {capacity:.0f} tps ({CLIENTS} clients, closed loop)")
+        log(f"{script}: C = {capacity:.0f} tps ({CLIENTS} clients, closed loop)")
         for rep in range(mode.reps):
             for i, share in enumerate(mode.shares):
                 rate = max(1, round(capacity * share))
-                for t in run.rotated(i + rep):
+                for t in rotated(i + rep):
                     r = bench.pgbench(phase="measure", kind="open", scenario=f"{script} {share:.2f}",
                                       script=script, qmode="simple", target=t, clients=CLIENTS,
                                       threads=2, seconds=mode.seconds, rep=rep, log_txns=True,
@@ -112,7 +119,7 @@ def summarize(raw: dict) -> dict:
             row["keeps_up"] = (answered >= KEEPS_UP * r["offered_tps"]
                                and (row["timeout_share"] or 0) <= MAX_TIMEOUTS)
             rows.append(row)
-        for t in run.TARGETS:
+        for t in TARGETS:
             knees[t] = []
             for k in sorted({x["rep"] for x in rows}):
                 mine = sorted((x for x in rows if x["target"] == t and x["rep"] == k), key=lambda x: x["share"])
@@ -125,7 +132,7 @@ def summarize(raw: dict) -> dict:
                 knees[t].append(knee)
         # Each proxy's knee ÷ direct's, in the same repetition.
         relative = {t: [round(k / d, 2) if k is not None and d else None
-                        for k, d in zip(knees[t], knees["direct"])] for t in run.PROXIES}
+                        for k, d in zip(knees[t], knees["direct"])] for t in PROXIES}
         out[script] = {"capacity_tps": cap, "rows": rows, "knee": knees, "knee_of_direct": relative}
     return out
 
@@ -153,16 +160,16 @@ def summary_markdown(raw: dict) -> str:
             "",
             "Knee (highest share of C kept up with, and every lower one), per repetition: "
             + "; ".join(f"{t} " + ", ".join("< lowest" if k is None else f"{k}" for k in knee.get(t, []))
-                        for t in run.TARGETS),
+                        for t in TARGETS),
             "",
             "**Knee ÷ direct's knee** (the same repetition): " + "; ".join(
                 f"{t} " + ", ".join("–" if k is None else f"{k}" for k in c.get("knee_of_direct", {}).get(t, []))
-                for t in run.PROXIES),
+                for t in PROXIES),
             "",
             "| share | offered tps | rep | target | answered tps | p50 ms | p99 ms | timeouts | keeps up | proxy CPU µs/txn |",
             "|---:|---:|---:|---|---:|---:|---:|---:|---|---:|",
         ]
-        for x in sorted(c["rows"], key=lambda x: (x["share"], x["rep"], run.TARGETS.index(x["target"]))):
+        for x in sorted(c["rows"], key=lambda x: (x["share"], x["rep"], TARGETS.index(x["target"]))):
             ts = x["timeout_share"]
             lines.append(
                 f"| {x['share']:.2f} | {x['offered_tps']} | {x['rep']} | {x['target']} | {x['answered_tps']:.0f} | "
@@ -184,7 +191,6 @@ GOAL_KNEE = 0.95
 def draw_chart(raw: dict, outdir: Path) -> str | None:
     """p99 against the offered share, per script and target, with the reference's knee and the
     goal drawn as vertical lines."""
-    plt = run.plt
     s = raw["summary"]
     fig, axes = plt.subplots(1, len(SCRIPTS), figsize=(10, 4.2), squeeze=False)
     colors = {"direct": "#57606a", "lokadb": "#1f6feb", "pgbouncer": "#d29922"}
@@ -192,7 +198,7 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
         c = s.get(script)
         if not c:
             continue
-        for t in run.TARGETS:
+        for t in TARGETS:
             for k in sorted({x["rep"] for x in c["rows"]}):
                 pts = sorted((x for x in c["rows"] if x["target"] == t and x["rep"] == k),
                              key=lambda x: x["share"])
@@ -200,8 +206,8 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
                         color=colors[t], ls="-" if k == 0 else "--",
                         label=f"{t}, rep {k} (knee {c['knee'][t][k] if k < len(c['knee'][t]) else '–'})")
         if script == "read":
-            run.reference_line(ax, REFERENCE_KNEE, f"knee at {REFERENCE_KNEE:g} × direct's (read)", vertical=True)
-        run.goal_line(ax, GOAL_KNEE, f"a proxy's knee ≥ {GOAL_KNEE:g} × direct's", vertical=True)
+            reference_line(ax, REFERENCE_KNEE, f"knee at {REFERENCE_KNEE:g} × direct's (read)", vertical=True)
+        goal_line(ax, GOAL_KNEE, f"a proxy's knee ≥ {GOAL_KNEE:g} × direct's", vertical=True)
         ax.set_yscale("log")
         ax.set_xlabel("offered rate ÷ C (direct's closed-loop tps)")
         ax.set_ylabel("p99 latency, ms (log)")
@@ -211,15 +217,15 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
     fig.suptitle(f"Overload, open model: p99 latency against the offered rate, {CLIENTS} clients, 1 s timeout "
                  f"({raw['meta']['mode']} mode, run {raw['meta']['run_id']})", fontsize=9)
     fig.tight_layout()
-    run.save_png(fig, outdir / "overload-p99.png", 80)
+    save_png(fig, outdir / "overload-p99.png", 80)
     plt.close(fig)
     return "overload-p99.png"
 
 
 def _write(raw: dict, outdir: Path) -> str:
     raw["summary"] = summarize(raw)
-    return run.write_with_chart(raw, outdir, summary_markdown(raw), draw_chart, "p99 against the offered rate",
-                                "overload")
+    return write_with_chart(raw, outdir, summary_markdown(raw), draw_chart, "p99 against the offered rate",
+                            "overload")
 
 
 def main() -> int:
@@ -229,25 +235,25 @@ def main() -> int:
     ap.add_argument("--render", type=Path, help="render summary.md and the chart again from this raw.json[.gz]")
     args = ap.parse_args()
     if args.render:
-        raw = run.read_raw(args.render)
+        raw = read_raw(args.render)
         print(_write(raw, args.render.parent))
-        run.write_raw_gz(args.render.parent, raw)
+        write_raw_gz(args.render.parent, raw)
         return 0
-    run.preflight("overload.py", [run.PG_BIN / "postgres", run.PG_BIN / "pgbench", run.PGBOUNCER_BIN,
-                                  run.LOKADB_BIN])
+    preflight("overload.py", [PG_BIN / "postgres", PG_BIN / "pgbench", PGBOUNCER_BIN,
+                              LOKADB_BIN])
     mode = Mode(args.quick)
-    started, run_id, outdir = run.result_dir(args.out, "-overload", mode.quick)
-    run.raise_fd_limit()
-    run.catch_signals()
+    started, run_id, outdir = result_dir(args.out, "-overload", mode.quick)
+    raise_fd_limit()
+    catch_signals()
     t_start = time.time()
-    meta = run.run_meta(
+    meta = run_meta(
         "overload.py", run_id, started, mode, seconds=mode.seconds, reps=mode.reps, shares=mode.shares,
-        clients=CLIENTS, latency_limit_ms=LIMIT_MS, lokadb_binary=run.binary_info(), setup_commands=[],
+        clients=CLIENTS, latency_limit_ms=LIMIT_MS, lokadb_binary=binary_info(), setup_commands=[],
         errors=[])
     raw = {"meta": meta, "capacity": {}, "runs": [], "summary": {}}
-    code = run.three_targets(mode, meta, raw, lambda bench: measure(bench, mode, raw))
-    run.finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d), False)
-    run.write_raw_gz(outdir, raw)
+    code = world.three_targets(mode, meta, raw, lambda bench: measure(bench, mode, raw))
+    finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d), False)
+    write_raw_gz(outdir, raw)
     return code
 
 

@@ -40,19 +40,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-from run import (  # noqa: E402
-    Ctx, catch_signals, log, preflight, result_dir, temp_dir,
-)
-from tunnel import (  # noqa: E402
-    binary_info, prepare_tunnel, start_tunnel, stop_tunnel, LOKADB_BIN, AGENT_BIN, LINK_BIN,
-)
-import routing  # noqa: E402  (its world: clusters, schema, move-org, the proxy)
-from moves import SUPER_PASSWORD, fmt, loadavg  # noqa: E402
+from lib import routing_world  # noqa: E402  (its world: clusters, schema, move-org, the proxy)
+from lib.binaries import AGENT_BIN, LINK_BIN, LOKADB_BIN, PG_BIN, binary_info  # noqa: E402
+from lib.clusters import SUPER_PASSWORD  # noqa: E402
+from lib.numbers import fmt  # noqa: E402
+from lib.procs import catch_signals, loadavg, log, preflight, temp_dir  # noqa: E402
+from lib.relay import prepare_tunnel, start_tunnel, stop_tunnel  # noqa: E402
+from lib.results import Ctx, guarded_run, parse_rtts, result_dir, run_meta, run_rounds  # noqa: E402
 
 import psycopg  # noqa: E402
 
-ORG, OTHER = routing.ORG, routing.OTHER
+ORG, OTHER = routing_world.ORG, routing_world.OTHER
 TARGETS = ["cloud", "proxy", "cloud-fdw", "proxy-fdw", "proxy-fdw+direct"]
 OPS = ["copy_out", "copy_in", "cursor", "notify"]
 
@@ -138,9 +136,9 @@ def notify(ctx, target: str, n: int) -> dict:
 
 def set_profile(ctx, target: str) -> None:
     if target.endswith("fdw+direct"):
-        routing.set_profile(ctx, "fdw+direct")
+        routing_world.set_profile(ctx, "fdw+direct")
     elif target.endswith("fdw"):
-        routing.set_profile(ctx, "fdw")
+        routing_world.set_profile(ctx, "fdw")
 
 
 def measure_target(ctx, rtt: float, target: str) -> dict:
@@ -190,8 +188,8 @@ def rtt_round(ctx, rtt: float) -> dict:
     ctx.relay = ctx.link = ctx.agent = ctx.proxy = None
     try:
         start_tunnel(ctx, ORG, f"relay-rtt{rtt:g}", rtt)
-        rec["relay_select1_ms"] = routing.relay_rtt_ms(ctx)
-        ctx.proxy = routing.start_proxy(ctx, f"rtt{rtt:g}")
+        rec["relay_select1_ms"] = routing_world.relay_rtt_ms(ctx)
+        ctx.proxy = routing_world.start_proxy(ctx, f"rtt{rtt:g}")
         log(f"  RTT {rtt:g} ms: SELECT 1 through relay + link {rec['relay_select1_ms']} ms, proxy on port "
             f"{ctx.proxy.port} (load average {loadavg()})")
         for target in TARGETS:
@@ -254,32 +252,32 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-paths[-quick])")
     ap.add_argument("--rtts", help="comma-separated RTTs in ms (default: quick 0, full 0,10)")
     args = ap.parse_args()
-    preflight("paths.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    preflight("paths.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.rtts:
-        mode.rtts_ms = common.parse_rtts(args.rtts, "0,10")
+        mode.rtts_ms = parse_rtts(args.rtts, "0,10")
     started, run_id, outdir = result_dir(args.out, "-paths", mode.quick)
     catch_signals()
     ctx = Ctx(mode)
-    meta = common.run_meta("paths.py", run_id, started, mode,
-                           binaries={b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
-                           setup_commands=ctx.commands, errors=ctx.errors)
+    meta = run_meta("paths.py", run_id, started, mode,
+                    binaries={b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
+                    setup_commands=ctx.commands, errors=ctx.errors)
     raw = {"meta": meta, "world": None, "rounds": []}
 
     def body():
         ctx.tmp = temp_dir("lokadb-paths-bench-")
         prepare_tunnel(ctx, ORG)
         log(f"mode={mode.name} RTTs={mode.rtts_ms} ms rows={mode.pairs} out={outdir}")
-        routing.PAIRS = mode.pairs
-        raw["world"] = routing.build_world(ctx)
+        routing_world.PAIRS = mode.pairs
+        raw["world"] = routing_world.build_world(ctx)
         # routing.py logs every statement of the organization's database; not here.
         with ctx.org.conn() as c:
-            for k in routing.ORG_DB_SETTINGS:
-                c.execute(f"ALTER DATABASE {routing.ORG_DB} RESET {k}")
-        return common.run_rounds(ctx, raw, outdir, rtt_round)
+            for k in routing_world.ORG_DB_SETTINGS:
+                c.execute(f"ALTER DATABASE {routing_world.ORG_DB} RESET {k}")
+        return run_rounds(ctx, raw, outdir, rtt_round)
 
-    return common.guarded_run(ctx, raw, outdir, render, False, body,
-                              binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    return guarded_run(ctx, raw, outdir, render, False, body,
+                       binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN))
 
 if __name__ == "__main__":
     sys.exit(main())

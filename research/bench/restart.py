@@ -37,11 +37,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-from run import (  # noqa: E402
-    APP_PASSWORD, AUTH_PASSWORD, CHILDREN, LOKADB_BIN, PG_BIN, SCRIPTS, ORGS, Mode, World, log,
-    percentile,
-)
+from lib.binaries import PG_BIN  # noqa: E402
+from lib.numbers import percentile  # noqa: E402
+from lib.procs import CHILDREN, catch_signals, log, raise_fd_limit, safe_cleanup  # noqa: E402
+from lib.results import fatal, result_dir  # noqa: E402
+from lib.three_targets import APP_PASSWORD, AUTH_PASSWORD, LOKADB_BIN, ORGS, SCRIPTS, Mode, World  # noqa: E402
 
 
 class Proxy:
@@ -249,9 +249,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="shorter runs, one repetition")
     args = ap.parse_args()
     mode = Mode(args.quick)
-    common.catch_signals()
-    common.raise_fd_limit()
-    started, run_id, outdir = common.result_dir(None, "-restart", args.quick)
+    catch_signals()
+    raise_fd_limit()
+    started, run_id, outdir = result_dir(None, "-restart", args.quick)
     raw = {"meta": {"run_id": run_id, "started": started.isoformat(), "errors": [],
                     "command": "LOKADB_BENCH_TARGET=/work/main/target/release .venv/bin/python "
                                "research/bench/restart.py" + (" --quick" if args.quick else "")},
@@ -275,9 +275,9 @@ def main() -> int:
         log("reload")
         raw["runs"] += reload_runs(w, w.tmp, scripts, mode)
     except Exception as e:  # noqa: BLE001
-        common.fatal(raw["meta"]["errors"], e)
+        fatal(raw["meta"]["errors"], e)
     finally:
-        common.safe_cleanup()
+        safe_cleanup()
     raw["meta"]["wall_seconds"] = round(time.time() - t_start, 1)
     (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
     md = summary(raw) if raw["runs"] else "no run completed\n" + "\n".join(raw["meta"]["errors"])

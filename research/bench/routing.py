@@ -28,7 +28,6 @@ import itertools
 import json
 import os
 import random
-import re
 import shlex
 import sys
 import time
@@ -37,55 +36,25 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc, cleanup)
-from run import (  # noqa: E402
-    Ctx, catch_signals, cpu_ticks, delta, log, percentile, rerender, result_dir, sched_ns, temp_dir,
-    write_charts_section, write_empty_summary, write_outputs, preflight,
+from lib.binaries import AGENT_BIN, BIN_DIR, LINK_BIN, LOKADB_BIN, PG_BIN, bin_dir_of, binary_info  # noqa: E402
+from lib.charts import GOAL_STYLE, REFERENCE_STYLE, marks, save_png  # noqa: E402
+from lib.clusters import CLOUD_PG, ORG, ORG_PG, OTHER  # noqa: E402
+from lib.numbers import fmt, percentile  # noqa: E402
+from lib.procs import (  # noqa: E402
+    catch_signals, cpu_ticks, delta, loadavg, log, preflight, rss_kib, sched_ns, temp_dir, ticks_to_ms,
 )
-from tunnel import (  # noqa: E402
-    LineProc, binary_info, prepare_tunnel, start_tunnel, stop_agents, stop_tunnel, ticks_to_ms,
-    tunnel_agent, tunnel_relay,
+from lib.relay import prepare_tunnel, start_tunnel, stop_tunnel  # noqa: E402
+from lib.results import (  # noqa: E402
+    Ctx, git_info, guarded_run, machine_info, rerender, result_dir, write_charts_section, write_empty_summary,
+    write_outputs,
 )
-import moves  # noqa: E402  (the move benchmark's clusters, admin commands, schema and load)
-from moves import (  # noqa: E402
-    APP_PASSWORD, CLOUD_PG, ORG_DB, ORG_PG, SUPER_PASSWORD, PgCluster, cluster_root, fmt, load_sql, loadavg,
-    lokadb, mask, org_database, schema_sql,
+from lib.routing_world import (  # noqa: E402
+    CLIENT_APP, COUNT_SQL, INSERT_SQL, KEY_SQL, ORG_DB_SETTINGS, ORG_LOG_PREFIX, PROFILES, READ_SQL, READ_SQL_1,
+    UPDATE_SQL, OrgLog, analyse, build_world, client, relay_rtt_ms, set_profile, start_proxy,
 )
 
-import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
-import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
-
-from tunnel import BIN_DIR, LOKADB_BIN, AGENT_BIN, LINK_BIN  # noqa: E402,F401  (one place for the binaries' paths)
-
-ORG = moves.ORG  # "2": the organization that moves
-OTHER = moves.OTHER  # "1": stays in the cloud
-AUTH_PASSWORD = "lokadb-auth-bench-secret"
-PROFILES = ["fdw", "fdw+direct"]
-PAIRS = 3000  # moves.load_sql: 2 x PAIRS documents (PAIRS per organization), one version each
-MARK_APP = "lokadb-bench-mark"  # application_name of the benchmark's own connections to the org database
-CLIENT_APP = "lokadb-bench-client"  # the client's (a direct connection copies it)
-# The org cluster prefixes every log line with pid, application_name, user and database so the
-# benchmark's own lines can be told apart and each statement attributed to its session.
-ORG_LOG_PREFIX = "%n [%p] %a|%u|%d: "  # %n: Unix epoch with milliseconds
-# Set on the org database after the move (new connections only). log_statement logs each simple
-# query and each Execute; log_min_duration_statement = 0 adds a "duration: … parse NAME: …" line
-# per Parse message, which log_statement does not log: postgres_fdw prepares its UPDATE … WHERE
-# ctid = $1 with a Parse of its own (PQprepare), a round trip that has no statement line.
-ORG_DB_SETTINGS = {"log_statement": "all", "log_min_duration_statement": "0"}
-EXTRA_INDEXES = [
-    "CREATE INDEX documents_org_id_idx ON documents (organization_id, id)",
-    "CREATE INDEX document_versions_org_doc_idx ON document_versions (organization_id, document_id)",
-]
-
-READ_SQL = f"SELECT id, title FROM documents WHERE organization_id = {ORG} AND id = %s"
-READ_SQL_1 = f"SELECT id, title FROM documents WHERE organization_id = {OTHER} AND id = %s"
-UPDATE_SQL = f"UPDATE documents SET title = %s WHERE organization_id = {ORG} AND id = %s"
-COUNT_SQL = f"SELECT count(*) FROM document_versions WHERE organization_id = {ORG} AND document_id = %s"
-# An audit or version row after an update: the INSERT needs the cloud, so on fdw+direct the
-# transaction that wrote directly moves there (docs/routing.md, "Transactions").
-INSERT_SQL = f"INSERT INTO document_versions (organization_id, document_id, body) VALUES ({ORG}, %s, %s)"
-# By primary key alone (an ORM's get): the proxy adds the key's organization from the key map.
-KEY_SQL = "SELECT id, title FROM documents WHERE id = %s"
+import psycopg  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
 
 class Mode:
@@ -190,167 +159,7 @@ OP_SHORT = {"read": "read", "tx_read": "read in tx", "tx_update": "update in tx"
 
 
 # --------------------------------------------------------------------------------------
-# The organization's statement log, cut by markers
-
-
-LINE_RE = re.compile(r"^(?P<ts>\d+\.\d+) \[(?P<pid>\d+)\] (?P<app>[^|]*)\|(?P<user>[^|]*)\|(?P<db>[^:]*): "
-                     r"(?P<level>[A-Z]+):  (?P<msg>.*)$")
-PARSE_RE = re.compile(r"^duration: [\d.]+ ms  parse (?P<name>\S+): (?P<sql>.*)$")
-
-
-def parse_line(line: str):
-    m = LINE_RE.match(line)
-    return m.groupdict() if m else None
-
-
-def statement_of(msg: str):
-    """('statement'|'execute', SQL) for a log_statement line's message, else None."""
-    if msg.startswith("statement: "):
-        return "statement", msg[len("statement: "):]
-    if msg.startswith("execute "):
-        return "execute", msg.split(": ", 1)[1] if ": " in msg else msg
-    return None
-
-
-def keyword(sql: str) -> str:
-    w = sql.strip().split()
-    if not w:
-        return "?"
-    k = w[0].upper()
-    if k == "START" and len(w) > 1:
-        return "START TRANSACTION"
-    return k
-
-
-class OrgLog:
-    """Reads organization 2's postgres.log from where it was and cuts it with markers: a marker is
-    `SELECT 'bench-mark-<n>'` run on the org database by the benchmark's own session (its
-    application_name is MARK_APP, its lines are never counted). Postgres writes a statement's line
-    before running it, and every backend writes each message with one write() to the same O_APPEND
-    file, so the lines between two markers are exactly what reached the database in between."""
-
-    def __init__(self, org: PgCluster):
-        self.path = org.dir / "postgres.log"
-        self.pos = self.path.stat().st_size
-        self.partial = ""
-        self.pending: list[str] = []
-        self.n = 0
-        self.conn = org.conn(ORG_DB, application_name=MARK_APP)
-
-    def _read(self):
-        with open(self.path, "rb") as f:
-            f.seek(self.pos)
-            data = f.read()
-        self.pos += len(data)
-        text = self.partial + data.decode(errors="replace")
-        lines = text.split("\n")
-        self.partial = lines.pop()
-        self.pending += lines
-
-    def cut(self, timeout=15.0) -> list[str]:
-        """The log lines since the previous cut (continuation lines included), up to the marker's
-        statement line. The marker's own lines (its duration line comes after it) are dropped by
-        analyse() as the benchmark's."""
-        self.n += 1
-        tag = f"bench-mark-{self.n}"
-        self.conn.execute(f"SELECT '{tag}'")
-        deadline = time.monotonic() + timeout
-        while True:
-            self._read()
-            for i, line in enumerate(self.pending):
-                p = parse_line(line)
-                if p and p["app"] == MARK_APP and f"'{tag}'" in p["msg"]:
-                    out = self.pending[:i]
-                    self.pending = self.pending[i + 1:]
-                    return out
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"marker {tag} not found in {self.path}")
-            time.sleep(0.005)
-
-    def close(self):
-        try:
-            self.conn.close()
-        except psycopg.Error:
-            pass
-
-
-def round_trips_from_times(events: list[dict], rtt_ms: float):
-    """Requests that reached the org database together (a pipeline: e.g. a held BEGIN sent with the
-    next statement, or Parse+Bind+Execute) are logged within a fraction of a millisecond; the next
-    request of the same operation arrives at least one RTT later (the answer goes back, the next
-    request comes). So at RTT > 0 the number of groups of log events separated by more than RTT/2
-    is the number of round trips. Not defined at RTT 0."""
-    if rtt_ms <= 0:
-        return None
-    ts = sorted(e["ts"] for e in events)
-    if not ts:
-        return 0
-    groups = 1
-    for a, b in zip(ts, ts[1:]):
-        if (b - a) * 1e3 > rtt_ms / 2:
-            groups += 1
-    return groups
-
-
-def analyse(lines: list[str], rtt_ms: float = 0.0, keep=400) -> dict:
-    """Statements (log_statement lines) and Parse messages (duration lines) of every session but the
-    benchmark's own, by source and kind; round trips from their timestamps (RTT > 0)."""
-    stmts, parses, errors, other = [], [], [], 0
-    last = None  # the statement a continuation line (no prefix: a multi-line SQL text) belongs to
-    for line in lines:
-        p = parse_line(line)
-        if not p:
-            if last is not None and line.strip():
-                last["sql"] = (last["sql"] + " " + line.strip())[:400]
-            continue
-        last = None
-        if p["app"] == MARK_APP:
-            continue
-        src = "direct" if p["app"] == CLIENT_APP else ("fdw" if p["app"] == "postgres_fdw" else p["app"] or "?")
-        st = statement_of(p["msg"]) if p["level"] == "LOG" else None
-        pm = PARSE_RE.match(p["msg"]) if p["level"] == "LOG" else None
-        if st:
-            kind, sql = st
-            last = {"ts": float(p["ts"]), "pid": int(p["pid"]), "app": p["app"], "user": p["user"],
-                    "source": src, "protocol": kind, "kw": keyword(sql), "sql": sql[:400]}
-            stmts.append(last)
-        elif pm:
-            last = {"ts": float(p["ts"]), "pid": int(p["pid"]), "app": p["app"], "source": src,
-                    "protocol": "parse", "name": pm.group("name"), "kw": "Parse " + keyword(pm.group("sql")),
-                    "sql": pm.group("sql")[:400]}
-            parses.append(last)
-        elif p["level"] in ("ERROR", "FATAL", "PANIC", "WARNING"):
-            errors.append(line[:500])
-        else:
-            other += 1  # duration lines of executes, DETAIL lines (parameters), connection lines
-    by_source, by_kw = {}, {}
-    for x in stmts:
-        by_source[x["source"]] = by_source.get(x["source"], 0) + 1
-        by_kw[x["kw"]] = by_kw.get(x["kw"], 0) + 1
-    named = [x for x in parses if x["name"] != "<unnamed>"]
-    by_parse = {}
-    for x in parses:
-        k = f"{x['source']}: {'named' if x['name'] != '<unnamed>' else 'unnamed'}"
-        by_parse[k] = by_parse.get(k, 0) + 1
-    events = sorted(stmts + parses, key=lambda x: (x["ts"], x["protocol"] != "parse"))
-    groups = []  # at RTT > 0: the events of each round trip (see round_trips_from_times)
-    if rtt_ms > 0:
-        prev = None
-        for x in events:
-            if prev is None or (x["ts"] - prev) * 1e3 > rtt_ms / 2:
-                groups.append([])
-            groups[-1].append(("ᵈ" if x["source"] == "direct" else "") + x["kw"] if x["protocol"] != "parse"
-                              else ("ᵈ" if x["source"] == "direct" else "") + x["kw"] + ("" if x["name"] != "<unnamed>" else " (unnamed)"))
-            prev = x["ts"]
-    return {"groups": groups[:60], "statements": len(stmts), "by_source": by_source, "by_keyword": by_kw,
-            "parses": len(parses), "named_parses": len(named), "by_parse": by_parse,
-            "round_trips_from_times": round_trips_from_times(stmts + parses, rtt_ms),
-            "backends": len({x["pid"] for x in stmts}), "errors": errors[:20], "error_count": len(errors),
-            "other_log_lines": other, "lines": events[:keep]}
-
-
-# --------------------------------------------------------------------------------------
-# /proc: CPU time of the proxy, relay and agent, in ticks and in ns (run.sched_ns)
+# /proc: CPU time of the proxy, relay and agent, in ticks and in ns (procs.sched_ns)
 
 
 def cpu_reading(ctx) -> dict:
@@ -368,136 +177,6 @@ def cpu_per_op(a: dict, b: dict, n: int) -> dict:
         out[f"{who}_us_per_op_ticks"] = round(ticks_to_ms(ticks) * 1e3 / n, 1) if ticks is not None else None
         out[f"{who}_us_per_op"] = round(ns / 1e3 / n, 1) if ns is not None else None
     return out
-
-
-# --------------------------------------------------------------------------------------
-# The world
-
-
-def build_world(ctx) -> dict:
-    info = {"timings_s": {}}
-    T = info["timings_s"]
-    t0 = time.time()
-    root = cluster_root(ctx.tmp / "world")
-    ctx.org = org = PgCluster(root, "org", ctx.commands)
-    org.create({**ORG_PG, "log_line_prefix": ORG_LOG_PREFIX})
-    info["postgres_version"] = org_database(org)
-    ctx.cloud = cloud = PgCluster(root, "cloud", ctx.commands)
-    cloud.create(CLOUD_PG)
-    with cloud.conn() as c:
-        c.execute("CREATE DATABASE app")
-        c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
-    ctx.commands.append("(cloud) CREATE DATABASE app; CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '***'")
-    dsn = cloud.dsn()
-    T["clusters"] = round(time.time() - t0, 1)
-    # The relay and the agent (no link) for org add and the move.
-    relay = tunnel_relay(ctx, ORG, "relay-setup")
-    agent = tunnel_agent(ctx, relay.agents_port, org.addr())
-    try:
-        relay.wait_connected(1)
-        t = time.time()
-        lokadb(ctx, ["init"], dsn)
-        sql = load_sql(PAIRS)
-        with cloud.conn("app") as c:
-            c.execute(schema_sql())
-            for s in EXTRA_INDEXES:
-                c.execute(s)
-            c.execute(sql)
-            c.execute("VACUUM ANALYZE documents")
-            c.execute("VACUUM ANALYZE document_versions")
-        ctx.commands.append("(cloud, database app) the SCHEMA of tests/tests/it/admin_enable.rs; "
-                            + "; ".join(EXTRA_INDEXES) + "; " + " ".join(sql.split()))
-        T["schema_load"] = round(time.time() - t, 1)
-        t = time.time()
-        for tbl in moves.TABLES:
-            lokadb(ctx, ["enable", tbl], dsn)
-        lokadb(ctx, ["org", "add", ORG, "--via-relay", f"127.0.0.1:{ctx.relay_pg_port}", "--dbname", ORG_DB,
-                     "--user", "app", "--password", APP_PASSWORD], dsn)
-        T["enable_org_add"] = round(time.time() - t, 1)
-        with cloud.conn("app") as c:
-            info["rows"] = {tbl: dict(c.execute(
-                f"SELECT organization_id::text, count(*) FROM {tbl} GROUP BY 1 ORDER BY 1").fetchall())
-                for tbl in moves.TABLES}
-            ctx.ids1 = [r[0] for r in c.execute(
-                f"SELECT id FROM documents WHERE organization_id = {OTHER} ORDER BY id").fetchall()]
-        t = time.time()
-        r = lokadb(ctx, ["move-org", ORG, "--profile", "fdw"], dsn, timeout=900)
-        T["move_org"] = round(time.time() - t, 1)
-        info["move_org_output"] = (r.stdout + r.stderr).strip().splitlines()[-30:]
-        log(f"  lokadb move-org {ORG} --profile fdw: {T['move_org']} s")
-    finally:
-        stop_agents([agent])
-        relay.stop()
-    with cloud.conn("app") as c:
-        cur = c.execute(f"SELECT * FROM lokadb.org WHERE id = '{ORG}'")
-        info["lokadb_org"] = [dict(zip([d.name for d in cur.description], map(str, row))) for row in cur.fetchall()]
-    with org.conn(ORG_DB, application_name=MARK_APP) as c:
-        ctx.ids2 = [r[0] for r in c.execute(
-            f"SELECT id FROM documents WHERE organization_id = {ORG} ORDER BY id").fetchall()]
-        info["org_indexes"] = [r[0] for r in c.execute(
-            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY indexname").fetchall()]
-        info["org_rows"] = {tbl: c.execute(f"SELECT count(*) FROM {tbl}").fetchone()[0] for tbl in moves.TABLES}
-    # Every statement reaching the org database from now on is logged (new connections only:
-    # none is open — the move's sessions ended, the relay and agent are stopped).
-    with org.conn() as c:
-        for k, v in ORG_DB_SETTINGS.items():
-            c.execute(f"ALTER DATABASE {ORG_DB} SET {k} = '{v}'")
-            ctx.commands.append(f"(org) ALTER DATABASE {ORG_DB} SET {k} = '{v}'")
-    info["ids"] = {ORG: len(ctx.ids2), OTHER: len(ctx.ids1)}
-    T["total"] = round(time.time() - t0, 1)
-    log(f"  world ready in {T['total']} s: {info['org_rows']} rows of organization {ORG} in its database, "
-        f"{len(ctx.ids1)} documents of organization {OTHER} in the cloud")
-    return info
-
-
-def start_proxy(ctx, tag: str, db_extra: dict | None = None, extra: dict | None = None) -> LineProc:
-    """The proxy with the direct path's login, `db_extra` merged into its database's block and
-    `extra` into the top level (clients.py)."""
-    cfg = {"listen": "127.0.0.1:0",
-           "databases": {"app": {"cloud": f"host=127.0.0.1 port={ctx.cloud.port} dbname=app",
-                                 "auth_user": "lokadb_auth", "auth_password": AUTH_PASSWORD,
-                                 "direct": {"user": "app", "password": APP_PASSWORD}, **(db_extra or {})}},
-           **(extra or {})}
-    path = ctx.tmp / f"proxy-{tag}.json"
-    path.write_text(json.dumps(cfg, indent=1))
-    ctx.proxy_config = json.loads(mask(json.dumps(cfg)).replace(AUTH_PASSWORD, "***"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKADB_")}
-    env["LOKADB_LOG"] = "warn"
-    p = LineProc([LOKADB_BIN, "proxy", "--config", path], env, ctx.tmp / f"proxy-{tag}.stderr.log",
-                 ctx.commands, "LOKADB_LOG=warn")
-    _, m = p.wait_line(r"lokadb proxy listening on (\S+):(\d+)")
-    p.port = int(m.group(2))
-    return p
-
-
-def client(ctx):
-    return psycopg.connect(host="127.0.0.1", port=ctx.proxy.port, user="postgres", password=SUPER_PASSWORD,
-                           dbname="app", sslmode="disable", autocommit=True, connect_timeout=30,
-                           application_name=CLIENT_APP)
-
-
-def set_profile(ctx, profile: str):
-    with ctx.cloud.conn("app") as c:
-        c.execute("UPDATE lokadb.org SET profile = %s WHERE id = %s", (profile, ORG))
-        got = c.execute("SELECT profile FROM lokadb.org WHERE id = %s", (ORG,)).fetchone()[0]
-    if got != profile:
-        raise RuntimeError(f"profile is {got!r}, not {profile!r}")
-    time.sleep(0.5)  # the proxy's metadata watcher learns it by NOTIFY
-
-
-def relay_rtt_ms(ctx, n=10) -> float:
-    """Median of `SELECT 1` straight through the relay's Postgres listener, link and agent."""
-    with psycopg.connect(host="127.0.0.1", port=ctx.relay_pg_port, user="app", password=APP_PASSWORD,
-                         dbname=f"{ORG}/{ORG_DB}", sslmode="disable", autocommit=True, connect_timeout=30,
-                         application_name=MARK_APP) as c:
-        c.execute("SELECT 1")
-        ts = []
-        for _ in range(n):
-            t = time.perf_counter()
-            c.execute("SELECT 1", prepare=False)
-            ts.append((time.perf_counter() - t) * 1e3)
-    ts.sort()
-    return round(percentile(ts, 0.5), 3)
 
 
 # --------------------------------------------------------------------------------------
@@ -601,7 +280,7 @@ def rtt_round(ctx, rtt: float, idx: int) -> dict:
                 if ctx.proxy.proc.poll() is not None:
                     raise RuntimeError(f"the proxy exited ({ctx.proxy.proc.returncode}):\n"
                                        + ctx.proxy.stderr_path.read_text(errors="replace")[-2000:])
-        rec["proxy_rss_kib"] = common.rss_kib(ctx.proxy.proc.pid)
+        rec["proxy_rss_kib"] = rss_kib(ctx.proxy.proc.pid)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001
@@ -832,7 +511,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
     L = [f"# Routing benchmark, {m['mode']} mode — run {m['run_id']}", "",
          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
          f"{m['machine']['nproc']} cores (shared), load average at start {m['machine']['loadavg_at_start']}, "
-         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{common.bin_dir_of(m, BIN_DIR)}` (lokadb sha256 "
+         f"{m.get('wall_seconds', 0):.0f} s in all. Binaries: `{bin_dir_of(m, BIN_DIR)}` (lokadb sha256 "
          f"`{m['binaries']['lokadb']['sha256'][:16]}…`, mtime {m['binaries']['lokadb']['mtime_utc']}). "
          f"Command: `{m['command'].strip()}`.", "",
          f"World: cloud and organization 2's PostgreSQL 18 clusters; organization 2 moved once with "
@@ -911,7 +590,7 @@ def _marks(ax, ops, figures: dict, label: str, style: dict) -> None:
     """figures[(op, profile)] over the bars of _bars, one legend entry."""
     for j, profile in enumerate(PROFILES):
         ys = [figures.get((op, profile)) for op in ops]
-        common.marks(ax, [i + (j - 0.5) * 0.38 for i in range(len(ops))], ys, 0.38, label, style)
+        marks(ax, [i + (j - 0.5) * 0.38 for i in range(len(ops))], ys, 0.38, label, style)
         if any(y is not None for y in ys):
             label = "_"
 
@@ -935,7 +614,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
                    + ", ".join(f"{REFERENCE_P50_MS[ref_rtt][('tx_read', p)] / ref_rtt:.1f}" for p in PROFILES)
                    + "; update "
                    + ", ".join(f"{REFERENCE_P50_MS[ref_rtt][('tx_update', p)] / ref_rtt:.1f}" for p in PROFILES)
-                   + ")", common.REFERENCE_STYLE)
+                   + ")", REFERENCE_STYLE)
         ax.set_xticks(x, names, fontsize=7)
         ax.set_ylabel("p50 latency ÷ RTT (≈ round trips)")
         ax.set_title(f"RTT {rtt:g} ms", fontsize=10)
@@ -944,15 +623,15 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     fig.suptitle(f"Latency ÷ RTT per operation, fdw vs fdw+direct, one client, organization 2's database "
                  f"at the RTT ({raw['meta']['mode']} mode, run {raw['meta']['run_id']})", fontsize=10)
     fig.tight_layout()
-    common.save_png(fig, outdir / "routing-latency-per-rtt.png", 110)
+    save_png(fig, outdir / "routing-latency-per-rtt.png", 110)
     plt.close(fig)
     made.append("routing-latency-per-rtt.png")
     big = max(pos)
     fig, ax = plt.subplots(figsize=(8, 4.4))
     _bars(ax, s, "round_trips", big, x, ops, "{:g}")
     _marks(ax, ops, REFERENCE_ROUND_TRIPS, "reference: fdw → fdw+direct, in a transaction read ≈ 8 → ≈ 3, "
-           "update ≈ 8 → ≈ 2; fdw autocommit read ≈ 5, update 8, ORM read 10", common.REFERENCE_STYLE)
-    _marks(ax, ops, GOAL_ROUND_TRIPS, "goal: fdw+direct ≤ 2 in a transaction, 1 autocommit", common.GOAL_STYLE)
+           "update ≈ 8 → ≈ 2; fdw autocommit read ≈ 5, update 8, ORM read 10", REFERENCE_STYLE)
+    _marks(ax, ops, GOAL_ROUND_TRIPS, "goal: fdw+direct ≤ 2 in a transaction, 1 autocommit", GOAL_STYLE)
     ax.set_xticks(x, names, fontsize=7)
     ax.set_ylabel("round trips to the organization per operation (count)")
     ax.set_title(f"Round trips to organization 2's database per operation\n(RTT {big:g} ms, from its log; "
@@ -960,7 +639,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
     ax.margins(y=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    common.save_png(fig, outdir / "routing-round-trips.png", 110)
+    save_png(fig, outdir / "routing-round-trips.png", 110)
     plt.close(fig)
     made.append("routing-round-trips.png")
     return made
@@ -1025,7 +704,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, not args.no_charts_data)
-    preflight("routing.py", (common.PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
+    preflight("routing.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.rtts:
         mode.rtts_ms = [float(x) for x in args.rtts.split(",")]
@@ -1039,7 +718,7 @@ def main() -> int:
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
             "command": ("/work/main/.venv/bin/python research/bench/routing.py " + shlex.join(sys.argv[1:])).strip(),
             "env": {"LOKADB_BENCH_TARGET": os.environ.get("LOKADB_BENCH_TARGET")},
-            "mode_settings": dict(vars(mode)), "machine": common.machine_info(), "git": common.git_info(),
+            "mode_settings": dict(vars(mode)), "machine": machine_info(), "git": git_info(),
             "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
             "postgres_settings": {"cloud": CLOUD_PG, "org": {**ORG_PG, "log_line_prefix": ORG_LOG_PREFIX},
                                   "org_database": ORG_DB_SETTINGS, "fsync": "on (default)"},
@@ -1077,9 +756,9 @@ def main() -> int:
         if ctx.log is not None:
             ctx.log.close()
 
-    return common.guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body,
-                              binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN),
-                              before_cleanup=close_log, on_error=log_tails)
+    return guarded_run(ctx, raw, outdir, render, not args.no_charts_data and not args.out, body,
+                       binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN),
+                       before_cleanup=close_log, on_error=log_tails)
 
 
 if __name__ == "__main__":

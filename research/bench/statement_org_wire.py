@@ -38,12 +38,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402
-from run import (  # noqa: E402
-    catch_signals, fatal, finish_run, ignore_signals, log, preflight, rerender, result_dir,
-    safe_cleanup, temp_dir, write_empty_summary, write_summary,
+from lib.binaries import PG_BIN  # noqa: E402
+from lib.clusters import PgCluster, cluster_root  # noqa: E402
+from lib.numbers import fmt, med  # noqa: E402
+from lib.procs import catch_signals, ignore_signals, log, preflight, safe_cleanup, temp_dir  # noqa: E402
+from lib.results import (  # noqa: E402
+    fatal, finish_run, git_info, machine_info, rerender, result_dir, write_empty_summary, write_summary,
 )
-from moves import PgCluster, cluster_root, fmt, med  # noqa: E402
 
 SET_SQL = "SELECT pg_catalog.set_config('lokadb.statement_org', $1, false)"
 ROWS = 1000
@@ -190,7 +191,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.render:
         return rerender(args.render, render, False)
-    preflight("statement_org_wire.py", (common.PG_BIN / "postgres",))
+    preflight("statement_org_wire.py", (PG_BIN / "postgres",))
     n, reps = (10_000, 3) if args.quick else (30_000, 5)
     started, run_id, outdir = result_dir(args.out, "-statement-org-wire", args.quick)
     catch_signals()
@@ -202,7 +203,7 @@ def main() -> int:
     meta = {"run_id": run_id, "started_utc": started.isoformat(), "n": n, "reps": reps,
             "transports": transports,
             "command": ".venv/bin/python research/bench/statement_org_wire.py " + shlex.join(sys.argv[1:]),
-            "machine": common.machine_info(), "git": common.git_info(), "setup_commands": commands,
+            "machine": machine_info(), "git": git_info(), "setup_commands": commands,
             "errors": errors}
     raw = {"meta": meta, "runs": []}
     t_start = time.time()

@@ -26,13 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import hashlib
 import json
 import os
-import queue
 import re
-import secrets
 import shlex
 import shutil
 import signal
@@ -41,27 +37,26 @@ import statistics
 import struct
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as common  # noqa: E402  (the proxy benchmark's helpers: log, /proc readings, cleanup)
-from run import (  # noqa: E402
-    CHILDREN, PG_BIN, PG_USER, REPO, Ctx, catch_signals, cleanup, cpu_ticks, free_port, log, raise_fd_limit,
-    read_txn_logs, result_dir, rss_kib, run_checked, stop_process, temp_dir, write_charts_section,
-    write_outputs, preflight,
+from lib.binaries import AGENT_BIN, BIN_DIR, LINK_BIN, LOKADB_BIN, PG_BIN, REPO, bin_dir_of, binary_info  # noqa: E402
+from lib.charts import GOAL_STYLE, REFERENCE_STYLE, goal_line, save_png  # noqa: E402
+from lib.pgbench import parse_pgbench, read_txn_logs  # noqa: E402
+from lib.procs import (  # noqa: E402
+    CHILDREN, PG_USER, catch_signals, cleanup, cpu_ticks, free_port, log, preflight, proc_status, raise_fd_limit,
+    rss_kib, run_checked, temp_dir, ticks_to_ms,
+)
+from lib.relay import Relay, make_certs, new_token, start_agent, start_link, stop_agents  # noqa: E402
+from lib.results import (  # noqa: E402
+    Ctx, git_info, machine_info, read_raw, result_dir, write_charts_section, write_outputs, write_raw_gz,
 )
 
-import psycopg  # noqa: E402  (run.py exits with a hint if it is missing)
-import matplotlib.pyplot as plt  # noqa: E402  (run.py set the Agg backend)
-
-BIN_DIR = Path(os.environ.get("LOKADB_BENCH_TARGET", "/work/target-bench/release"))
-LOKADB_BIN = BIN_DIR / "lokadb"
-AGENT_BIN = BIN_DIR / "lokadb-agent"
-LINK_BIN = BIN_DIR / "latency-link"
+import psycopg  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
 APP_PASSWORD = "app-bench-secret"
 SUPER_PASSWORD = "postgres-bench-secret"
@@ -97,23 +92,6 @@ class Mode:
 
 # --------------------------------------------------------------------------------------
 # /proc
-
-
-def proc_status(pid: int) -> dict:
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in ("VmRSS", "VmHWM", "RssAnon", "Threads"):
-                    out[k] = int(v.split()[0])
-    except FileNotFoundError:
-        pass
-    return out
-
-
-def ticks_to_ms(t):
-    return t * 1000.0 / common.CLK_TCK
 
 
 def loadavg():
@@ -192,198 +170,6 @@ class Cluster:
         with self.conn() as c:
             return c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
                              (dbname,)).fetchone()[0]
-
-
-def make_certs(d: Path, commands: list) -> dict:
-    """A CA and a relay certificate for 127.0.0.1/localhost it signed (openssl, EC P-256)."""
-    ca_key, ca, key, csr, crt = (d / n for n in ("ca.key", "ca.crt", "relay.key", "relay.csr", "relay.crt"))
-    ext = d / "ext.cnf"
-    ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n"
-                   "extendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    cmds = [
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-         "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=LokaDB bench CA",
-         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign"],
-        ["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-         "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
-        ["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
-         "-out", crt, "-days", "2", "-extfile", ext],
-    ]
-    for c in cmds:
-        commands.append(shlex.join(map(str, c)))
-        run_checked([str(x) for x in c])
-    return {"ca": str(ca), "cert": str(crt), "key": str(key)}
-
-
-def new_token(org: str):
-    token = f"{org}.{secrets.token_hex(16)}"
-    return token, "sha256:" + hashlib.sha256(token.encode()).hexdigest()
-
-
-class LineProc:
-    """A child whose stdout lines are pumped into a queue (to wait for a listening line)."""
-
-    def __init__(self, cmd, env, stderr_path: Path, commands: list, label: str):
-        commands.append(f"{label}: {shlex.join(map(str, cmd))}")
-        self.proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
-                                     stderr=open(stderr_path, "ab"), stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True, text=True)
-        self.stderr_path = stderr_path
-        CHILDREN.append(self.proc)
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            self.lines.put((time.monotonic(), line))
-        self.lines.put((time.monotonic(), None))
-
-    def wait_line(self, pattern: str, timeout=30.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                t, line = self.lines.get(timeout=max(0.05, deadline - time.monotonic()))
-            except queue.Empty:
-                line, t = None, None
-            if line is None:
-                raise RuntimeError(f"no line matching {pattern!r}; stderr:\n"
-                                   + self.stderr_path.read_text(errors="replace")[-3000:])
-            m = re.search(pattern, line)
-            if m:
-                return t, m
-
-    def stop(self, sig=signal.SIGTERM):
-        stop_process(self.proc, sig)
-        if self.proc in CHILDREN:
-            CHILDREN.remove(self.proc)
-
-
-class Relay(LineProc):
-    def __init__(self, tmp: Path, certs: dict, tokens: dict, env_extra: dict, commands: list,
-                 agents_port=0, postgres_port=0, extra_cfg=None, tag="relay"):
-        cfg = {"relay": {"agents": f"127.0.0.1:{agents_port}",
-                         "postgres": f"127.0.0.1:{postgres_port}",
-                         "tls": {"cert": certs["cert"], "key": certs["key"]},
-                         "tokens": tokens, **(extra_cfg or {})}}
-        path = tmp / f"{tag}.json"
-        path.write_text(json.dumps(cfg, indent=1))
-        env = dict(os.environ)
-        for k in [k for k in env if k.startswith("LOKADB_")]:
-            del env[k]
-        env.update({"LOKADB_LOG": "warn", **env_extra})
-        self.env_extra = env_extra
-        super().__init__([LOKADB_BIN, "relay", "--config", path], env, tmp / f"{tag}.stderr.log",
-                         commands, " ".join(f"{k}={v}" for k, v in env_extra.items()) or "relay")
-        self.t_listening, m = self.wait_line(r"lokadb relay listening on (\S+):(\d+) \(agents\) and (\S+):(\d+) \(postgres\)")
-        self.agents_port = int(m.group(2))
-        self.pg_port = int(m.group(4))
-        self.pid = self.proc.pid
-
-    def stats(self) -> dict:
-        with psycopg.connect(host="127.0.0.1", port=self.pg_port, user="bench", dbname="lokadb_relay",
-                             sslmode="disable", autocommit=True, connect_timeout=5) as c:
-            rows = c.execute("SHOW STATS").fetchall()
-        return {k: int(v) for k, v in rows}
-
-    def connected(self) -> int:
-        try:
-            return self.stats()["organizations_connected"]
-        except (psycopg.Error, KeyError, OSError):
-            return -1
-
-    def wait_connected(self, n: int, timeout=60.0, poll=0.01) -> float:
-        t0 = time.monotonic()
-        while True:
-            if self.connected() >= n:
-                return time.monotonic()
-            if time.monotonic() - t0 > timeout:
-                raise RuntimeError(f"only {self.connected()} of {n} agents connected after {timeout} s")
-            if self.proc.poll() is not None:
-                raise RuntimeError("relay died:\n" + self.stderr_path.read_text(errors="replace")[-3000:])
-            time.sleep(poll)
-
-
-def start_agent(relay_addr: str, token: str, pg_addr: str, ca: str, env_extra: dict, logf,
-                max_conns=100):
-    env = {"PATH": "/usr/bin:/bin", "LOKADB_LOG": "warn", **env_extra}
-    p = subprocess.Popen([str(AGENT_BIN), "--relay", relay_addr, "--token", token,
-                          "--postgres", pg_addr, "--ca", ca, "--max-conns", str(max_conns)],
-                         stdout=subprocess.DEVNULL, stderr=logf, stdin=subprocess.DEVNULL,
-                         env=env, start_new_session=True)
-    CHILDREN.append(p)
-    return p
-
-
-def start_link(target_port: int, delay_ms: float, tmp: Path, commands: list) -> LineProc:
-    lp = LineProc([LINK_BIN, "--listen", "127.0.0.1:0", "--target", f"127.0.0.1:{target_port}",
-                   "--delay-ms", str(delay_ms)], dict(os.environ), tmp / "link.stderr.log", commands,
-                  "latency-link")
-    _, m = lp.wait_line(r"listening on (\S+):(\d+)")
-    lp.port = int(m.group(2))
-    return lp
-
-
-def stop_agents(agents):
-    for p in agents:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in agents:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        if p in CHILDREN:
-            CHILDREN.remove(p)
-
-
-def prepare_tunnel(ctx, org: str) -> None:
-    """What the relays and agents of a run with one organization share, on ctx: certificates,
-    `org`'s agent token, fixed relay ports (a relay started again is at the same addresses) and
-    the agents' log."""
-    ctx.certs = make_certs(ctx.tmp, ctx.commands)
-    ctx.token, ctx.token_hash = new_token(org)
-    ctx.relay_agents_port, ctx.relay_pg_port = free_port(), free_port()
-    ctx.agent_log = open(ctx.tmp / "agent.stderr.log", "ab")
-
-
-def tunnel_relay(ctx, org: str, tag: str) -> Relay:
-    """A relay on ctx's fixed ports that knows `org`'s token (prepare_tunnel)."""
-    return Relay(ctx.tmp, ctx.certs, {org: ctx.token_hash}, {}, ctx.commands,
-                 agents_port=ctx.relay_agents_port, postgres_port=ctx.relay_pg_port, tag=tag)
-
-
-def tunnel_agent(ctx, port: int, pg_addr: str):
-    """An agent with ctx's token (prepare_tunnel) for the Postgres at pg_addr, dialing 127.0.0.1:port
-    (a relay's agent port, or a latency link in front of it)."""
-    return start_agent(f"127.0.0.1:{port}", ctx.token, pg_addr, ctx.certs["ca"], {}, ctx.agent_log)
-
-
-def start_tunnel(ctx, org: str, tag: str, rtt_ms: float) -> None:
-    """ctx.relay (tunnel_relay), ctx.link (a latency link, rtt_ms / 2 each way, in front of the
-    relay's agent port) and ctx.agent (tunnel_agent, for ctx.org's cluster), set one by one so that
-    a caller's finally stops what started; then waits until the agent is connected."""
-    ctx.relay = tunnel_relay(ctx, org, tag)
-    ctx.link = start_link(ctx.relay.agents_port, rtt_ms / 2, ctx.tmp, ctx.commands)
-    ctx.agent = tunnel_agent(ctx, ctx.link.port, ctx.org.addr())
-    ctx.relay.wait_connected(1, timeout=60)
-
-
-def stop_tunnel(ctx, rec: dict | None = None) -> None:
-    """Stops what start_tunnel started and ctx.proxy, whichever of them runs; with rec, keeps the
-    proxy's and the relay's stderr tails in it."""
-    if getattr(ctx, "proxy", None) is not None:
-        ctx.proxy.stop()
-        if rec is not None:
-            rec["proxy_stderr_tail"] = ctx.proxy.stderr_path.read_text(errors="replace")[-3000:]
-    if getattr(ctx, "agent", None) is not None:
-        stop_agents([ctx.agent])
-    if getattr(ctx, "link", None) is not None:
-        ctx.link.stop()
-    if getattr(ctx, "relay", None) is not None:
-        ctx.relay.stop()
-        if rec is not None:
-            rec["relay_stderr_tail"] = ctx.relay.stderr_path.read_text(errors="replace")[-1500:]
 
 
 # --------------------------------------------------------------------------------------
@@ -766,7 +552,7 @@ def scenario_latency(ctx) -> dict:
                     row = {"target": target,
                            "relay_stats_delta": {k: st1[k] - st0.get(k, 0) for k in st1
                                                  if k in ("streams_opened", "bytes_to_agents", "bytes_from_agents")}, "rep": rep, "cmd": shlex.join(cmd), "rc": p.returncode,
-                           "loadavg_before": la, **common.parse_pgbench(p.stdout), **read_txn_logs(prefix),
+                           "loadavg_before": la, **parse_pgbench(p.stdout), **read_txn_logs(prefix),
                            "relay_cpu_ms": ticks_to_ms(r1 - r0), "agent_cpu_ms": ticks_to_ms(a1 - a0)}
                     if p.returncode != 0:
                         row["stderr_tail"] = p.stderr[-1500:]
@@ -1014,7 +800,7 @@ def summary_markdown(raw: dict, s: dict) -> str:
     L = [f"# Tunnel benchmark, {m['mode']} mode — run {m['run_id']}", "",
          f"Commit `{m['git']['commit'][:12]}`{' (dirty tree)' if m['git']['dirty'] else ''}, "
          f"{m['machine']['nproc']} cores, load average at start {m['machine']['loadavg_at_start']}, "
-         f"{m.get('wall_seconds', 0):.0f} s. Binaries: `{common.bin_dir_of(m, BIN_DIR)}`.", ""]
+         f"{m.get('wall_seconds', 0):.0f} s. Binaries: `{bin_dir_of(m, BIN_DIR)}`.", ""]
     L += tables(raw, s)
     if m["errors"]:
         L += ["### Errors", ""] + [f"- {e}" for e in m["errors"]] + [""]
@@ -1054,14 +840,14 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
             ax.legend(fontsize=8)
         fig.suptitle(f"One stream's throughput through relay + latency link + agent ({run_of})", fontsize=10)
         fig.tight_layout()
-        common.save_png(fig, outdir / "tunnel-throughput.png", 110)
+        save_png(fig, outdir / "tunnel-throughput.png", 110)
         plt.close(fig)
         made.append("tunnel-throughput.png")
     if s.get("latency"):
         fig, ax = plt.subplots(figsize=(7, 4))
         keys = list(s["latency"])
         ax.bar(range(len(keys)), [s["latency"][k]["added_p50_ms"] or 0 for k in keys], 0.5, color="#37a")
-        common.goal_line(ax, GOAL_ADDED_P50_MS, f"≤ {GOAL_ADDED_P50_MS:g} ms added (client point read)")
+        goal_line(ax, GOAL_ADDED_P50_MS, f"≤ {GOAL_ADDED_P50_MS:g} ms added (client point read)")
         for i, k in enumerate(keys):
             v = s["latency"][k]["added_p50_ms"]
             if v is not None:
@@ -1071,7 +857,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
         ax.set_title(f"p50 added by relay + tunnel + agent, no delay ({run_of})", fontsize=9)
         ax.legend()
         fig.tight_layout()
-        common.save_png(fig, outdir / "tunnel-added-latency.png", 110)
+        save_png(fig, outdir / "tunnel-added-latency.png", 110)
         plt.close(fig)
         made.append("tunnel-added-latency.png")
     if s.get("agents"):
@@ -1082,10 +868,10 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
         axes[0].plot(xs, ys, "o-", label="relay RSS, measured")
         gx = [0] + [k * 10 ** e for e in range(6) for k in (1, 2, 5) if k * 10 ** e <= max(xs)]
         axes[0].plot(gx, [ag["rss0_kib"] / 1024 + GOAL_KIB_PER_AGENT * n / 1024 for n in gx],
-                     color=common.GOAL_STYLE["colors"], ls="--", lw=common.GOAL_STYLE["linewidths"],
+                     color=GOAL_STYLE["colors"], ls="--", lw=GOAL_STYLE["linewidths"],
                      label=f"goal: ≤ {GOAL_KIB_PER_AGENT} KiB per idle agent (over RSS with none)")
         n_ref, b_ref = REFERENCE_AGENTS_RSS
-        axes[0].plot([n_ref], [b_ref / 2 ** 20], "X", color=common.REFERENCE_STYLE["colors"], ms=8,
+        axes[0].plot([n_ref], [b_ref / 2 ** 20], "X", color=REFERENCE_STYLE["colors"], ms=8,
                      label=f"reference: {n_ref} agents in {b_ref / 1e6:g} MB")
         axes[0].set_xscale("symlog", linthresh=10)
         axes[0].set_xlabel("idle agents")
@@ -1103,7 +889,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
         lo, hi = REFERENCE_RESTART_MS
         axes[1].axhspan(lo, hi, color="grey", alpha=0.35, label=f"reference: {lo / 1000:g}–{hi / 1000:g} s, "
                                                                  "before its fix")
-        common.goal_line(axes[1], GOAL_RESTART_MS, f"≤ {GOAL_RESTART_MS / 1000:g} s")
+        goal_line(axes[1], GOAL_RESTART_MS, f"≤ {GOAL_RESTART_MS / 1000:g} s")
         axes[1].set_yscale("log")
         axes[1].set_ylim(10, hi * 40)
         axes[1].set_xticks(range(len(ns)), [f"{n} agents" for n in ns])
@@ -1112,7 +898,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
         axes[1].legend(fontsize=7, loc="upper left")
         fig.suptitle(f"Tunnel: relay memory and restart with idle agents ({run_of})", fontsize=10)
         fig.tight_layout()
-        common.save_png(fig, outdir / "tunnel-agents.png", 110)
+        save_png(fig, outdir / "tunnel-agents.png", 110)
         plt.close(fig)
         made.append("tunnel-agents.png")
     if raw.get("streams", {}).get("samples"):
@@ -1131,7 +917,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
                      f"({run_of})", fontsize=10)
         ax.legend()
         fig.tight_layout()
-        common.save_png(fig, outdir / "tunnel-streams-memory.png", 110)
+        save_png(fig, outdir / "tunnel-streams-memory.png", 110)
         plt.close(fig)
         made.append("tunnel-streams-memory.png")
     return made
@@ -1152,25 +938,6 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
 # --------------------------------------------------------------------------------------
 
 
-def binary_info(p: Path) -> dict:
-    h = hashlib.sha256(p.read_bytes()).hexdigest()
-    st = p.stat()
-    return {"path": str(p), "sha256": h, "size": st.st_size,
-            "mtime_utc": dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).isoformat()}
-
-
-def binaries_at_end(meta: dict, errors: list, bins) -> None:
-    """The binaries' sha256 at the end of a run (meta["binaries_at_end"]); an error if one differs
-    from meta["binaries"] (they may be rebuilt while the benchmark runs)."""
-    try:
-        meta["binaries_at_end"] = {b.name: binary_info(b)["sha256"] for b in bins}
-        changed = [b for b, h in meta["binaries_at_end"].items() if h != meta["binaries"][b]["sha256"]]
-        if changed:
-            errors.append(f"binaries changed during the run: {', '.join(changed)} (sha256 at the end differs)")
-    except OSError as e:
-        errors.append(f"binaries at the end: {e!r}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs, R=1 (a few minutes)")
@@ -1182,11 +949,11 @@ def main() -> int:
     ap.add_argument("--render", type=Path, help="only rebuild summary.md, charts and charts-data.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
     if args.render:
-        raw = common.read_raw(args.render)
+        raw = read_raw(args.render)
         outdir = args.render.parent
         s = summarize(raw)
         raw["summary"] = s
-        common.write_raw_gz(outdir, raw)
+        write_raw_gz(outdir, raw)
         md = summary_markdown(raw, s)
         (outdir / "summary.md").write_text(md)
         charts = draw_charts(outdir, raw, s)
@@ -1206,7 +973,7 @@ def main() -> int:
     ctx = Ctx(mode)
     meta = {"run_id": run_id, "mode": mode.name, "started_utc": started.isoformat(),
             "mode_settings": dict(vars(mode)), "scenarios": sorted(only),
-            "machine": common.machine_info(), "git": common.git_info(),
+            "machine": machine_info(), "git": git_info(),
             "binaries": {b.name: binary_info(b) for b in (LOKADB_BIN, AGENT_BIN, LINK_BIN)},
             "copy_sql": COPY_SQL, "setup_commands": ctx.commands, "errors": ctx.errors}
     raw = {"meta": meta}

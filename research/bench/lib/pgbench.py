@@ -1,0 +1,76 @@
+"""pgbench's output and its per-transaction logs (-l), parsed."""
+
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import Path
+
+from .numbers import percentile
+
+
+def parse_pgbench(stdout: str) -> dict:
+    out = {}
+    m = re.search(r"^tps = ([\d.]+)", stdout, re.M)
+    out["tps"] = float(m.group(1)) if m else None
+    m = re.search(r"number of transactions actually processed: (\d+)", stdout)
+    out["transactions"] = int(m.group(1)) if m else None
+    m = re.search(r"number of failed transactions: (\d+)", stdout)
+    out["failed_transactions"] = int(m.group(1)) if m else None
+    m = re.search(r"latency average = ([\d.]+) ms", stdout)
+    out["latency_avg_ms"] = float(m.group(1)) if m else None
+    m = re.search(r"average connection time = ([\d.]+) ms", stdout)
+    out["avg_connection_ms"] = float(m.group(1)) if m else None
+    # With -R and -L (an open model): transactions never started because they were already
+    # later than the limit, and those that finished over it.
+    m = re.search(r"number of transactions skipped: (\d+)", stdout)
+    out["skipped_transactions"] = int(m.group(1)) if m else None
+    m = re.search(r"number of transactions above the [\d.]+ ms latency limit: (\d+)/(\d+)", stdout)
+    out["late_transactions"] = int(m.group(1)) if m else None
+    return out
+
+
+def pgbench_errors(rec: dict, stdout: str, stderr: str, rc, timed_out: bool, timeout, more=(),
+                   stdout_lines=25) -> list[str]:
+    """What went wrong in a pgbench run (timeout, exit code, no or failed transactions, then `more`),
+    recorded in rec with the tails of its output; [] if nothing did."""
+    errors = []
+    if timed_out:
+        errors.append(f"pgbench timed out after {timeout}s and was killed")
+    if rc != 0:
+        errors.append(f"pgbench exit code {rc}")
+    if not (rec.get("transactions") or 0):
+        errors.append("no transactions processed")
+    if rec.get("failed_transactions"):
+        errors.append(f"{rec['failed_transactions']} failed transactions")
+    errors += more
+    if errors:
+        rec["error"] = "; ".join(errors)
+        lines = stderr.strip().splitlines()
+        rec["stderr_tail"] = "\n".join(lines[-15:])
+        first = next((l for l in lines if "ERROR" in l or "FATAL" in l), lines[-1] if lines else "")
+        rec["first_error"] = first.strip()
+        rec["stdout_tail"] = "\n".join(stdout.strip().splitlines()[-stdout_lines:])
+    return errors
+
+
+def read_txn_logs(prefix: Path) -> dict:
+    lat = []
+    failed = 0
+    for f in glob.glob(f"{prefix}.*"):
+        with open(f) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                try:
+                    lat.append(int(parts[2]))
+                except ValueError:  # "failed" / "skipped"
+                    failed += 1
+    lat.sort()
+    return {
+        "logged_transactions": len(lat),
+        "logged_failed": failed,
+        "p50_ms": round(percentile(lat, 0.50) / 1000, 4) if lat else None,
+        "p99_ms": round(percentile(lat, 0.99) / 1000, 4) if lat else None,
+    }
