@@ -1,11 +1,16 @@
 #!/bin/bash
-# Every benchmark, one after the other: research/bench/all.sh [--quick]
+# Every benchmark, one after the other: research/bench/all.sh [--quick | --render]
 # (full ≈ 2 h on 2 cores; --quick ≈ 20 min, indicative only). Each script writes its own result
 # folder and its section of charts-data.md; a failed one is reported and the rest still run.
 # Binaries from $LOKADB_BENCH_TARGET (default /work/target-bench/release), built beforehand:
 #   CARGO_TARGET_DIR=/work/target-bench cargo build --release -p lokadb -p lokadb-agent -p lokadb-tests
 set -u
 cd "$(dirname "$0")/../.."
+# research/bench/all.sh --render: runs nothing; draws every cited run's summary, charts and
+# charts-data.md section again from its raw numbers (render.py --charts-data).
+if [ "${1:-}" = "--render" ]; then
+    exec .venv/bin/python research/bench/render.py --charts-data
+fi
 quick=()
 [ "${1:-}" = "--quick" ] && quick=(--quick)
 failed=()
