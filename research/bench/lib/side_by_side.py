@@ -71,7 +71,7 @@ def side_by_side(args, ap, *, script: str, tag: str, variants: dict, render, pre
     mode = orgs_world.Mode(args.quick)
     mode.orgs = [1000] if args.quick else [1, 1000]
     if args.orgs:
-        mode.orgs = [int(n) for n in args.orgs_world.split(",")]
+        mode.orgs = [int(n) for n in args.orgs.split(",")]
     mode.reps = 2 if args.quick else 3
     mode.scripts = args.scripts.split(",")
     mode.query_modes = args.query_modes.split(",")
