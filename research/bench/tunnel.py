@@ -30,8 +30,6 @@ import json
 import os
 import re
 import shlex
-import shutil
-import signal
 import socket
 import statistics
 import struct
@@ -46,20 +44,19 @@ sys.path.insert(0, str(HERE))
 from lib.binaries import AGENT_BIN, BIN_DIR, LINK_BIN, LOKADB_BIN, PG_BIN, REPO, bin_dir_of, binary_info  # noqa: E402
 from lib.charts import GOAL_STYLE, REFERENCE_STYLE, goal_line, save_png  # noqa: E402
 from lib.pgbench import parse_pgbench, read_txn_logs  # noqa: E402
+from lib.clusters import PgCluster  # noqa: E402
 from lib.procs import (  # noqa: E402
-    CHILDREN, PG_USER, catch_signals, cleanup, cpu_ticks, free_port, log, preflight, proc_status, raise_fd_limit,
-    rss_kib, run_checked, temp_dir, ticks_to_ms,
+    catch_signals, cleanup, cpu_ticks, free_port, log, preflight, proc_status, raise_fd_limit, rss_kib,
+    temp_dir, ticks_to_ms,
 )
 from lib.relay import Relay, make_certs, new_token, start_agent, start_link, stop_agents  # noqa: E402
 from lib.results import (  # noqa: E402
     Ctx, git_info, machine_info, read_raw, result_dir, write_charts_section, write_outputs, write_raw_gz,
 )
 
-import psycopg  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (lib set the Agg backend)
 
 APP_PASSWORD = "app-bench-secret"
-SUPER_PASSWORD = "postgres-bench-secret"
 ORG = "acme"
 ORG_DB = "orgdb"
 ITEMS = 10_000
@@ -107,64 +104,16 @@ def med(v):
 # The world
 
 
-class Cluster:
-    """A throwaway PostgreSQL 18 cluster run as lokadb-pg (as run.py's World does)."""
+class Cluster(PgCluster):
+    """A throwaway cluster run as lokadb-pg (lib.clusters.PgCluster), started at once, whose role
+    raw logs in without a password over TCP: the raw-protocol benchmark clients."""
 
     def __init__(self, root: Path, name: str, settings: dict, commands: list):
-        self.dir = root / name
-        self.dir.mkdir()
-        shutil.chown(self.dir, PG_USER, PG_USER)
-        self.name = name
-        self.commands = commands
-        data = self.dir / "pgdata"
-        pwfile = self.dir / "pwfile"
-        pwfile.write_text(SUPER_PASSWORD + "\n")
-        shutil.chown(pwfile, PG_USER, PG_USER)
-        os.chmod(pwfile, 0o600)
-        cmd = [PG_BIN / "initdb", "-D", data, "-U", "postgres", f"--pwfile={pwfile}",
-               "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
-               "--locale=C.UTF-8", "--no-instructions"]
-        commands.append(f"(as {PG_USER}) {shlex.join(map(str, cmd))}")
-        run_checked([str(c) for c in cmd], user=PG_USER, group=PG_USER, extra_groups=[],
-                    cwd=self.dir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-        pwfile.unlink()
-        # Role raw logs in without a password over TCP: the raw-protocol benchmark clients.
-        hba = data / "pg_hba.conf"
+        super().__init__(root, name, commands)
+        self.initdb()
+        hba = self.data / "pg_hba.conf"
         hba.write_text("host all raw 127.0.0.1/32 trust\n" + hba.read_text())
-        self.port = free_port()
-        s = {"listen_addresses": "127.0.0.1", "port": str(self.port),
-             "unix_socket_directories": str(self.dir), "password_encryption": "scram-sha-256",
-             "logging_collector": "off", **settings}
-        self.settings = s
-        cmd = [PG_BIN / "postgres", "-D", data]
-        for k, v in s.items():
-            cmd += ["-c", f"{k}={v}"]
-        commands.append(f"(as {PG_USER}) {shlex.join(map(str, cmd))}")
-        logf = open(self.dir / "postgres.log", "ab")
-        self.proc = subprocess.Popen(
-            [str(c) for c in cmd], stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            user=PG_USER, group=PG_USER, extra_groups=[], cwd=self.dir,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(self.dir)},
-            start_new_session=True)
-        self.proc._bench_stop_signal = signal.SIGINT
-        CHILDREN.append(self.proc)
-        deadline = time.time() + 60
-        while True:
-            try:
-                with self.conn():
-                    break
-            except psycopg.OperationalError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"Postgres {name} did not start:\n"
-                                       + (self.dir / "postgres.log").read_text()[-3000:])
-                time.sleep(0.2)
-
-    def conn(self, dbname="postgres", user="postgres", password=SUPER_PASSWORD):
-        return psycopg.connect(host="127.0.0.1", port=self.port, user=user, password=password,
-                               dbname=dbname, sslmode="disable", autocommit=True)
-
-    def addr(self):
-        return f"127.0.0.1:{self.port}"
+        self.start(settings)
 
     def backends(self, dbname: str) -> int:
         with self.conn() as c:
