@@ -577,9 +577,18 @@ CONSOLE_DSN="host=127.0.0.1 port=$PROXY_PORT user=ops password=$OPS_PASSWORD dbn
 "$PG_BIN/psql" -X -q "$PROXY_DSN" -c "SELECT pg_sleep(3)" >/dev/null 2>&1 &
 SLEEPER=$!
 sleep 1.5
-"$PG_BIN/psql" -X "$CONSOLE_DSN" -c "SHOW CLIENTS" -c "SHOW POOLS" 2>&1 | sed 's/^/    /' ||
+"$PG_BIN/psql" -X "$CONSOLE_DSN" -c "SHOW CLIENTS" -c "SHOW POOLS" -c "SHOW ORGS" 2>&1 | sed 's/^/    /' ||
     die "the console did not answer"
 wait "$SLEEPER" || true
+# A statement that fails: one log line with the fields an operator filters on.
+"$PG_BIN/psql" -X -q "$PROXY_DSN" -c "SELECT 1 / 0" >/dev/null 2>&1 || true
+for _ in $(seq 50); do
+    grep -q "statement error" "$DEMO/proxy.log" && break
+    sleep 0.1
+done
+echo "    the proxy's log line for a failed statement:"
+grep -m 1 "statement error" "$DEMO/proxy.log" | sed 's/^/      /' ||
+    die "no 'statement error' line in .demo/proxy.log"
 curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^lokadb_(requests_total|sessions_total|relay_organizations_connected)' | sed 's/^/    /' ||
     die "GET /metrics did not answer"
 echo "    per organization (statements by route, what the demo ran so far):"
