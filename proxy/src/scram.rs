@@ -307,24 +307,29 @@ fn remember(key: Derivation, keys: &ScramKeys) {
     });
 }
 
-/// The keys `creds` answer `first` with, or the derivation they need (`Err`): passthrough
-/// keys as they are; a password's from the core's cache.
-fn known_keys(
-    creds: &Credentials,
-    first: &ServerFirst<'_>,
-) -> Result<Result<ScramKeys, (Derivation, String)>, ScramError> {
-    let p = match creds {
-        Credentials::Keys(k) => return Ok(Ok(k.clone())),
-        Credentials::Password(p) => p,
-    };
-    if first.iterations > MAX_SERVER_ITERATIONS {
-        return Err(ScramError::TooManyIterations(first.iterations));
+/// What `creds` give for a server-first-message.
+enum Known {
+    /// Passthrough keys, or a password's derived on this core before.
+    Keys(ScramKeys),
+    /// A password's keys not derived on this core yet.
+    Derive(Derivation, String),
+}
+
+impl Known {
+    fn of(creds: &Credentials, first: &ServerFirst<'_>) -> Result<Known, ScramError> {
+        let p = match creds {
+            Credentials::Keys(k) => return Ok(Known::Keys(k.clone())),
+            Credentials::Password(p) => p,
+        };
+        if first.iterations > MAX_SERVER_ITERATIONS {
+            return Err(ScramError::TooManyIterations(first.iterations));
+        }
+        let key = (sha256(p.0.as_bytes()), first.salt.clone(), first.iterations);
+        Ok(match DERIVED.with(|c| c.borrow().get(&key).cloned()) {
+            Some(k) => Known::Keys(k),
+            None => Known::Derive(key, p.0.clone()),
+        })
     }
-    let key = (sha256(p.0.as_bytes()), first.salt.clone(), first.iterations);
-    Ok(match DERIVED.with(|c| c.borrow().get(&key).cloned()) {
-        Some(k) => Ok(k),
-        None => Err((key, p.0.clone())),
-    })
 }
 
 /// The keys `creds` answer `first` with. A password's keys not derived on this core yet are
@@ -336,37 +341,30 @@ fn known_keys(
 ///
 /// [`ScramError::TooManyIterations`] past [`MAX_SERVER_ITERATIONS`] for a password.
 pub async fn keys(creds: &Credentials, first: &ServerFirst<'_>) -> Result<ScramKeys, ScramError> {
-    let (key, password) = match known_keys(creds, first)? {
-        Ok(k) => return Ok(k),
-        Err(derive) => derive,
+    let (key, password) = match Known::of(creds, first)? {
+        Known::Keys(k) => return Ok(k),
+        Known::Derive(key, password) => (key, std::sync::Arc::new(password)),
     };
-    let (salt, iterations, moved) = (first.salt.clone(), first.iterations, password.clone());
-    let derived = match crate::rt::off_core(move || {
-        ScramKeys::from_password(&moved, &salt, iterations)
-    })
-    .await
-    {
-        Ok(k) => k,
+    let (salt, iterations, shared) = (key.1.clone(), key.2, password.clone());
+    let derived = crate::rt::off_core(move || ScramKeys::from_password(&shared, &salt, iterations))
+        .await
         // No thread to be had: derived here (bounded by the cap all the same).
-        Err(_) => ScramKeys::from_password(&password, &first.salt, first.iterations),
-    };
+        .unwrap_or_else(|_| ScramKeys::from_password(&password, &key.1, key.2));
     remember(key, &derived);
     Ok(derived)
 }
 
-/// [`keys`] on the calling thread (tests, and callers outside a core).
-///
-/// # Errors
-///
-/// As [`keys`].
-pub fn keys_here(creds: &Credentials, first: &ServerFirst<'_>) -> Result<ScramKeys, ScramError> {
-    let (key, password) = match known_keys(creds, first)? {
-        Ok(k) => return Ok(k),
-        Err(derive) => derive,
-    };
-    let derived = ScramKeys::from_password(&password, &first.salt, first.iterations);
-    remember(key, &derived);
-    Ok(derived)
+/// [`keys`] on the calling thread, for the tests (no core to keep free).
+#[cfg(test)]
+fn keys_here(creds: &Credentials, first: &ServerFirst<'_>) -> Result<ScramKeys, ScramError> {
+    match Known::of(creds, first)? {
+        Known::Keys(k) => Ok(k),
+        Known::Derive(key, password) => {
+            let derived = ScramKeys::from_password(&password, &key.1, key.2);
+            remember(key, &derived);
+            Ok(derived)
+        }
+    }
 }
 
 /// Client side of an exchange with the cloud.

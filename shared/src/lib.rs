@@ -22,5 +22,6 @@
 
 pub mod config;
 pub mod conninfo;
+pub mod text;
 pub mod tunnel;
 pub mod wire;

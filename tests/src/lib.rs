@@ -196,3 +196,20 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.parse().ok())
         .expect("VmRSS in /proc/PID/status")
 }
+
+/// A TCP connection to `to` from the local address `from` (another loopback address than the
+/// tests' own, e.g. `127.0.0.2:0`: per-address limits count it apart).
+///
+/// # Errors
+///
+/// The socket could not be made, bound or connected.
+pub fn connect_from(from: &str, to: SocketAddr) -> io::Result<std::net::TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    let from: SocketAddr = from
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{from}: {e}")))?;
+    s.bind(&from.into())?;
+    s.connect(&to.into())?;
+    Ok(s.into())
+}

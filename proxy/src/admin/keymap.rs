@@ -28,11 +28,10 @@ pub fn fit(name: &str) -> String {
     for b in name.bytes() {
         h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
     }
-    let mut cut = MAX_IDENT - 9;
-    while !name.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}_{h:08x}", &name[..cut])
+    format!(
+        "{}_{h:08x}",
+        lokadb_shared::text::prefix(name, MAX_IDENT - 9)
+    )
 }
 
 /// `name` with `suffix`, the name shortened to fit.
@@ -41,11 +40,8 @@ pub fn suffixed(name: &str, suffix: &str) -> String {
         return format!("{name}{suffix}");
     }
     let short = fit(&format!("{name}~"));
-    let mut cut = MAX_IDENT - suffix.len() - 9;
-    while !short.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}{}{suffix}", &short[..cut], &short[short.len() - 9..])
+    let kept = lokadb_shared::text::prefix(&short, MAX_IDENT - suffix.len() - 9);
+    format!("{kept}{}{suffix}", &short[short.len() - 9..])
 }
 
 /// One key map.

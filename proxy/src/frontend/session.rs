@@ -117,7 +117,7 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>, 
             Err(e) => report(&mut stream, e, &who).await,
         };
     }
-    let attached = match with_timeout(remaining, attach(core, &mut stream, &startup)).await {
+    let attached = match with_timeout(remaining, attach(core, &mut stream, &startup, &who)).await {
         None => Err(SessionError::AuthTimeout),
         Some(r) => r,
     };
@@ -134,12 +134,13 @@ async fn attach(
     core: &Core,
     stream: &mut ClientStream,
     startup: &StartupMessage,
+    who: &Who<'_>,
 ) -> Result<(PoolKey, Attached), SessionError> {
-    let user = startup.param("user").unwrap_or_default();
-    let database = startup
-        .param("database")
-        .filter(|d| !d.is_empty())
-        .unwrap_or(user);
+    let Who {
+        user,
+        database,
+        client,
+    } = *who;
     if startup
         .param("replication")
         .is_some_and(|r| r != "false" && r != "off" && r != "0")
@@ -253,10 +254,6 @@ async fn attach(
         core.cancels.borrow_mut().unregister(session);
         return Err(SessionError::Client(e));
     }
-    let client = stream
-        .tcp()
-        .peer_addr()
-        .map_or_else(|_| "?".into(), |a| crate::net::subnet(a.ip()));
     tracing::info!(
         user,
         database,

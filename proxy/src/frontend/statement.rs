@@ -170,20 +170,10 @@ impl ErrorNote {
             .and_then(|f| f.get(5..))
             .and_then(|body| lokadb_shared::wire::notice::Notice::parse(body).ok());
         match notice {
-            Some(n) => {
-                let mut message = n.message;
-                if message.len() > Self::MESSAGE_MAX {
-                    let mut end = Self::MESSAGE_MAX;
-                    while !message.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    message.truncate(end);
-                }
-                ErrorNote {
-                    sqlstate: n.code,
-                    message,
-                }
-            }
+            Some(n) => ErrorNote {
+                message: lokadb_shared::text::prefix(&n.message, Self::MESSAGE_MAX).to_owned(),
+                sqlstate: n.code,
+            },
             None => ErrorNote {
                 sqlstate: "?????".to_owned(),
                 message: String::new(),

@@ -9,24 +9,26 @@ from pathlib import Path
 from .numbers import percentile
 
 
-def parse_pgbench(stdout: str) -> dict:
-    out = {}
-    m = re.search(r"^tps = ([\d.]+)", stdout, re.M)
-    out["tps"] = float(m.group(1)) if m else None
-    m = re.search(r"number of transactions actually processed: (\d+)", stdout)
-    out["transactions"] = int(m.group(1)) if m else None
-    m = re.search(r"number of failed transactions: (\d+)", stdout)
-    out["failed_transactions"] = int(m.group(1)) if m else None
-    m = re.search(r"latency average = ([\d.]+) ms", stdout)
-    out["latency_avg_ms"] = float(m.group(1)) if m else None
-    m = re.search(r"average connection time = ([\d.]+) ms", stdout)
-    out["avg_connection_ms"] = float(m.group(1)) if m else None
+# What parse_pgbench reads from pgbench's report: key, pattern (its first group), type.
+PGBENCH_FIGURES = [
+    ("tps", r"^tps = ([\d.]+)", float),
+    ("transactions", r"number of transactions actually processed: (\d+)", int),
+    ("failed_transactions", r"number of failed transactions: (\d+)", int),
+    ("latency_avg_ms", r"latency average = ([\d.]+) ms", float),
+    ("avg_connection_ms", r"average connection time = ([\d.]+) ms", float),
     # With -R and -L (an open model): transactions never started because they were already
     # later than the limit, and those that finished over it.
-    m = re.search(r"number of transactions skipped: (\d+)", stdout)
-    out["skipped_transactions"] = int(m.group(1)) if m else None
-    m = re.search(r"number of transactions above the [\d.]+ ms latency limit: (\d+)/(\d+)", stdout)
-    out["late_transactions"] = int(m.group(1)) if m else None
+    ("skipped_transactions", r"number of transactions skipped: (\d+)", int),
+    ("late_transactions", r"number of transactions above the [\d.]+ ms latency limit: (\d+)/(\d+)", int),
+]
+
+
+def parse_pgbench(stdout: str) -> dict:
+    """pgbench's report as numbers (None for what it did not print)."""
+    out = {}
+    for key, pattern, kind in PGBENCH_FIGURES:
+        m = re.search(pattern, stdout, re.M)
+        out[key] = kind(m.group(1)) if m else None
     return out
 
 

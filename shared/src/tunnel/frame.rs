@@ -600,14 +600,7 @@ fn text(frame: FrameType, body: Bytes, what: &'static str) -> Result<String, Fra
 }
 
 fn cut_text(s: &str) -> &str {
-    if s.len() <= MAX_TEXT_LEN {
-        return s;
-    }
-    let mut end = MAX_TEXT_LEN;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    crate::text::prefix(s, MAX_TEXT_LEN)
 }
 
 fn nonzero(frame: FrameType, v: u32, what: &'static str) -> Result<u32, FrameError> {

@@ -11,7 +11,6 @@ use crate::tunnel_world::{addrs, MovedWorld, APP_PASSWORD, APP_USER, ORG_DB};
 use crate::world::connect;
 use lokadb_tests::pg::{Cluster, SUPERUSER, SUPERUSER_PASSWORD};
 use lokadb_tests::raw::Raw;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -180,6 +179,18 @@ async fn once(dsn: String, sql: &'static str) -> Result<(), String> {
         .map_err(|e| format!("{e:?}"))
 }
 
+/// Waits (at most `within`) for the abused organization's statement `what` once its abuse is over: an answer or
+/// a clear error (printed), not a hang.
+async fn finishes(task: tokio::task::JoinHandle<Result<(), String>>, within: Duration, what: &str) {
+    let answer = tokio::time::timeout(within, task)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still waiting"))
+        .unwrap();
+    if let Err(e) = answer {
+        eprintln!("{what}: {e}");
+    }
+}
+
 /// Organization 2's own clients, reads and writes in a loop (their errors are expected).
 struct Org2Load {
     stop: Arc<AtomicBool>,
@@ -254,32 +265,6 @@ fn signal_all(pids: &[i32], sig: libc::c_int) {
     }
 }
 
-/// A TCP connection to `to` from another loopback address than the observers'.
-fn connect_from(from: &str, to: SocketAddr) -> Option<TcpStream> {
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::IPV4, Type::STREAM, None).ok()?;
-    s.bind(&from.parse::<SocketAddr>().unwrap().into()).ok()?;
-    s.set_nonblocking(true).ok()?;
-    // Non-blocking connect: EINPROGRESS is expected; tokio finishes it.
-    let _ = s.connect(&to.into());
-    TcpStream::from_std(s.into()).ok()
-}
-
-/// A startup packet for `user` on `app`, as a client sends it.
-fn startup_packet() -> Vec<u8> {
-    let mut body = 196_608u32.to_be_bytes().to_vec();
-    for (k, v) in [("user", SUPERUSER), ("database", "app")] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut packet = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    packet.extend(body);
-    packet
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_abuse_leaves_the_other_organizations_unharmed() {
     let w = world();
@@ -289,12 +274,15 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
     // The per-address handshake limit holds them to their share; the observers log in.
     let targets = [w.proxy.addr(), addrs(&w.relay).postgres];
     while_others_run(&w, "slow-loris clients", async {
-        let packet = startup_packet();
+        let packet =
+            crate::proxy_limits::startup(&[("user", SUPERUSER), ("database", "app")], 196_608);
         let mut held = Vec::new();
         for i in 0..600 {
-            if let Some(s) = connect_from("127.0.0.2:0", targets[i % 2]) {
-                held.push(s);
-            }
+            let s = lokadb_tests::connect_from("127.0.0.2:0", targets[i % 2])
+                .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                .and_then(TcpStream::from_std);
+            // One refused at once (over the limit) is as good as held.
+            held.extend(s.ok());
         }
         let started = Instant::now();
         let mut at = 0;
@@ -351,14 +339,12 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
     .await;
     signal_all(&pids, libc::SIGCONT);
     for t in waiting {
-        let answer = tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("organization 2's statement still waits after its database went on")
-            .unwrap();
-        // An answer, or a clear error: not a hang.
-        if let Err(e) = answer {
-            eprintln!("organization 2's statement after SIGCONT: {e}");
-        }
+        finishes(
+            t,
+            Duration::from_secs(60),
+            "organization 2's statement after its database went on",
+        )
+        .await;
     }
     org2_served(&w).await;
 
@@ -376,13 +362,12 @@ async fn every_abuse_leaves_the_other_organizations_unharmed() {
     })
     .await;
     signal_all(&[agent], libc::SIGCONT);
-    let answer = tokio::time::timeout(Duration::from_secs(120), big)
-        .await
-        .expect("the large read still waits after the agent went on")
-        .unwrap();
-    if let Err(e) = answer {
-        eprintln!("organization 2's large read after SIGCONT: {e}");
-    }
+    finishes(
+        big,
+        Duration::from_secs(120),
+        "organization 2's large read after its agent went on",
+    )
+    .await;
     org2_served(&w).await;
 
     // A client killed in the middle of a transaction holding organization 1's row: the

@@ -29,7 +29,8 @@ fn first_error(bytes: &[u8]) -> Notice {
     panic!("no ErrorResponse in {bytes:?}");
 }
 
-fn startup(params: &[(&str, &str)], version: u32) -> Vec<u8> {
+/// A startup packet with `params` and protocol `version`.
+pub(crate) fn startup(params: &[(&str, &str)], version: u32) -> Vec<u8> {
     let mut body = version.to_be_bytes().to_vec();
     for (k, v) in params {
         body.extend_from_slice(k.as_bytes());

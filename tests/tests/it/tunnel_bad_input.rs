@@ -980,15 +980,6 @@ async fn a_trickled_hello_is_cut_at_the_authentication_deadline() {
     logged(&relay, "did not authenticate within 10s");
 }
 
-/// A TCP connection to `to` from another loopback address than the tests' own.
-fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
-    s.bind(&from.parse::<SocketAddr>().unwrap().into()).unwrap();
-    s.connect(&to.into()).unwrap();
-    s.into()
-}
-
 /// Silent connections from one address on both relay listeners: past
 /// `relay.max_handshakes_per_address` each new one is closed at once (the Postgres listener
 /// says 53300 first), and an agent and clients from another address connect and work
@@ -1008,15 +999,15 @@ async fn silent_connections_from_one_address_hold_only_their_share() {
     let held: Vec<TcpStream> = (0..4)
         .flat_map(|_| {
             [
-                connect_from("127.0.0.2:0", ports.agents),
-                connect_from("127.0.0.2:0", ports.postgres),
+                lokadb_tests::connect_from("127.0.0.2:0", ports.agents).unwrap(),
+                lokadb_tests::connect_from("127.0.0.2:0", ports.postgres).unwrap(),
             ]
         })
         .collect();
     // Counted once accepted: give the relay a moment to take all eight.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let refused_at_once = |to: SocketAddr| {
-        let mut s = connect_from("127.0.0.2:0", to);
+        let mut s = lokadb_tests::connect_from("127.0.0.2:0", to).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut answer = Vec::new();
         match s.read_to_end(&mut answer) {
@@ -1054,7 +1045,7 @@ async fn silent_connections_from_one_address_hold_only_their_share() {
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let mut s = connect_from("127.0.0.2:0", ports.postgres);
+        let mut s = lokadb_tests::connect_from("127.0.0.2:0", ports.postgres).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
         // A place is free again when the relay waits for a startup packet (no answer).
