@@ -14,7 +14,8 @@ encrypts and decrypts every message, and so does the cloud backend. Reported per
 protocol and N, all from the same run: tps with TLS ÷ tps plain, and the proxy's and the
 cloud's CPU per statement with and without.
 
-Writes raw.json and summary.md into research/bench/results/<UTC ts>-cloud-tls[-quick]/.
+Writes raw.json.gz and summary.md into research/bench/results/<UTC ts>-cloud-tls[-quick]/ (no
+charts-data.md section); --render RAW writes summary.md again from a run's raw.json[.gz].
 """
 
 import os

@@ -3,7 +3,7 @@
 moved organization, through fdw and fdw+direct: throughput, the share of transactions that moved
 from the organization's database to the cloud, and the rate of serialization failures (40001).
 
-    /work/main/.venv/bin/python research/bench/contention.py [--quick] [--out DIR]
+    /work/main/.venv/bin/python research/bench/contention.py [--quick] [--out DIR] [--no-charts-data]
 
 The world is routing.py's (organization 2 moved, its database behind the relay and its agent,
 every statement it runs logged). For each profile and each key distribution — hot (5 documents)
@@ -13,8 +13,10 @@ document_versions …; COMMIT` (routing.py's tx_update_insert). On fdw+direct th
 organization's database and the INSERT needs the cloud: the transaction moves there
 (docs/routing.md, "Transactions"); each move rolls back the direct transaction, so the ROLLBACKs
 the organization's database logged count the moves. A client that gets 40001 counts it and goes
-on with the next transaction (what an application's retry does). Writes raw.json and summary.md
-into research/bench/results/<UTC ts>-contention[-quick]/. Builds nothing ($LOKADB_BENCH_TARGET).
+on with the next transaction (what an application's retry does). Writes raw.json.gz and summary.md
+into research/bench/results/<UTC ts>-contention[-quick]/, and (a run without --out) its section of
+charts-data.md; --render RAW writes them again from a run's raw.json[.gz]. Builds nothing
+($LOKADB_BENCH_TARGET).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ sys.path.insert(0, str(HERE))
 from lib.binaries import AGENT_BIN, LINK_BIN, LOKADB_BIN, PG_BIN  # noqa: E402
 from lib.procs import catch_signals, log, preflight, temp_dir  # noqa: E402
 from lib.relay import prepare_tunnel, start_tunnel, stop_tunnel  # noqa: E402
-from lib.results import Ctx, guarded_run, result_dir, run_meta, summary_to_charts_data  # noqa: E402
+from lib.results import Ctx, guarded_run, rerender, result_dir, run_meta, summary_to_charts_data  # noqa: E402
 from lib.routing_world import (  # noqa: E402
     INSERT_SQL, ORG, PROFILES, UPDATE_SQL, OrgLog, analyse, build_world, client, set_profile, start_proxy,
 )
@@ -141,7 +143,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-contention[-quick])")
     ap.add_argument("--clients", type=int, help="concurrent clients (default 50, quick 8)")
     ap.add_argument("--hot", type=int, help="documents in the hot set (default 5)")
+    ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md and charts-data.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
+    if args.render:
+        return rerender(args.render, render, not args.no_charts_data)
     for name in ("clients", "hot"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             sys.exit(f"--{name} {getattr(args, name)}: must be at least 1")
@@ -182,11 +188,13 @@ def main() -> int:
         if ctx.log is not None:
             ctx.log.close()
 
-    return guarded_run(ctx, raw, outdir, render, lambda rc: rc == 0 and not args.out, body,
-                       before_cleanup=stop)
+    return guarded_run(ctx, raw, outdir, render, lambda rc: rc == 0 and not args.out and not args.no_charts_data,
+                       body, before_cleanup=stop)
+
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
-    """summary.md and (for a whole run) the charts-data.md section."""
+    """summary.md and, if charts_data and a cell was measured, the charts-data.md section: from the
+    raw numbers alone (a run's end and --render)."""
     md = summary(raw)
     (outdir / "summary.md").write_text(md)
     if raw["cells"] and charts_data:

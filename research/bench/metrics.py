@@ -9,7 +9,8 @@ alternating order (statement_org.py's method).
 Reported per script, protocol and N, all from the same run: tps with ÷ tps without, the
 proxy's and the cloud's CPU per statement with and without, and the scrapes made.
 
-Writes raw.json and summary.md into research/bench/results/<UTC ts>-metrics[-quick]/.
+Writes raw.json.gz and summary.md into research/bench/results/<UTC ts>-metrics[-quick]/ (no
+charts-data.md section); --render RAW writes summary.md again from a run's raw.json[.gz].
 """
 
 import sys

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """LokaDB benchmark of the other paths: COPY out of a query, COPY in, a cursor, LISTEN/NOTIFY.
 
-    /work/main/.venv/bin/python research/bench/paths.py [--quick] [--out DIR]
+    /work/main/.venv/bin/python research/bench/paths.py [--quick] [--out DIR] [--rtts MS,...]
 
 The world of routing.py (research/bench/README.md, "Routing benchmark"): a cloud cluster with
 the test schema, organization 1 in the cloud and organization 2 moved to its own database behind
@@ -25,8 +25,10 @@ Targets: `cloud` (straight at the cloud, organization 1), `proxy` (through LokaD
 Ratios are taken within one run: through the proxy ÷ straight at the cloud for the same
 organization and profile.
 
-Writes raw.json and summary.md into research/bench/results/<UTC ts>-paths[-quick]/. Benchmarks
-whatever binaries are in $LOKADB_BENCH_TARGET (default /work/target-bench/release); builds nothing.
+Writes raw.json.gz and summary.md into research/bench/results/<UTC ts>-paths[-quick]/ (no
+charts-data.md section); --render RAW writes summary.md again from a run's raw.json[.gz].
+Benchmarks whatever binaries are in $LOKADB_BENCH_TARGET (default /work/target-bench/release);
+builds nothing.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from lib.clusters import SUPER_PASSWORD  # noqa: E402
 from lib.numbers import fmt  # noqa: E402
 from lib.procs import catch_signals, loadavg, log, preflight, temp_dir  # noqa: E402
 from lib.relay import prepare_tunnel, start_tunnel, stop_tunnel  # noqa: E402
-from lib.results import Ctx, guarded_run, parse_rtts, result_dir, run_meta, run_rounds  # noqa: E402
+from lib.results import Ctx, guarded_run, parse_rtts, rerender, result_dir, run_meta, run_rounds  # noqa: E402
 
 import psycopg  # noqa: E402
 
@@ -212,6 +214,8 @@ RATIOS = [("proxy", "cloud", "through LokaDB ÷ straight, organization in the cl
 
 
 def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    """summary.md from the raw numbers alone (a run's end and --render); no charts-data.md section."""
+    del charts_data
     meta = raw["meta"]
     L = [f"# Other paths ({meta['mode']}), run `{meta['run_id']}`", "",
          f"Command: `{meta['command']}`", "",
@@ -251,7 +255,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="RTT 0, 30,000 rows, 2 repetitions (a few minutes)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-paths[-quick])")
     ap.add_argument("--rtts", help="comma-separated RTTs in ms (default: quick 0, full 0,10)")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
+    if args.render:
+        return rerender(args.render, render, False)
     preflight("paths.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     if args.rtts:
@@ -278,6 +285,7 @@ def main() -> int:
 
     return guarded_run(ctx, raw, outdir, render, False, body,
                        binaries=(LOKADB_BIN, AGENT_BIN, LINK_BIN))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Restarts and reloads under load: what a client of the proxy sees.
 
-    LOKADB_BENCH_TARGET=/work/main/target/release .venv/bin/python research/bench/restart.py [--quick]
+    LOKADB_BENCH_TARGET=/work/main/target/release .venv/bin/python research/bench/restart.py [--quick] [--out DIR]
 
 1. Rolling restart with `handover`: pgbench (16 clients, the `read` and `update` scripts) runs
    through the proxy while a new `lokadb proxy` with the same config is started every few
@@ -16,7 +16,8 @@
    order, one with a SIGHUP every second, one without: tps and p99 with ÷ without, longest
    transaction.
 
-Writes raw.json and summary.md into research/bench/results/<UTC ts>-restart[-quick]/.
+Writes raw.json.gz and summary.md into research/bench/results/<UTC ts>-restart[-quick]/ (or
+--out); --render RAW writes summary.md again from a run's raw.json[.gz].
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from lib.binaries import PG_BIN  # noqa: E402
 from lib.numbers import percentile  # noqa: E402
-from lib.procs import CHILDREN, catch_signals, log, raise_fd_limit, safe_cleanup  # noqa: E402
-from lib.results import fatal, result_dir  # noqa: E402
-from lib.three_targets import APP_PASSWORD, AUTH_PASSWORD, LOKADB_BIN, ORGS, SCRIPTS, Mode, World  # noqa: E402
+from lib.procs import CHILDREN, catch_signals, log, preflight, raise_fd_limit  # noqa: E402
+from lib.results import Ctx, guarded_run, rerender, result_dir, run_meta, write_empty_summary  # noqa: E402
+from lib.three_targets import (  # noqa: E402
+    APP_PASSWORD, AUTH_PASSWORD, LOKADB_BIN, ORGS, SCRIPTS, Mode, World, binary_info,
+)
 
 
 class Proxy:
@@ -199,7 +202,7 @@ def reload_runs(w: World, tmp: Path, scripts: dict, mode: Mode) -> list[dict]:
 def summary(raw: dict) -> str:
     meta = raw["meta"]
     md = [f"# Restarts and reloads under pgbench — run {meta['run_id']}", "",
-          f"Command: `{meta['command']}`. {meta['postgres_version']}; proxy, Postgres and pgbench "
+          f"Command: `{meta['command']}`. {meta.get('postgres_version', '?')}; proxy, Postgres and pgbench "
           "share the machine's 2 cores.", "",
           "## Rolling restart with `handover`", "",
           "Each row's run with restarts follows the same run without any (baseline, same process "
@@ -244,23 +247,41 @@ def summary(raw: dict) -> str:
     return "\n".join(md) + "\n"
 
 
+def render(raw: dict, outdir: Path, charts_data: bool) -> str:
+    """summary.md from the raw numbers alone (a run's end and --render); no charts-data.md section."""
+    del charts_data
+    if not raw["runs"]:
+        return write_empty_summary(raw, outdir, "Restarts and reloads under pgbench", "run")
+    md = summary(raw)
+    (outdir / "summary.md").write_text(md)
+    return md
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter runs, one repetition")
+    ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-restart[-quick])")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
+    if args.render:
+        return rerender(args.render, render, False)
+    preflight("restart.py", (PG_BIN / "postgres", PG_BIN / "pgbench", LOKADB_BIN))
     mode = Mode(args.quick)
+    started, run_id, outdir = result_dir(args.out, "-restart", mode.quick)
     catch_signals()
     raise_fd_limit()
-    started, run_id, outdir = result_dir(None, "-restart", args.quick)
-    raw = {"meta": {"run_id": run_id, "started": started.isoformat(), "errors": [],
-                    "command": "LOKADB_BENCH_TARGET=/work/main/target/release .venv/bin/python "
-                               "research/bench/restart.py" + (" --quick" if args.quick else "")},
-           "runs": []}
-    t_start = time.time()
-    try:
-        w = World(mode, [])
+    ctx = Ctx(mode)
+    meta = run_meta("restart.py", run_id, started, mode, lokadb_binary=binary_info(),
+                    setup_commands=ctx.commands, errors=ctx.errors)
+    # The command as the README gives it: the binaries' folder first.
+    meta["command"] = (f"LOKADB_BENCH_TARGET={LOKADB_BIN.parent} .venv/bin/python research/bench/restart.py "
+                       + shlex.join(sys.argv[1:])).strip()
+    raw = {"meta": meta, "runs": []}
+
+    def body():
+        w = World(mode, ctx.commands)
         w.start_postgres()
-        raw["meta"].update(w.create_roles_and_data())
+        meta.update(w.create_roles_and_data())
         scripts = {}
         for name in ("read", "update"):
             p = w.tmp / f"{name}.sql"
@@ -272,19 +293,12 @@ def main() -> int:
                 # The same run without restarts first: what its latencies are compared with.
                 for restart in (False, True):
                     raw["runs"].append(rolling(w, w.tmp, scripts, mode, connect_each, script, restart))
+                    (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
         log("reload")
         raw["runs"] += reload_runs(w, w.tmp, scripts, mode)
-    except Exception as e:  # noqa: BLE001
-        fatal(raw["meta"]["errors"], e)
-    finally:
-        safe_cleanup()
-    raw["meta"]["wall_seconds"] = round(time.time() - t_start, 1)
-    (outdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
-    md = summary(raw) if raw["runs"] else "no run completed\n" + "\n".join(raw["meta"]["errors"])
-    (outdir / "summary.md").write_text(md)
-    print(md)
-    log(f"results in {outdir}")
-    return 1 if raw["meta"]["errors"] else 0
+        return 1 if ctx.errors else 0
+
+    return guarded_run(ctx, raw, outdir, render, False, body)
 
 
 if __name__ == "__main__":
