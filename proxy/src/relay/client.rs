@@ -371,7 +371,10 @@ async fn pipe(relay: &Relay, route: &Route, tcp: &mut ClientStream) -> Result<()
     let mut up = vec![0u8; CHUNK];
     let mut up_done = false;
     let mut down: Option<Bytes> = None;
+    // The stream's end arrived from the organization; the client's socket is then closed
+    // for writing (`down_closed`) once what was written to it has gone out.
     let mut down_done = false;
+    let mut down_closed = false;
     let mut answered = false;
     let mut unflushed = false;
     let mut sniffer = KeySniffer::default();
@@ -424,8 +427,6 @@ async fn pipe(relay: &Relay, route: &Route, tcp: &mut ClientStream) -> Result<()
                     Poll::Ready(Ok(None)) => {
                         down_done = true;
                         busy = true;
-                        // Half-close towards the client; errors mean it is gone.
-                        let _ = Pin::new(&mut *tcp).poll_close(cx);
                     }
                     Poll::Ready(Err(reason)) => {
                         return Poll::Ready(Err(PipeError::Stream { reason, answered }))
@@ -458,7 +459,19 @@ async fn pipe(relay: &Relay, route: &Route, tcp: &mut ClientStream) -> Result<()
             }
         }
 
-        if up_done && down_done {
+        // Half-close towards the client once the last bytes are written: a client waits
+        // for the end of file after a FATAL (libpq does), so a close that has to wait for
+        // a send still in flight is polled again, never dropped. Errors mean it is gone.
+        if down_done && !down_closed && down.is_none() {
+            if let Poll::Ready(r) = Pin::new(&mut *tcp).poll_close(cx) {
+                if let Err(e) = r {
+                    tracing::debug!(org = owner.org, "half-close towards the client failed: {e}");
+                }
+                down_closed = true;
+                busy = true;
+            }
+        }
+        if up_done && down_closed {
             return Poll::Ready(Ok(()));
         }
         if !busy {

@@ -548,3 +548,56 @@ async fn a_reloaded_certificate_keeps_the_tunnels_up() {
         relay.output()
     );
 }
+
+/// A backend that ends (terminated, as at a fast shutdown: FATAL 57P01, then the end of
+/// its connection) is seen ended by its client through the relay: the client reads the
+/// FATAL and then the end of file. libpq (psql, postgres_fdw, psycopg) waits for that end
+/// after a FATAL; a relay that dropped its half-close while the FATAL's bytes were still
+/// being sent left such clients waiting for ever. A raw client, to see the end of file
+/// itself; each round a fresh connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_backend_ends_its_client_through_the_relay() {
+    let certs = Certs::new().unwrap();
+    let acme = Org::start("acme").unwrap();
+    acme.trust_raw_role().unwrap();
+    let relay = start_relay(&certs, &[&acme], json!({}), &[]).unwrap();
+    let _agent = start_agent(&certs, &acme, addrs(&relay).agents, &[]).unwrap();
+    for round in 0..20 {
+        let mut s = raw_query_then_stall(addrs(&relay).postgres, "acme/orgdb", "SELECT 1").await;
+        // The answer, up to ReadyForQuery.
+        loop {
+            let tag = s.read_u8().await.unwrap();
+            let len = s.read_u32().await.unwrap() as usize;
+            let mut body = vec![0u8; len - 4];
+            s.read_exact(&mut body).await.unwrap();
+            if tag == b'Z' {
+                break;
+            }
+        }
+        acme.db
+            .psql(
+                "postgres",
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'raw'",
+            )
+            .unwrap();
+        // FATAL, then the end of file: a few milliseconds expected.
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+        assert!(
+            read.is_ok(),
+            "round {round}: no end of file within 10 s after {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+        assert_eq!(rest.first(), Some(&b'E'), "round {round}: {rest:?}");
+        assert!(
+            String::from_utf8_lossy(&rest).contains("57P01"),
+            "round {round}: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while relay_stats(&relay).await["streams_open"] != 0 {
+        assert!(Instant::now() < deadline, "streams left open at the relay");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
