@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """LokaDB failures benchmark: an organization's database stopped for 30 s, then its agent, under
-the load of another organization; then 10, 100 and 200 extra agents connected to the relay; errors
-per organization and the others' latency.
+the load of two other organizations (one in the cloud, one moved beside it); then 10, 100 and 200
+extra agents connected to the relay; errors per organization and the others' latency.
 
     LOKADB_BENCH_TARGET=/work/main/target/release /work/main/.venv/bin/python research/bench/failures.py [--quick]
 
 The routing benchmark's world (routing.build_world: a cloud cluster with the test schema,
 organization 2 moved to its own database behind the relay and its agent, organization 1 in the
-cloud), organization 2 on fdw+direct, no latency link, no statement logging. C clients per
-organization (full 4, quick 2) through the proxy, psycopg, autocommit, each alternating a read of
+cloud), organization 2 on fdw+direct, no latency link, no statement logging; and organization 3,
+PAIRS documents of its own added in the cloud, moved to a database of its own behind the same
+relay with an agent of its own (`lokadb move-org 3 --profile fdw`: its reads and writes go through
+the cloud's postgres_fdw, the path whose cloud backends also hold organization 2's connections).
+C clients per organization (full 4, quick 2) through the proxy, psycopg, autocommit, each alternating a read of
 one of its organization's documents and an update of one of its versions, 5 ms apart; a failed
 operation is counted with its SQLSTATE and the client reconnects if its connection broke.
 Timeline (full; quick halves every phase):
@@ -38,18 +41,23 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from lib import routing_world  # noqa: E402  (its world: clusters, schema, move-org, the proxy)
 from lib.binaries import AGENT_BIN, LINK_BIN, LOKADB_BIN, PG_BIN  # noqa: E402
-from lib.clusters import SUPER_PASSWORD  # noqa: E402
+from lib.clusters import (  # noqa: E402
+    APP_PASSWORD, BODY_BYTES, ORG_DB, ORG_PG, SUPER_PASSWORD, PgCluster, cluster_root, lokadb, org_database,
+)
 from lib.numbers import percentile  # noqa: E402
 from lib.procs import catch_signals, ignore_signals, log, preflight, rss_kib, safe_cleanup, temp_dir  # noqa: E402
 from lib.relay import (  # noqa: E402
     Relay, new_token, prepare_tunnel, start_agent, start_link, stop_agents, stop_tunnel, tunnel_agent,
 )
-from lib.results import Ctx, fatal, finish_run, result_dir, run_meta, summary_to_charts_data, write_raw_gz  # noqa: E402
+from lib.results import (  # noqa: E402
+    Ctx, fatal, finish_run, rerender, result_dir, run_meta, summary_to_charts_data, write_raw_gz,
+)
 from lib.routing_world import ORG, OTHER, classify, org_pairs, read_sql, update_sql  # noqa: E402
 
 import psycopg  # noqa: E402
 
-ORGS = (OTHER, ORG)  # "1" stays in the cloud, "2" is moved and fails
+NEIGHBOUR = "3"  # moved too (fdw), beside the one that fails
+ORGS = (OTHER, ORG, NEIGHBOUR)  # "1" stays in the cloud, "2" is moved and fails, "3" is moved
 
 
 class Mode:
@@ -66,6 +74,43 @@ class Mode:
         self.rtts_ms = [0]
         self.n = 0
         self.warmup = 0
+
+
+def add_neighbour(ctx, token: str) -> dict:
+    """Organization 3: PAIRS documents (one version each) written in the cloud through its triggers
+    (key maps, foreign keys), a cluster of its own with its agent (ctx.neighbour_agent) on ctx's
+    relay, `lokadb org add` and `lokadb move-org --profile fdw`. Returns what it did, and its
+    (document id, version id) pairs under "pairs"."""
+    t0 = time.time()
+    ctx.neighbour = org = PgCluster(cluster_root(ctx.tmp / "world3"), "org3", ctx.commands)
+    org.create(ORG_PG)
+    org_database(org)
+    n = NEIGHBOUR
+    with ctx.cloud.conn("app") as c:
+        c.execute(f"INSERT INTO organizations VALUES ({n}); INSERT INTO projects VALUES ({10 * int(n)}, {n})")
+        c.execute(f"""INSERT INTO documents (organization_id, project_id, title)
+                        SELECT {n}, {10 * int(n)}, 'bulk ' || g FROM generate_series(1, {routing_world.PAIRS}) g""")
+        c.execute(f"""INSERT INTO document_versions (organization_id, document_id, body)
+                        SELECT organization_id, id, left(repeat(md5(id::text), {BODY_BYTES // 32 + 1}), {BODY_BYTES})
+                          FROM documents WHERE organization_id = {n}""")
+    ctx.commands.append(f"(cloud, database app) organization {n}: {routing_world.PAIRS} documents and versions "
+                        "as the bulk load's, through the triggers")
+    ctx.neighbour_agent = start_agent(f"127.0.0.1:{ctx.relay.agents_port}", token, org.addr(), ctx.certs["ca"],
+                                      {}, ctx.agent_log)
+    ctx.relay.wait_connected(2, timeout=60)
+    dsn = ctx.cloud.dsn()
+    lokadb(ctx, ["org", "add", n, "--via-relay", f"127.0.0.1:{ctx.relay_pg_port}", "--dbname", ORG_DB,
+                 "--user", "app", "--password", APP_PASSWORD], dsn)
+    t = time.time()
+    lokadb(ctx, ["move-org", n, "--profile", "fdw"], dsn, timeout=900)
+    moved_s = round(time.time() - t, 1)
+    with org.conn(ORG_DB) as c:
+        docs = [r[0] for r in c.execute(f"SELECT id FROM documents WHERE organization_id = {n} ORDER BY id")]
+        versions = [r[0] for r in c.execute(
+            f"SELECT id FROM document_versions WHERE organization_id = {n} ORDER BY id")]
+    log(f"  organization {n} moved (fdw) in {moved_s} s: {len(docs)} documents in its own database")
+    return {"documents": len(docs), "move_org_s": moved_s, "total_s": round(time.time() - t0, 1),
+            "pairs": list(zip(docs, versions))}
 
 
 class Load:
@@ -137,9 +182,10 @@ def first_success_after(samples: list, org: str, t: float):
 
 def summary_markdown(raw: dict) -> str:
     m = raw["meta"]
+    orgs = raw.get("orgs") or f"organization {OTHER} in the cloud, organization {ORG} moved (fdw+direct)."
     L = [f"# Failures under load ({m['mode']}), run `{m['run_id']}`", "",
          f"Command: `{m['command']}`; {m['mode_settings']['clients']} clients per organization through "
-         f"the proxy, organization {OTHER} in the cloud, organization {ORG} moved (fdw+direct).", "",
+         f"the proxy, {orgs}", "",
          "| phase | org | operations | failed | p50 ms | p99 ms | max ms | failures, most frequent |",
          "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in raw.get("phases", []):
@@ -171,7 +217,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="half-length phases, 2 clients per organization")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-failures[-quick])")
+    ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
+    ap.add_argument("--render", type=Path, help="only rebuild summary.md and charts-data.md from this raw.json or raw.json.gz")
     args = ap.parse_args()
+    if args.render:
+        return rerender(args.render, render, not args.no_charts_data)
     preflight("failures.py", (PG_BIN / "postgres", LOKADB_BIN, AGENT_BIN, LINK_BIN))
     mode = Mode(args.quick)
     started, run_id, outdir = result_dir(args.out, "-failures", mode.quick)
@@ -180,7 +230,10 @@ def main() -> int:
     ctx = Ctx(mode)
     ctx.log = None
     meta = run_meta("failures.py", run_id, started, mode, setup_commands=ctx.commands, errors=ctx.errors)
-    raw = {"meta": meta, "world": None, "phases": [], "recovery": {}}
+    raw = {"meta": meta, "world": None, "phases": [], "recovery": {},
+           "orgs": f"organization {OTHER} in the cloud, organization {ORG} moved (fdw+direct; its database "
+                   f"and agent are the ones stopped), organization {NEIGHBOUR} moved (fdw) to a database of "
+                   "its own behind the same relay, with an agent of its own."}
     t_start = time.time()
     rc = 0
     ctx.relay = ctx.link = ctx.agent = ctx.proxy = None
@@ -193,13 +246,16 @@ def main() -> int:
         # The relay knows the extra agents' organizations too (idle: no cloud organization is
         # theirs); organization 2's agent dials it through a link of 0 ms, as start_tunnel does.
         extra = [new_token(f"x{i}") for i in range(max(mode.extra_agents))]
-        tokens = {ORG: ctx.token_hash, **{t.split(".")[0]: h for t, h in extra}}
+        neighbour_token, neighbour_hash = new_token(NEIGHBOUR)
+        tokens = {ORG: ctx.token_hash, NEIGHBOUR: neighbour_hash, **{t.split(".")[0]: h for t, h in extra}}
         ctx.relay = Relay(ctx.tmp, ctx.certs, tokens, {}, ctx.commands, agents_port=ctx.relay_agents_port,
                           postgres_port=ctx.relay_pg_port, tag="relay-failures")
         ctx.link = start_link(ctx.relay.agents_port, 0, ctx.tmp, ctx.commands)
         ctx.agent = tunnel_agent(ctx, ctx.link.port, ctx.org.addr())
         ctx.relay.wait_connected(1, timeout=60)
         ctx.extra = []
+        raw["neighbour"] = add_neighbour(ctx, neighbour_token)
+        pairs[NEIGHBOUR] = raw["neighbour"].pop("pairs")
         ctx.proxy = routing_world.start_proxy(ctx, "failures")
         routing_world.set_profile(ctx, "fdw+direct")
         load = Load(ctx, pairs)
@@ -214,7 +270,7 @@ def main() -> int:
                 for token, _ in extra[len(ctx.extra):n]:
                     ctx.extra.append(start_agent(f"127.0.0.1:{ctx.relay.agents_port}", token, ctx.org.addr(),
                                                  ctx.certs["ca"], {}, ctx.agent_log))
-                ctx.relay.wait_connected(n + 1, timeout=300)
+                ctx.relay.wait_connected(n + 2, timeout=300)
                 raw.setdefault("extra_agents", {})[n] = {
                     "connected_in_s": round(time.monotonic() - began, 2),
                     "relay_rss_kib": rss_kib(ctx.relay.proc.pid)}
@@ -252,10 +308,10 @@ def main() -> int:
         ignore_signals()
         if load is not None:
             load.halt.set()
-        stop_agents(getattr(ctx, "extra", []))
-        stop_tunnel(ctx)
+        stop_agents(getattr(ctx, "extra", []) + [a for a in [getattr(ctx, "neighbour_agent", None)] if a])
+        stop_tunnel(ctx, raw)
         safe_cleanup()
-        finish_run(raw, outdir, t_start, render, rc == 0 and not args.out)
+        finish_run(raw, outdir, t_start, render, rc == 0 and not args.out and not args.no_charts_data)
         write_raw_gz(outdir, raw)
     return rc
 
