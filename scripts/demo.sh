@@ -446,6 +446,9 @@ echo "  lokadb verify acme:"
 say "lokadb move-back acme: and back into the cloud, then folded into DEFAULT (small: the cloud keeps no partition for it)"
 "$LOKADB" move-back acme --cloud "$CLOUD_DSN" 2>&1 | grep -E 'switched|verify|folded|kept|done' | sed 's/^/    /'
 echo "    acme's own partitions left in the cloud: $(su_psql -d app -At -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'notes\_\_lokadb\_acme%'"); its notes in DEFAULT: $(su_psql -d app -At -c "SELECT count(*) FROM ONLY notes__lokadb_default WHERE organization_id = 'acme'")"
+say "lokadb split acme: acme's partitions of its own made ahead, so that its next move pauses it only at the switch"
+"$LOKADB" split acme --cloud "$CLOUD_DSN" 2>&1 | sed 's/^/    /'
+echo "    acme's own partitions in the cloud: $(su_psql -d app -At -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'notes\_\_lokadb\_acme%'"); acme is still '$(su_psql -d app -At -c "SELECT state FROM lokadb.org WHERE id = 'acme'")'"
 say "lokadb move-org acme --mode logical --profile fdw+direct: out again, through a subscription this time"
 # The subscription in acme's database connects to the cloud as a REPLICATION role, never a
 # superuser (its password is stored there); move-org grants it SELECT on what it copies.
@@ -454,7 +457,8 @@ SUB_PASSWORD="sub-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 su_psql -d app -q -c "CREATE ROLE lokadb_sub LOGIN REPLICATION PASSWORD '$SUB_PASSWORD'"
 "$LOKADB" move-org acme --mode logical --profile fdw+direct --cloud "$CLOUD_DSN" \
     --cloud-from-org "host=127.0.0.1 port=$PG_PORT dbname=app user=lokadb_sub password=$SUB_PASSWORD" 2>&1 |
-    grep -E 'subscription|switched|verify|done' | sed 's/^/    /'
+    tee "$DEMO/move-logical.out" | grep -E 'subscription|switched|verify|done' | sed 's/^/    /'
+echo "    (split ahead: this move had $(grep -c 'split of acme' "$DEMO/move-logical.out" || true) split lines)"
 
 say "the direct path: acme's plain reads and simple updates go straight to its database"
 for _ in $(seq 50); do grep -q 'metadata loaded.*organizations=1 ' "$DEMO/proxy.log" && break; sleep 0.1; done

@@ -123,6 +123,19 @@ enum Command {
         #[arg(long, default_value_t = lokadb::admin::moves::fold::DEFAULT_FOLD_MAX_ROWS)]
         fold_max_rows: u64,
     },
+    /// Give an organization in the cloud partitions of its own, out of DEFAULT, ahead of
+    /// its move: its later move-org has no split and pauses its writes only at the switch.
+    /// Its writes pause for the split itself (longer the bigger it is): pick the moment.
+    Split {
+        /// The organization.
+        org: String,
+        /// Remove what an interrupted split made (its partitions once attached stay:
+        /// `lokadb fold` puts the organization back into DEFAULT).
+        #[arg(long)]
+        abort: bool,
+        #[command(flatten)]
+        cloud: Cloud,
+    },
     /// Put an organization in the cloud that has partitions of its own back into the
     /// DEFAULT partition, whatever its size: every organization's statements on the LokaDB
     /// tables wait while its rows are copied.
@@ -431,6 +444,9 @@ fn main() -> ExitCode {
             opts.fold_max_rows = fold_max_rows;
             admin(lokadb::admin::moves::move_back(&args.cloud.dsn, &opts))
         }
+        Command::Split { org, abort, cloud } => admin(
+            lokadb::admin::moves::split_ahead::split_org(&cloud.dsn, &org, abort),
+        ),
         Command::Fold { org, cloud } => {
             admin(lokadb::admin::moves::fold::fold_org(&cloud.dsn, &org))
         }

@@ -15,6 +15,8 @@ through the relay), and once per size `lokadb move-back 2` is measured too.
 
 The world of a size is built once and its two data directories kept as templates; each scenario
 starts clusters on copies of them (`cp -a`), so each move is a first move (a split out of DEFAULT).
+With --split-ahead, `lokadb split 2` runs first under the same writers (measured like a move: its
+pause, the others' longest wait), and the move-org that follows has no split.
 
 Writes raw.json, summary.md and PNG charts into research/bench/results/<UTC ts>-moves[-quick]/
 and the numbers behind the charts into research/bench/charts-data.md (move-org sections).
@@ -83,6 +85,9 @@ class Mode:
         self.default_factor = 1
         # Extra arguments of every move-org and move-back (e.g. ["--part-size", "1GB"]).
         self.move_args: list[str] = []
+        # `lokadb split 2` (measured, under the same writers) before each move-org, which then
+        # has no split.
+        self.split_ahead = False
 
 
 # --------------------------------------------------------------------------------------
@@ -571,6 +576,11 @@ def scenario(ctx, tpl: dict, size_mb: int, mode_name: str, n_writers: int, move_
                      f"host=127.0.0.1 port={ctx.link_sub.port} user=lokadb_sub password=sub-secret "
                      "dbname=app sslmode=disable"]
         rec["setup_s"] = round(time.time() - t0, 1)
+        if ctx.mode.split_ahead:
+            sa = measured_move(ctx, f"{label}: split ahead", ["split", ORG], n_writers, f"s{len(ctx.runs)}")
+            rec["split_ahead"] = sa
+            if sa["move"]["rc"] != 0:
+                raise RuntimeError(f"lokadb split {ORG} exited {sa['move']['rc']}")
         m = measured_move(ctx, label, args, n_writers, f"r{len(ctx.runs)}")
         rec["move_org"] = m
         checks = check_moved(m["counts_before"], m["counts_after"], m["writers_tally"]["ok"])
@@ -657,7 +667,11 @@ def row_of(r: dict, which="move_org") -> dict:
     cpu = (m.get("cpu_ms") or {}).get("lokadb")
     errs = w.get("errors") or {}
     checks = (r.get("checks") if which == "move_org" else m.get("checks")) or {}
+    ahead = ((r.get("split_ahead") or {}).get("report") or {}) if which == "move_org" else {}
     return {
+        "split_ahead_pause_ms": ahead.get("split_pause_ms"),
+        "split_ahead_longest_org1_ms": (((r.get("split_ahead") or {}).get("writers_tally") or {})
+                                        .get("longest_org1") or {}).get("ms") if ahead else None,
         "label": r["label"] + (" — move-back" if which == "move_back" else ""),
         "size_mb": r["size_mb_target"], "org_copy_mb": r["org_copy_mb"],
         "mode": r["mode"] if which == "move_org" else "trigger (move-back)",
@@ -718,6 +732,13 @@ def err_cell(errs: dict) -> str:
     return ", ".join(f"{k} ×{v}" for k, v in sorted(errs.items()))
 
 
+def split_cell(r: dict) -> str:
+    """The split's pause; with --split-ahead, the move-org's (none) and that of `lokadb split` before it."""
+    if r.get("split_ahead_pause_ms") is not None:
+        return f"{fmt(r['split_pause_ms'])} ms (split ahead: {fmt(r['split_ahead_pause_ms'])} ms)"
+    return f"{fmt(r['split_pause_ms'])} ms"
+
+
 def tables_md(raw: dict, s: dict) -> list[str]:
     L = ["| size (org 2 COPY MB) | mode | writers | split pause | switch pause | total | copy MB | copy MB/s | "
          "link read ceiling | ÷ read ceiling | link write ceiling | ÷ write ceiling | inserts/s before / during / after | "
@@ -731,7 +752,7 @@ def tables_md(raw: dict, s: dict) -> list[str]:
             ver = f"**FAILED (rc {r['rc']})**"
         L.append(
             f"| {r['size_mb']} ({fmt(r['org_copy_mb'])}) | {r['mode']} | {r['writers']} | "
-            f"{fmt(r['split_pause_ms'])} ms | **{fmt(r['switch_pause_ms'])} ms** | {fmt(r['total_s'])} s | "
+            f"{split_cell(r)} | **{fmt(r['switch_pause_ms'])} ms** | {fmt(r['total_s'])} s | "
             f"{fmt(r['copy_mb'])} | {fmt(r['copy_mb_s'])} | {fmt(r['ceiling_read_mb_s'])} | {fmt(r['ratio_read'], 2)} | "
             f"{fmt(r['ceiling_write_mb_s'])} | {fmt(r['ratio_write'], 2)} | "
             f"{fmt(r['before'], 0)} / {fmt(r['during'], 0)} / {fmt(r['after'], 0)} | {fmt(r['longest_org2_ms'], 0)} ms | "
@@ -989,6 +1010,9 @@ def main() -> int:
     ap.add_argument("--move-args", default="",
                     help="extra arguments of every move-org and move-back, e.g. '--part-size 1GB' "
                          "(one copy stream per table, as before copies in parts)")
+    ap.add_argument("--split-ahead", action="store_true",
+                    help="run `lokadb split 2` under the writers before each move-org (measured: its own pause), "
+                         "so that the move-org has no split")
     ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
     ap.add_argument("--trace-admin", action="store_true",
                     help="diagnostic: both clusters log every statement with its duration; the lines of "
@@ -1012,6 +1036,7 @@ def main() -> int:
         ap.error("--default-factor must be 1 to 1000")
     mode.default_factor = args.default_factor
     mode.move_args = shlex.split(args.move_args)
+    mode.split_ahead = args.split_ahead
     started, run_id, outdir = result_dir(args.out, "-moves", mode.quick)
     catch_signals()
 

@@ -102,6 +102,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "a move in progress publishes its figures (phase, rows, bytes, rate, lag, ETA) for lokadb status --watch",
         include_str!("sql/0019_move_figures.sql"),
     ),
+    (
+        20,
+        "lokadb split gives an organization in the cloud partitions of its own ahead of its move",
+        include_str!("sql/0020_split_ahead.sql"),
+    ),
 ];
 
 /// Serializes concurrent `lokadb init` runs.

@@ -24,13 +24,13 @@ async fn init_is_versioned_idempotent_and_announces_changes() {
     let out = lokadb(&dsn, &["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("upgraded from version 0 to 19"),
+        stdout(&out).contains("upgraded from version 0 to 20"),
         "{}",
         stdout(&out)
     );
     let out = lokadb(&dsn, &["init"]);
     assert!(
-        stdout(&out).contains("up to date (version 19)"),
+        stdout(&out).contains("up to date (version 20)"),
         "{}",
         stdout(&out)
     );
@@ -38,7 +38,7 @@ async fn init_is_versioned_idempotent_and_announces_changes() {
         cloud
             .psql("app", "SELECT version FROM lokadb.migrations ORDER BY 1")
             .unwrap(),
-        "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11\n12\n13\n14\n15\n16\n17\n18\n19"
+        "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11\n12\n13\n14\n15\n16\n17\n18\n19\n20"
     );
 
     // Every change of lokadb.org bumps the generation and NOTIFYs it.

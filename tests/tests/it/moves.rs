@@ -1190,6 +1190,113 @@ fn an_aborted_split_removes_its_check_of_default() {
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
 }
 
+/// `lokadb split`: organization 2 gets partitions of its own in the cloud ahead of its move,
+/// under writers of organizations 1 and 2, killed at each of the split's steps and rerun;
+/// nothing is lost, it stays in the cloud, and its move then has no split. An interrupted
+/// split blocks a move and a fold until it is finished, and `--abort` removes it.
+#[test]
+fn a_split_ahead_leaves_the_move_only_its_switch() {
+    let w = world(3_000, false);
+    let checks = "SELECT count(*) FROM pg_constraint WHERE conname LIKE '%\\_\\_lokadb\\_2\\_s'";
+    // Killed after putting its check on DEFAULT, then aborted: nothing of it stays.
+    killed_at(&w, &["split", "2"], "split-check");
+    let out = lokadb(&w.dsn, &["move-org", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a split of organization 2 is in progress (step split)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = lokadb(&w.dsn, &["fold", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("lokadb split 2"), "{}", stderr(&out));
+    assert!(ok(&lokadb(&w.dsn, &["split", "2", "--abort"])).contains("split of 2 rolled back"));
+    assert_eq!(q(&w.cloud, checks), "0");
+    assert_eq!(count(&w.cloud, "app", OWN_RELATIONS), 0);
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+    let out = lokadb(&w.dsn, &["split", "2", "--abort"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no split of organization 2 is in progress"));
+
+    let (docs2, versions2, docs1) = counts(&w);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles = writers(&w.dsn, 2, stop.clone());
+    for point in ["split-copy", "split-check", "split-switch", "after-split"] {
+        killed_at(&w, &["split", "2"], point);
+    }
+    let out = lokadb(&w.dsn, &["split", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Killed after the attach: the rerun only ends the journal.
+    assert!(
+        stderr(&out).contains("the split of 2 was done"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(ok(&lokadb(&w.dsn, &["split", "2"])).contains("nothing to split"));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let tally = join(handles);
+    for e in &tally.errors {
+        // As at a move's split: 40001 for writers waiting at its pause, and 23514 while a
+        // killed split's check is on DEFAULT (docs/moving.md).
+        assert!(
+            e.starts_with("org 2: 40001")
+                || (e.starts_with("org 2: 23514") && e.contains("__lokadb_2_s\"")),
+            "{e}\nall errors: {:?}",
+            tally.errors
+        );
+    }
+    let expect = (
+        docs2 + tally.inserted[2],
+        versions2 + tally.inserted[2],
+        docs1 + tally.inserted[1],
+    );
+    assert_eq!(counts(&w), expect);
+    assert_eq!(
+        q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
+        "cloud"
+    );
+    assert_eq!(q(&w.cloud, checks), "0");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
+    assert_eq!(
+        q(
+            &w.cloud,
+            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"
+        ),
+        "0"
+    );
+    assert_eq!(
+        count(
+            &w.cloud,
+            "app",
+            "SELECT count(*) FROM ONLY documents__lokadb_default WHERE organization_id = 2"
+        ),
+        0
+    );
+    assert_ne!(refs_of_2(&w), 0);
+    let v = ok(&lokadb(&w.dsn, &["verify", "2"]));
+    assert!(v.contains("own partition"), "{v}");
+    // Its move has no split: the only pause is the switch's.
+    let out = lokadb(&w.dsn, &["move-org", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("split of 2"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("switched 2 to its database: its writes paused"),
+        "{}",
+        stderr(&out)
+    );
+    assert_moved(&w, expect.0, expect.1, expect.2);
+    // A moved organization is not split.
+    let out = lokadb(&w.dsn, &["split", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("organization 2 is moved"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn bad_moves_are_refused_and_change_nothing() {
     let mut w = world(100, false);

@@ -318,11 +318,7 @@ pub fn fold_org(dsn: &str, org_id: &str) -> Result<String, AdminError> {
     move_lock(&mut cloud, &org.id)?;
     let result = (|| {
         if let Some(j) = read_journal(&mut cloud, &org.id)? {
-            let cmd = if j.direction == "out" {
-                "move-org"
-            } else {
-                "move-back"
-            };
+            let cmd = super::command_of(&j.direction);
             return Err(AdminError::usage(format!(
                 "a {cmd} of organization {} is in progress (step {}): finish it (lokadb {cmd} {}) or roll it back (--abort) first; nothing was changed",
                 org.id, j.step, org.id

@@ -20,6 +20,7 @@ pub mod logical;
 pub mod schema_diff;
 pub mod shapes;
 pub mod split;
+pub mod split_ahead;
 pub mod status;
 pub mod switch;
 pub mod take_back;
@@ -107,6 +108,15 @@ impl Direction {
             Direction::Out => "move-org",
             Direction::Back => "move-back",
         }
+    }
+}
+
+/// The command whose journal row says `direction` (`lokadb.moves.direction`).
+pub fn command_of(direction: &str) -> &'static str {
+    match direction {
+        "out" => Direction::Out.command(),
+        "back" => Direction::Back.command(),
+        _ => "split",
     }
 }
 
@@ -429,17 +439,11 @@ fn run_locked(
     let (journal, resumed) = match journal {
         Some(j) => {
             if j.direction != direction.as_str() {
-                let other = if j.direction == "out" {
-                    Direction::Out
-                } else {
-                    Direction::Back
-                };
+                let other = command_of(&j.direction);
                 return Err(AdminError::usage(format!(
-                    "a {} of organization {} is in progress (step {}): run lokadb {} {} to finish it, or add --abort to roll it back",
-                    other.command(),
+                    "a {other} of organization {} is in progress (step {}): run lokadb {other} {} to finish it, or add --abort to roll it back",
                     org.id,
                     j.step,
-                    other.command(),
                     org.id
                 )));
             }

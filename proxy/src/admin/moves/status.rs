@@ -92,10 +92,10 @@ fn render(c: &mut postgres::Client) -> Result<String, AdminError> {
     let mut progress = Vec::new();
     for r in &rows {
         let dir: String = r.get(4);
-        let mv = match dir.as_str() {
-            "out" => "move-org",
-            "back" => "move-back",
-            _ => "",
+        let mv = if dir.is_empty() {
+            ""
+        } else {
+            super::command_of(&dir)
         };
         table.push([
             r.get(0),
