@@ -63,7 +63,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
 
 
 def main() -> int:
-    args, ap = arguments(__doc__, "N = 100 only, 3 s runs, R = 2 (≈ 2 min)")
+    args, ap = arguments(__doc__, "N = 100 only, 1 s runs, R = 1 (≈ 35 s)")
     if not args.orgs and args.quick:
         args.orgs = "100"
     return side_by_side(args, ap, script="cloud_tls.py", tag="-cloud-tls", variants=VARIANTS,

@@ -22,8 +22,8 @@ median and the spread (min–max) over repetitions. Latency percentiles come fro
 (-l, 1 client and 32 clients), never from the throughput runs. Proxy CPU per transaction from
 /proc/PID/stat over each plain run. PgBouncer's settings are written beside the result.
 
-Full: 5 repetitions of 8 s (about 20 minutes); quick: 2 of 3 s. Benchmarks the binaries in
-$LOKADB_BENCH_TARGET (default target/release); builds nothing.
+Full: 5 repetitions of 8 s (about 20 minutes); quick: 2 of 1 s, latency runs 1 s (≈ 1.3 min).
+Benchmarks the binaries in $LOKADB_BENCH_TARGET (default target/release); builds nothing.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ class Mode(world.Mode):
     def __init__(self, quick: bool):
         super().__init__(quick)
         self.reps = 2 if quick else 5
-        self.t_throughput = 3 if quick else 8
-        self.t_latency = 3 if quick else 8
+        self.t_throughput = 1 if quick else 8
+        self.t_latency = 1 if quick else 8
 
 
 def measure(bench: world.Bench, mode: Mode) -> None:
@@ -201,7 +201,7 @@ def summary_markdown(raw: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 repetitions of 3 s, 50,000 rows (a few minutes)")
+    ap.add_argument("--quick", action="store_true", help="2 repetitions of 1 s, 50,000 rows (≈ 1.3 min)")
     ap.add_argument("--reps", type=int, help="repetitions (default 5, quick 2)")
     ap.add_argument("--out", type=Path, help="result folder (default research/bench/results/<UTC ts>-headline[-quick])")
     ap.add_argument("--render", type=Path, help="render summary.md again from this raw.json[.gz]")

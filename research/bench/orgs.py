@@ -880,11 +880,11 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="N = 1 and 1000, 3 s runs, R = 1 (≈ 3.5 min)")
+    ap.add_argument("--quick", action="store_true", help="N = 1 and 1000, 1 s runs, R = 1 (≈ 1.4 min)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-orgs[-quick]); "
                                              "a trial run: charts-data.md is left alone")
     ap.add_argument("--orgs", help="comma-separated numbers of organizations (default: quick 1,1000; full 1,100,1000,3000)")
-    ap.add_argument("--seconds", type=int, help="seconds per pgbench run (default: quick 3, full 5)")
+    ap.add_argument("--seconds", type=int, help="seconds per pgbench run (default: quick 1, full 4)")
     ap.add_argument("--reps", type=int, help="repetitions R (default: quick 1, full 2)")
     ap.add_argument("--query-modes", help="comma-separated pgbench -M modes (default simple,extended,prepared)")
     ap.add_argument("--scripts", help=f"comma-separated scripts (default {','.join(SCRIPTS)})")

@@ -407,7 +407,7 @@ def update_charts_data(section: str, mode: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short runs, 50k rows, R=1 (< ~5 min)")
+    ap.add_argument("--quick", action="store_true", help="1 s runs, 50k rows, R=1 (≈ 1.3 min)")
     ap.add_argument("--out", type=Path, help="result folder (default research/bench/results/<UTC ts>[-quick])")
     ap.add_argument("--reps", type=int, help="override the number of repetitions R")
     ap.add_argument("--no-charts-data", action="store_true", help="do not update research/bench/charts-data.md")

@@ -34,7 +34,7 @@ def render(raw: dict, outdir: Path, charts_data: bool) -> str:
 
 
 def main() -> int:
-    args, ap = arguments(__doc__, "N = 1000 only, 3 s runs, R = 2 (≈ 2.5 min)")
+    args, ap = arguments(__doc__, "N = 1000 only, 1 s runs, R = 1 (≈ 30 s)")
     return side_by_side(args, ap, script="statement_org.py", tag="-statement-org", variants=VARIANTS,
                         render=render)
 

@@ -71,17 +71,17 @@ class Mode:
         self.quick = quick
         self.name = "quick" if quick else "full"
         self.reps = 1 if quick else 2  # throughput points
-        self.t_copy = 3.0 if quick else 5.0  # seconds of reading per throughput point
+        self.t_copy = 2.0 if quick else 5.0  # seconds of reading per throughput point (> 1: "after 1st s")
         self.rtts_ms = [10, 40]
         self.windows_kib = [256, 1024, 4096, 16384]
         self.lat_reps = 2 if quick else 3
-        self.t_lat = 3 if quick else 6
+        self.t_lat = 1 if quick else 6
         self.streams = 2048
         # 1 MiB, not the default 4 MiB: the agent holds about one window per stream it reads
         # from Postgres (7 GB at ~1650 streams in a 4 MiB trial), too much for this shared box.
         self.streams_window_kib = 1024
-        self.t_streams_read = 5 if quick else 10
-        self.t_streams_stall = 5 if quick else 8
+        self.t_streams_read = 2 if quick else 10
+        self.t_streams_stall = 2 if quick else 8
         self.agent_levels = [10, 100, 1000]
         self.restart_levels = [10, 100] if quick else [10, 100, 1000]
         self.restart_reps = 2 if quick else 3
@@ -889,7 +889,7 @@ def update_charts_data(raw: dict, s: dict, outdir: Path, charts: list[str]) -> N
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short runs, R=1 (a few minutes)")
+    ap.add_argument("--quick", action="store_true", help="short runs, R=1 (≈ 1.7 min)")
     ap.add_argument("--out", type=Path, help="result folder (default results/<UTC ts>-tunnel[-quick])")
     ap.add_argument("--only", default="throughput,streams,latency,agents",
                     help="comma-separated scenarios (default: all)")

@@ -94,7 +94,7 @@ class Mode:
         self.quick = quick
         self.name = "quick" if quick else "full"
         self.orgs = [1, 1000] if quick else [1, 100, 1000, 3000]
-        self.seconds = 3 if quick else 4  # each pgbench run
+        self.seconds = 1 if quick else 4  # each pgbench run
         self.reps = 1 if quick else 2
         self.max_locks = MAX_LOCKS
         self.first_n = 25 if quick else 50  # connections per world and target

@@ -54,9 +54,9 @@ class Mode:
         self.name = "quick" if quick else "full"
         self.rows = 50_000 if quick else 200_000
         self.reps = 1 if quick else 3
-        self.t_latency = 3 if quick else 6  # one client, -T seconds
-        self.t_throughput = 3 if quick else 8  # 32 clients
-        self.t_connect = 3 if quick else 8  # -C, 16 clients
+        self.t_latency = 1 if quick else 6  # one client, -T seconds
+        self.t_throughput = 1 if quick else 8  # 32 clients
+        self.t_connect = 1 if quick else 8  # -C, 16 clients
         self.t_warmup = 1 if quick else 3
         self.idle_clients = 1000
 
