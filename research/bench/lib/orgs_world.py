@@ -174,7 +174,7 @@ def org_sql(org: str, indexes: list[dict], relay_port: int = FAKE_RELAY_PORT, pa
     server = f"lokadb_org_{org}"
     registry = [
         f"CREATE SERVER {q(server)} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', "
-        f"port {lit(relay_port)}, dbname {lit(org + '/' + ORG_DBNAME)}, fetch_size '1000')",
+        f"port {lit(relay_port)}, dbname {lit(org + '/' + ORG_DBNAME)}, fetch_size '1000', sslmode 'disable')",
         f"CREATE USER MAPPING FOR PUBLIC SERVER {q(server)} OPTIONS (user 'app', password {lit(APP_PASSWORD)})",
     ]
     row = (org, None, "fdw", server, "127.0.0.1", relay_port, ORG_DBNAME, "synthetic (lokadb-bench orgs.py)")
