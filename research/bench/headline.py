@@ -205,11 +205,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, help="repetitions (default 5, quick 2)")
     ap.add_argument("--out", type=Path, help="result folder (default research/bench/results/<UTC ts>-headline[-quick])")
     ap.add_argument("--render", type=Path, help="render summary.md again from this raw.json[.gz]")
+    ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
     args = ap.parse_args()
     if args.render:
         raw = read_raw(args.render)
         raw["summary"] = summarize(raw["runs"])
-        print(_write(raw, args.render.parent))
+        print(_write(raw, args.render.parent, not args.no_charts_data))
         write_raw_gz(args.render.parent, raw)
         return 0
     preflight("headline.py", [PG_BIN / "postgres", PG_BIN / "pgbench", PGBOUNCER_BIN,
@@ -231,7 +232,7 @@ def main() -> int:
     raw = {"meta": meta, "runs": [], "summary": {}}
     code = world.three_targets(mode, meta, raw, lambda bench: measure(bench, mode))
     raw["summary"] = summarize(raw["runs"])
-    finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d), False)
+    finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d, not args.out and not args.no_charts_data), False)
     write_raw_gz(outdir, raw)
     return code
 
@@ -281,8 +282,9 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
     return "throughput-ratio.png"
 
 
-def _write(raw: dict, outdir: Path) -> str:
-    return write_with_chart(raw, outdir, summary_markdown(raw), draw_chart, "throughput ÷ direct", "headline")
+def _write(raw: dict, outdir: Path, charts_data: bool) -> str:
+    return write_with_chart(raw, outdir, summary_markdown(raw), draw_chart, "throughput ÷ direct", "headline",
+                            charts_data)
 
 
 if __name__ == "__main__":

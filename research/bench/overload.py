@@ -226,10 +226,10 @@ def draw_chart(raw: dict, outdir: Path) -> str | None:
     return "overload-p99.png"
 
 
-def _write(raw: dict, outdir: Path) -> str:
+def _write(raw: dict, outdir: Path, charts_data: bool) -> str:
     raw["summary"] = summarize(raw)
     return write_with_chart(raw, outdir, summary_markdown(raw), draw_chart, "p99 against the offered rate",
-                            "overload")
+                            "overload", charts_data)
 
 
 def main() -> int:
@@ -237,10 +237,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="two rates (0.5, 0.9) of 5 s, 50,000 rows (≈ 1.3 min)")
     ap.add_argument("--out", type=Path, help="result folder (default research/bench/results/<UTC ts>-overload[-quick])")
     ap.add_argument("--render", type=Path, help="render summary.md and the chart again from this raw.json[.gz]")
+    ap.add_argument("--no-charts-data", action="store_true", help="leave charts-data.md alone")
     args = ap.parse_args()
     if args.render:
         raw = read_raw(args.render)
-        print(_write(raw, args.render.parent))
+        print(_write(raw, args.render.parent, not args.no_charts_data))
         write_raw_gz(args.render.parent, raw)
         return 0
     preflight("overload.py", [PG_BIN / "postgres", PG_BIN / "pgbench", PGBOUNCER_BIN,
@@ -256,7 +257,7 @@ def main() -> int:
         errors=[])
     raw = {"meta": meta, "capacity": {}, "runs": [], "summary": {}}
     code = world.three_targets(mode, meta, raw, lambda bench: measure(bench, mode, raw))
-    finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d), False)
+    finish_run(raw, outdir, t_start, lambda r, d, _c: _write(r, d, not args.out and not args.no_charts_data), False)
     write_raw_gz(outdir, raw)
     return code
 

@@ -316,8 +316,12 @@ def summarize(raw: dict) -> dict:
             if w["rtt_ms"] == 0:
                 base[(w["profile"], w["op"])] = w.get("p50_ms")
     rtts = sorted({k[0] for k in rows})
+    measured = {k[2] for k in rows}
     out = []
     for op, _, _ in OPS:
+        # An operation added to the script after the run has nothing to show for it.
+        if op not in measured:
+            continue
         for profile in PROFILES:
             cells = {}
             for rtt in rtts:
@@ -366,6 +370,11 @@ def anatomy(cell: dict) -> str:
         return f"{len(groups)} round trips: " + " ".join(parts)
     ex = cell.get("example") or []
     return f"{len(ex)}: " + " · ".join(ex) if ex else "(none)"
+
+
+def ops_in(s) -> list[str]:
+    """The operations the run measured, in OPS's order."""
+    return [op for op, _, _ in OPS if any(x["op"] == op for x in s["rows"])]
 
 
 def _row(s, op, profile):
@@ -439,7 +448,7 @@ def tables_md(s: dict) -> list[str]:
     L.append("")
     L += ["### fdw+direct ÷ fdw (p50 latency, same run)", "",
           "| operation | " + " | ".join(f"RTT {r:g} ms" for r in rtts) + " |", "|---|" + "---:|" * len(rtts)]
-    for op, _, _ in OPS:
+    for op in ops_in(s):
         a, b = _row(s, op, "fdw"), _row(s, op, "fdw+direct")
         cells = []
         for r in rtts:
@@ -475,7 +484,7 @@ def checks_md(raw: dict, s: dict) -> list[str]:
                 L.append(f"- {where}: {c['by_source']['direct']} statements per operation came by the direct path on fdw.")
             if c["errors"]:
                 L.append(f"- {where}: {c['errors']} failed operations.")
-    for op, _, _ in OPS:
+    for op in ops_in(s):
         # Organization 1's reads never reach organization 2; a read by key alone goes through
         # the cloud on both profiles (the proxy does not know its organization).
         if op in ("control_read", "key_read", "key_read_1"):
@@ -531,7 +540,8 @@ def summary_markdown(raw: dict, s: dict) -> str:
     L.append("")
     L.append("Operations (organization 2 unless said):\n")
     for k, lab, sql in OPS:
-        L.append(f"- **{OP_SHORT[k]}** — {lab}: `{sql}`")
+        if k in ops_in(s):
+            L.append(f"- **{OP_SHORT[k]}** — {lab}: `{sql}`")
     L.append("")
     L += tables_md(s)
     obs = checks_md(raw, s)
@@ -648,7 +658,7 @@ def draw_charts(outdir: Path, raw: dict, s: dict) -> list[str]:
 def _grid(s, rtts, key, nd=2):
     L = ["| operation | " + " | ".join(f"{p}, RTT {r:g} ms" for r in rtts for p in PROFILES) + " |",
          "|---|" + "---:|" * (len(rtts) * len(PROFILES))]
-    for op, _, _ in OPS:
+    for op in ops_in(s):
         cells = []
         for r in rtts:
             for p in PROFILES:

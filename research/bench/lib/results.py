@@ -170,8 +170,10 @@ def write_raw_gz(outdir: Path, raw: dict) -> Path:
     """raw.json.gz in outdir (and no raw.json): a run's samples compressed, so that a run folder
     stays small in git."""
     path = outdir / "raw.json.gz"
-    with gzip.open(path, "wt") as f:
-        json.dump(raw, f, indent=1, default=str)
+    # No timestamp in the gzip header: a run rendered again from the same numbers writes the
+    # same bytes, so git sees no change.
+    data = json.dumps(raw, indent=1, default=str).encode()
+    path.write_bytes(gzip.compress(data, mtime=0))
     (outdir / "raw.json").unlink(missing_ok=True)
     return path
 
@@ -231,10 +233,11 @@ def write_empty_summary(raw: dict, outdir: Path, title: str, what: str) -> str:
     return md
 
 
-def write_with_chart(raw: dict, outdir: Path, md: str, draw, alt: str, section: str) -> str:
+def write_with_chart(raw: dict, outdir: Path, md: str, draw, alt: str, section: str,
+                     charts_data: bool = True) -> str:
     """summary.md: md, then the chart draw(raw, outdir) made (its file name, or None; one that
-    fails is reported, not fatal); a full run without errors is also charts-data.md's section
-    `section`, the chart linked from there. Returns the markdown."""
+    fails is reported, not fatal); with charts_data, a full run without errors is also
+    charts-data.md's section `section`, the chart linked from there. Returns the markdown."""
     try:
         chart = draw(raw, outdir)
     except Exception:  # noqa: BLE001
@@ -243,7 +246,7 @@ def write_with_chart(raw: dict, outdir: Path, md: str, draw, alt: str, section: 
     if chart:
         md += f"\n![{alt}]({chart})\n"
     (outdir / "summary.md").write_text(md)
-    if raw["meta"]["mode"] == "full" and not raw["meta"]["errors"]:
+    if charts_data and raw["meta"]["mode"] == "full" and not raw["meta"]["errors"]:
         summary_to_charts_data(
             section, md.replace(f"]({chart})", f"](results/{raw['meta']['run_id']}/{chart})") if chart else md)
     return md
@@ -277,7 +280,9 @@ def write_charts_section(name: str, section: str, path: Path | None = None) -> N
     if begin in text and end in text:
         pre, rest = text.split(begin, 1)
         _, post = rest.split(end, 1)
-        text = pre + block + post.lstrip("\n")
+        # One blank line before the next section, as an appended section gets.
+        post = post.lstrip("\n")
+        text = pre + block + ("\n" + post if post else "")
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.write_text(text)
