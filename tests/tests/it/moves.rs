@@ -283,16 +283,8 @@ fn assert_moved(w: &World, docs2: i64, versions2: i64, docs1: i64) {
         q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
         "moved"
     );
-    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
-    // Nothing the move created is left: triggers, records, publications, slots.
-    assert_eq!(
-        q(
-            &w.cloud,
-            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"
-        ),
-        "0"
-    );
-    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
+    // Nothing the move created is left: journal, triggers, records, publications, slots.
+    assert_no_move_left(w);
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM pg_publication"), "0");
     assert_eq!(
         q(&w.cloud, "SELECT count(*) FROM pg_replication_slots"),
@@ -301,6 +293,20 @@ fn assert_moved(w: &World, docs2: i64, versions2: i64, docs1: i64) {
     assert_eq!(org_q(w, "SELECT count(*) FROM pg_subscription"), "0");
     // The pause is over.
     assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.pause p WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p.holder_pid)"), "0");
+}
+
+/// No journal row, change record or capture trigger in the cloud.
+#[track_caller]
+fn assert_no_move_left(w: &World) {
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
+    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
+    assert_eq!(
+        q(
+            &w.cloud,
+            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"
+        ),
+        "0"
+    );
 }
 
 fn counts(w: &World) -> (i64, i64, i64) {
@@ -1124,15 +1130,7 @@ fn an_aborted_move_leaves_nothing_behind() {
         q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
         "cloud"
     );
-    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
-    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
-    assert_eq!(
-        q(
-            &w.cloud,
-            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"
-        ),
-        "0"
-    );
+    assert_no_move_left(&w);
     assert_eq!(
         q(
             &w.cloud,
@@ -1257,15 +1255,7 @@ fn a_split_ahead_leaves_the_move_only_its_switch() {
         "cloud"
     );
     assert_eq!(q(&w.cloud, checks), "0");
-    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.moves"), "0");
-    assert_eq!(q(&w.cloud, "SELECT count(*) FROM lokadb.changes"), "0");
-    assert_eq!(
-        q(
-            &w.cloud,
-            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lokadb_capture%'"
-        ),
-        "0"
-    );
+    assert_no_move_left(&w);
     assert_eq!(
         count(
             &w.cloud,

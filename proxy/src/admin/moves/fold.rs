@@ -21,10 +21,9 @@
 
 use super::layout::{self, MoveTable, Place};
 use super::switch::{be_the_deadlock_victim, set_local_if_allowed};
-use super::{move_lock, move_unlock, read_journal, read_org, session_settings};
-use crate::admin::db::{connect, AdminError};
+use super::{in_progress, read_journal, under_move_lock};
+use crate::admin::db::AdminError;
 use crate::admin::fkeys::{with_lock_retry_within, StepError};
-use crate::admin::migrations::require_current;
 use std::time::{Duration, Instant};
 
 /// What `move-back` folds by default: at most this many rows over all LokaDB tables (a few
@@ -311,18 +310,10 @@ fn refs_deletes(c: &mut postgres::Client, t: &MoveTable) -> Result<Vec<String>, 
 /// Unknown organization, one that is moved or moving (usage), or a failed fold.
 pub fn fold_org(dsn: &str, org_id: &str) -> Result<String, AdminError> {
     crate::admin::org::check_id(org_id)?;
-    let mut cloud = connect(dsn)?;
-    require_current(&mut cloud)?;
-    session_settings(&mut cloud)?;
-    let org = read_org(&mut cloud, org_id)?;
-    move_lock(&mut cloud, &org.id)?;
-    let result = (|| {
-        if let Some(j) = read_journal(&mut cloud, &org.id)? {
-            let cmd = super::command_of(&j.direction);
-            return Err(AdminError::usage(format!(
-                "a {cmd} of organization {} is in progress (step {}): finish it (lokadb {cmd} {}) or roll it back (--abort) first; nothing was changed",
-                org.id, j.step, org.id
-            )));
+    under_move_lock(dsn, org_id, |slot, org| {
+        let cloud = slot.as_mut().expect("the cloud session is in the slot");
+        if let Some(j) = read_journal(cloud, &org.id)? {
+            return Err(in_progress(&org.id, &j));
         }
         if org.state != "cloud" {
             return Err(AdminError::usage(format!(
@@ -330,20 +321,18 @@ pub fn fold_org(dsn: &str, org_id: &str) -> Result<String, AdminError> {
                 org.id, org.state, org.id
             )));
         }
-        let tables = layout::tables(&mut cloud, &org.id)?;
-        let own = own_partitions(&mut cloud, &org.id, &tables)?;
+        let tables = layout::tables(cloud, &org.id)?;
+        let own = own_partitions(cloud, &org.id, &tables)?;
         if own.is_empty() {
             return Ok(format!(
                 "organization {}'s rows are in DEFAULT already: nothing to fold",
                 org.id
             ));
         }
-        let f = fold(&mut cloud, &org.id, &own)?;
-        analyze_defaults(&mut cloud, &own)?;
+        let f = fold(cloud, &org.id, &own)?;
+        analyze_defaults(cloud, &own)?;
         Ok(summary(&org.id, &f))
-    })();
-    move_unlock(&mut cloud, &org.id);
-    result
+    })
 }
 
 /// ANALYZE of the DEFAULT partitions a fold filled, after it committed: their statistics

@@ -411,18 +411,41 @@ fn run(dsn: &str, opts: &MoveOptions, direction: Direction) -> Result<String, Ad
             "--part-size must be at least 8kB (one block of a table's heap)",
         ));
     }
+    under_move_lock(dsn, &opts.org, |slot, org| {
+        run_locked(slot, dsn, org, opts, direction)
+    })
+}
+
+/// Connects to the cloud as a move does, reads the organization and runs `f` under its move
+/// lock (one move, split or fold of an organization at a time), which is let go afterwards.
+/// `f` gets the cloud session in a slot it may take it from, and hand it back to for the
+/// unlock.
+fn under_move_lock<T>(
+    dsn: &str,
+    org_id: &str,
+    f: impl FnOnce(&mut Option<postgres::Client>, Org) -> Result<T, AdminError>,
+) -> Result<T, AdminError> {
     let mut cloud = connect(dsn)?;
     require_current(&mut cloud)?;
     session_settings(&mut cloud)?;
-    let org = read_org(&mut cloud, &opts.org)?;
+    let org = read_org(&mut cloud, org_id)?;
     move_lock(&mut cloud, &org.id)?;
     let id = org.id.clone();
     let mut slot = Some(cloud);
-    let result = run_locked(&mut slot, dsn, org, opts, direction);
+    let result = f(&mut slot, org);
     if let Some(c) = slot.as_mut() {
         move_unlock(c, &id);
     }
     result
+}
+
+/// The refusal of a command while another's journal row `j` is there.
+fn in_progress(org: &str, j: &Journal) -> AdminError {
+    let cmd = command_of(&j.direction);
+    AdminError::usage(format!(
+        "a {cmd} of organization {org} is in progress (step {}): finish it (lokadb {cmd} {org}) or roll it back (lokadb {cmd} {org} --abort) first; nothing was changed",
+        j.step
+    ))
 }
 
 /// The move, under its lock; hands the cloud session back in `slot` for the unlock.
@@ -439,13 +462,7 @@ fn run_locked(
     let (journal, resumed) = match journal {
         Some(j) => {
             if j.direction != direction.as_str() {
-                let other = command_of(&j.direction);
-                return Err(AdminError::usage(format!(
-                    "a {other} of organization {} is in progress (step {}): run lokadb {other} {} to finish it, or add --abort to roll it back",
-                    org.id,
-                    j.step,
-                    org.id
-                )));
+                return Err(in_progress(&org.id, &j));
             }
             if !opts.abort && opts.mode != j.mode && opts.mode != Mode::Trigger {
                 return Err(AdminError::usage(format!(

@@ -15,12 +15,10 @@
 use super::capture;
 use super::layout::{self, Place};
 use super::{
-    move_lock, move_unlock, read_journal, read_org, session_settings, split, Direction, Journal,
-    Mode, Move, MoveOptions,
+    in_progress, read_journal, split, under_move_lock, Direction, Journal, Mode, Move, MoveOptions,
 };
-use crate::admin::db::{connect, AdminError};
+use crate::admin::db::AdminError;
 use crate::admin::fkeys::{run_all, with_lock_retry};
-use crate::admin::migrations::require_current;
 use std::time::Instant;
 
 /// The journal's direction for a split on its own.
@@ -34,18 +32,7 @@ pub const DIRECTION: &str = "split";
 /// finishes it, `--abort` removes it).
 pub fn split_org(dsn: &str, org_id: &str, abort: bool) -> Result<String, AdminError> {
     crate::admin::org::check_id(org_id)?;
-    let mut cloud = connect(dsn)?;
-    require_current(&mut cloud)?;
-    session_settings(&mut cloud)?;
-    let org = read_org(&mut cloud, org_id)?;
-    move_lock(&mut cloud, &org.id)?;
-    let id = org.id.clone();
-    let mut slot = Some(cloud);
-    let result = run_locked(&mut slot, dsn, org, abort);
-    if let Some(c) = slot.as_mut() {
-        move_unlock(c, &id);
-    }
-    result
+    under_move_lock(dsn, org_id, |slot, org| run_locked(slot, dsn, org, abort))
 }
 
 fn run_locked(
@@ -58,13 +45,7 @@ fn run_locked(
     let started = Instant::now();
     let journal = match read_journal(cloud, &org.id)? {
         Some(j) if j.direction == DIRECTION => j,
-        Some(j) => {
-            let cmd = super::command_of(&j.direction);
-            return Err(AdminError::usage(format!(
-                "a {cmd} of organization {} is in progress (step {}): finish it (lokadb {cmd} {}) or roll it back (--abort) first; nothing was changed",
-                org.id, j.step, org.id
-            )));
-        }
+        Some(j) => return Err(in_progress(&org.id, &j)),
         None if abort => {
             return Err(AdminError::usage(format!(
                 "no split of organization {} is in progress; nothing to abort",
