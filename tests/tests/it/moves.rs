@@ -204,6 +204,30 @@ fn join(handles: Vec<std::thread::JoinHandle<Tally>>) -> Tally {
     all
 }
 
+/// Stops the writers (after letting them write a moment more) and returns what they did
+/// and the counts `counts` should give: `before` plus their inserts.
+fn stop_writers(
+    stop: &AtomicBool,
+    handles: Vec<std::thread::JoinHandle<Tally>>,
+    before: (i64, i64, i64),
+) -> (Tally, (i64, i64, i64)) {
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let tally = join(handles);
+    let expect = (
+        before.0 + tally.inserted[2],
+        before.1 + tally.inserted[2],
+        before.2 + tally.inserted[1],
+    );
+    (tally, expect)
+}
+
+/// A write of organization 2 refused by the check a killed split left on DEFAULT, until a
+/// rerun or `--abort` removes it (docs/moving.md).
+fn split_check_error(e: &str) -> bool {
+    e.starts_with("org 2: 23514") && e.contains("__lokadb_") && e.contains("_s\"")
+}
+
 /// Organization 2 is entirely in its database, organization 1 entirely in the cloud.
 #[track_caller]
 fn assert_moved(w: &World, docs2: i64, versions2: i64, docs1: i64) {
@@ -924,27 +948,16 @@ fn killed_at_each_step(args: &[&str], logical: bool, points: &[&str]) {
     }
     let out = ok(&lokadb(&w.dsn, args));
     assert!(out.contains("verified"), "{out}");
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let tally = join(handles);
+    let (tally, expect) = stop_writers(&stop, handles, (docs2, versions2, docs1));
     for e in &tally.errors {
-        // A split killed after putting its check on DEFAULT leaves the organization's
-        // writes refused there until the rerun removes it (docs/moving.md).
-        let split_check = points.iter().any(|p| SPLIT_CHECK_WINDOW.contains(p))
-            && e.starts_with("org 2: 23514")
-            && e.contains("__lokadb_")
-            && e.contains("_s\"");
+        let split_check =
+            points.iter().any(|p| SPLIT_CHECK_WINDOW.contains(p)) && split_check_error(e);
         assert!(
             !back && (e.starts_with("org 2: 40001") || split_check),
             "{e}\nall errors: {:?}",
             tally.errors
         );
     }
-    let expect = (
-        docs2 + tally.inserted[2],
-        versions2 + tally.inserted[2],
-        docs1 + tally.inserted[1],
-    );
     if back {
         assert_eq!(counts(&w), expect);
         assert_eq!(
@@ -1231,24 +1244,15 @@ fn a_split_ahead_leaves_the_move_only_its_switch() {
         stderr(&out)
     );
     assert!(ok(&lokadb(&w.dsn, &["split", "2"])).contains("nothing to split"));
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let tally = join(handles);
+    let (tally, expect) = stop_writers(&stop, handles, (docs2, versions2, docs1));
     for e in &tally.errors {
-        // As at a move's split: 40001 for writers waiting at its pause, and 23514 while a
-        // killed split's check is on DEFAULT (docs/moving.md).
+        // As at a move's split: 40001 for writers waiting at its pause.
         assert!(
-            e.starts_with("org 2: 40001")
-                || (e.starts_with("org 2: 23514") && e.contains("__lokadb_2_s\"")),
+            e.starts_with("org 2: 40001") || split_check_error(e),
             "{e}\nall errors: {:?}",
             tally.errors
         );
     }
-    let expect = (
-        docs2 + tally.inserted[2],
-        versions2 + tally.inserted[2],
-        docs1 + tally.inserted[1],
-    );
     assert_eq!(counts(&w), expect);
     assert_eq!(
         q(&w.cloud, "SELECT state FROM lokadb.org WHERE id = '2'"),
