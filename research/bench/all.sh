@@ -1,6 +1,6 @@
 #!/bin/bash
 # Every benchmark, one after the other: research/bench/all.sh [--quick | --render]
-# (full ≈ 2 h on 2 cores; --quick ≈ 17 min, indicative only). Each script writes its own result
+# (full ≈ 2 h on 2 cores; --quick ≈ 16 min — 15 min 49 s end to end on 2026-12-07, all 17 passing —, indicative only). Each script writes its own result
 # folder and its section of charts-data.md; a failed one is reported and the rest still run.
 # Binaries from $LOKADB_BENCH_TARGET (default /work/target-bench/release), built beforehand:
 #   CARGO_TARGET_DIR=/work/target-bench cargo build --release -p lokadb -p lokadb-agent -p lokadb-tests
