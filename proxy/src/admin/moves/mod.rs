@@ -631,12 +631,7 @@ fn start(
         }
     }
     org_schema(&mut oc, &org.id)?;
-    let split_needed = direction == Direction::Out
-        && tables
-            .iter()
-            .map(|t| layout::place(cloud, t))
-            .collect::<Result<Vec<_>, _>>()?
-            .contains(&Place::Default);
+    let split_needed = direction == Direction::Out && split::in_default(cloud, &tables)?;
     let step = if split_needed { "split" } else { "prepare" };
     let profile = opts
         .profile
@@ -1189,10 +1184,7 @@ fn abort(m: &mut Move) -> Result<(), AdminError> {
         match m.direction {
             Direction::Out => {
                 if place == Place::Default {
-                    // An unfinished split: its capture on DEFAULT, its check, its tables.
-                    split::drop_checks(&mut m.cloud, std::slice::from_ref(t))?;
-                    sql.extend(capture::remove_sql(t, &t.default()));
-                    sql.push(format!("DROP TABLE IF EXISTS {} CASCADE", t.own()));
+                    sql.extend(split::undo(&mut m.cloud, t)?);
                 } else {
                     sql.extend(capture::remove_sql(t, &t.cloud_part()));
                 }

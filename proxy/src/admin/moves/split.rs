@@ -67,6 +67,33 @@ pub fn replica_trigger(
     .map(|r| r.get(0)))
 }
 
+/// Whether any of `tables` still has the organization's rows in DEFAULT (a split is needed).
+///
+/// # Errors
+///
+/// A failed query.
+pub fn in_default(c: &mut postgres::Client, tables: &[MoveTable]) -> Result<bool, AdminError> {
+    for t in tables {
+        if layout::place(c, t)? == Place::Default {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// What removes an unfinished split of `t` — its capture on DEFAULT and its unattached
+/// table — once its check is taken off DEFAULT (done here: it needs its own short lock).
+///
+/// # Errors
+///
+/// The check's lock was not granted, or a query failed.
+pub fn undo(c: &mut postgres::Client, t: &MoveTable) -> Result<Vec<String>, AdminError> {
+    drop_checks(c, std::slice::from_ref(t))?;
+    let mut sql = capture::remove_sql(t, &t.default());
+    sql.push(format!("DROP TABLE IF EXISTS {} CASCADE", t.own()));
+    Ok(sql)
+}
+
 /// Runs the split of every table whose organization rows are still in DEFAULT.
 ///
 /// # Errors

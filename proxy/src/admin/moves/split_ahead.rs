@@ -12,8 +12,7 @@
 //! ends the journal); `--abort` removes what an unfinished split made, all of it in the
 //! cloud (the organization's database is not needed at any point).
 
-use super::capture;
-use super::layout::{self, Place};
+use super::layout::{self, MoveTable, Place};
 use super::{
     in_progress, read_journal, split, under_move_lock, Direction, Journal, Mode, Move, MoveOptions,
 };
@@ -43,6 +42,7 @@ fn run_locked(
 ) -> Result<String, AdminError> {
     let cloud = slot.as_mut().expect("the cloud session is in the slot");
     let started = Instant::now();
+    let tables = layout::tables(cloud, &org.id)?;
     let journal = match read_journal(cloud, &org.id)? {
         Some(j) if j.direction == DIRECTION => j,
         Some(j) => return Err(in_progress(&org.id, &j)),
@@ -52,7 +52,7 @@ fn run_locked(
                 org.id
             )))
         }
-        None => match start(cloud, &org)? {
+        None => match start(cloud, &org, &tables)? {
             Some(j) => j,
             None => {
                 return Ok(format!(
@@ -62,7 +62,6 @@ fn run_locked(
             }
         },
     };
-    let tables = layout::tables(cloud, &org.id)?;
     let opts = MoveOptions {
         org: org.id.clone(),
         mode: Mode::Trigger,
@@ -99,22 +98,21 @@ fn run_locked(
 
 /// Checks the organization can be split and writes the journal row; `None` when it has no
 /// table left in DEFAULT.
-fn start(cloud: &mut postgres::Client, org: &super::Org) -> Result<Option<Journal>, AdminError> {
+fn start(
+    cloud: &mut postgres::Client,
+    org: &super::Org,
+    tables: &[MoveTable],
+) -> Result<Option<Journal>, AdminError> {
     if org.state != "cloud" {
         return Err(AdminError::usage(format!(
             "organization {} is {}: only an organization in the cloud is split (its rows are where a move put them); nothing was changed",
             org.id, org.state
         )));
     }
-    let tables = layout::tables(cloud, &org.id)?;
-    let mut in_default = false;
-    for t in &tables {
-        in_default |= layout::place(cloud, t)? == Place::Default;
-    }
-    if !in_default {
+    if !split::in_default(cloud, tables)? {
         return Ok(None);
     }
-    split::preflight(cloud, &tables)?;
+    split::preflight(cloud, tables)?;
     cloud.execute(
         "INSERT INTO lokadb.moves (org, direction, mode, profile, from_state, step)
          VALUES ($1, $2, 'trigger', $3, $4, 'split')",
@@ -160,9 +158,7 @@ fn abort_split(m: &mut Move) -> Result<(), AdminError> {
         if layout::place(&mut m.cloud, t)? != Place::Default {
             continue;
         }
-        split::drop_checks(&mut m.cloud, std::slice::from_ref(t))?;
-        let mut sql = capture::remove_sql(t, &t.default());
-        sql.push(format!("DROP TABLE IF EXISTS {} CASCADE", t.own()));
+        let sql = split::undo(&mut m.cloud, t)?;
         with_lock_retry(
             &mut m.cloud,
             &format!("rolling back the split of {}", t.display()),
