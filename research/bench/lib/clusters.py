@@ -107,15 +107,7 @@ class PgCluster:
             start_new_session=True)
         self.proc._bench_stop_signal = signal.SIGINT
         CHILDREN.append(self.proc)
-        deadline = time.time() + 120
-        while True:
-            try:
-                with self.conn():
-                    break
-            except psycopg.OperationalError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"Postgres {self.name} did not start:\n" + self.log_tail())
-                time.sleep(0.2)
+        wait_accepting(self.conn, self.proc, 120, lambda: f"Postgres {self.name} did not start:\n" + self.log_tail())
 
     def stop(self, wait=180.0):
         if self.proc is not None:
@@ -143,6 +135,20 @@ class PgCluster:
     def one(self, sql: str, dbname="app"):
         with self.conn(dbname) as c:
             return c.execute(sql).fetchone()[0]
+
+
+def wait_accepting(connect, proc, timeout: float, failure) -> None:
+    """Waits until connect() gives a connection to the Postgres that proc started; raises
+    RuntimeError(failure()) if proc exits or timeout seconds pass first."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with connect():
+                return
+        except psycopg.OperationalError:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(failure())
+            time.sleep(0.2)
 
 
 def cluster_root(d: Path) -> Path:

@@ -19,8 +19,7 @@ import psycopg
 
 from .binaries import LOKADB_BIN, PG_BIN
 from .clusters import APP_PASSWORD, ORG_DB, PgCluster, cluster_root, lokadb, mask
-from .numbers import percentile
-from .pgbench import parse_pgbench, pgbench_errors
+from .pgbench import latency_summary, parse_pgbench, pgbench_errors, txn_entries
 from .procs import CLK_TCK, cpu_ticks, delta, loadavg, log, run_captured, sched_ns, tree_ticks
 from .relay import LineProc
 
@@ -413,24 +412,8 @@ def txn_log(prefix: Path) -> dict:
     """Latencies and completion times from pgbench's per-transaction logs (-l): p50, p99, and
     the throughput of the run's second half (completions after its midpoint), which shows a
     warming backend (direct runs start with new backends)."""
-    lat, done, failed = [], [], 0
-    for f in prefix.parent.glob(prefix.name + ".*"):
-        with open(f) as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 6:
-                    continue
-                try:
-                    lat.append(int(parts[2]))
-                    done.append(int(parts[4]) + int(parts[5]) / 1e6)
-                except ValueError:  # "failed" / "skipped"
-                    failed += 1
-    out = {"logged_transactions": len(lat), "logged_failed": failed, "p50_ms": None, "p99_ms": None,
-           "tps_first_half": None, "tps_second_half": None}
-    if lat:
-        lat.sort()
-        out["p50_ms"] = round(percentile(lat, 0.50) / 1000, 4)
-        out["p99_ms"] = round(percentile(lat, 0.99) / 1000, 4)
+    lat, done, failed = txn_entries(prefix)
+    out = {**latency_summary(lat, failed), "tps_first_half": None, "tps_second_half": None}
     if len(done) > 10:
         t0, t1 = min(done), max(done)
         mid = (t0 + t1) / 2

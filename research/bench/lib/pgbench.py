@@ -56,9 +56,10 @@ def pgbench_errors(rec: dict, stdout: str, stderr: str, rc, timed_out: bool, tim
     return errors
 
 
-def read_txn_logs(prefix: Path) -> dict:
-    lat = []
-    failed = 0
+def txn_entries(prefix: Path) -> tuple[list[int], list[float], int]:
+    """pgbench's per-transaction logs (-l) under prefix.*: the latencies (µs), the completion
+    times (s, epoch) and the number of failed or skipped transactions."""
+    lat, done, failed = [], [], 0
     for f in glob.glob(f"{prefix}.*"):
         with open(f) as fh:
             for line in fh:
@@ -69,7 +70,21 @@ def read_txn_logs(prefix: Path) -> dict:
                     lat.append(int(parts[2]))
                 except ValueError:  # "failed" / "skipped"
                     failed += 1
-    lat.sort()
+                    continue
+                if len(parts) >= 6:
+                    done.append(int(parts[4]) + int(parts[5]) / 1e6)
+    return lat, done, failed
+
+
+def read_txn_logs(prefix: Path) -> dict:
+    """p50 and p99 of pgbench's per-transaction logs under prefix.*, with their counts."""
+    lat, _, failed = txn_entries(prefix)
+    return latency_summary(lat, failed)
+
+
+def latency_summary(lat: list[int], failed: int) -> dict:
+    """p50 and p99 (ms) of latencies in µs, with the counts."""
+    lat = sorted(lat)
     return {
         "logged_transactions": len(lat),
         "logged_failed": failed,

@@ -24,6 +24,7 @@ from pathlib import Path
 import psycopg
 
 from .binaries import PG_BIN, REPO
+from .clusters import wait_accepting
 from .pgbench import parse_pgbench, pgbench_errors, read_txn_logs
 from .procs import (
     CHILDREN, CLK_TCK, PG_USER, cpu_ticks, delta, free_port, ignore_signals, log, rss_kib, run_captured,
@@ -156,17 +157,8 @@ class World:
         self.pg = self._popen_pg_user(cmd, self.tmp / "postgres.log")
         self.pg._bench_stop_signal = signal.SIGINT  # fast shutdown
         CHILDREN.append(self.pg)
-        deadline = time.time() + 60
-        while True:
-            try:
-                with self.superuser_conn():
-                    break
-            except psycopg.OperationalError:
-                if self.pg.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(
-                        "Postgres did not start:\n" + (self.tmp / "postgres.log").read_text()
-                    )
-                time.sleep(0.2)
+        wait_accepting(self.superuser_conn, self.pg, 60,
+                       lambda: "Postgres did not start:\n" + (self.tmp / "postgres.log").read_text())
 
     def superuser_conn(self, dbname="postgres"):
         return psycopg.connect(
