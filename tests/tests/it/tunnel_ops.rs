@@ -221,6 +221,15 @@ async fn a_slow_reader_does_not_stall_other_streams() {
     drop(stalled);
 }
 
+/// One backend message: its tag and body.
+async fn read_message(s: &mut tokio::net::TcpStream) -> (u8, Vec<u8>) {
+    let tag = s.read_u8().await.unwrap();
+    let len = s.read_u32().await.unwrap() as usize;
+    let mut body = vec![0u8; len - 4];
+    s.read_exact(&mut body).await.unwrap();
+    (tag, body)
+}
+
 /// Logs in as `raw` (trusted), sends `sql`, and returns the socket unread.
 async fn raw_query_then_stall(
     addr: std::net::SocketAddr,
@@ -236,10 +245,7 @@ async fn raw_query_then_stall(
     s.write_all(&startup).await.unwrap();
     // Read up to ReadyForQuery.
     loop {
-        let tag = s.read_u8().await.unwrap();
-        let len = s.read_u32().await.unwrap() as usize;
-        let mut body = vec![0u8; len - 4];
-        s.read_exact(&mut body).await.unwrap();
+        let (tag, body) = read_message(&mut s).await;
         assert_ne!(tag, b'E', "{}", String::from_utf8_lossy(&body));
         if tag == b'Z' {
             break;
@@ -565,15 +571,7 @@ async fn a_terminated_backend_ends_its_client_through_the_relay() {
     for round in 0..20 {
         let mut s = raw_query_then_stall(addrs(&relay).postgres, "acme/orgdb", "SELECT 1").await;
         // The answer, up to ReadyForQuery.
-        loop {
-            let tag = s.read_u8().await.unwrap();
-            let len = s.read_u32().await.unwrap() as usize;
-            let mut body = vec![0u8; len - 4];
-            s.read_exact(&mut body).await.unwrap();
-            if tag == b'Z' {
-                break;
-            }
-        }
+        while read_message(&mut s).await.0 != b'Z' {}
         acme.db
             .psql(
                 "postgres",
