@@ -101,7 +101,9 @@ pub type Peer = crate::rt::mailbox::Mailbox<CancelMsg>;
 /// One registered session.
 struct Entry {
     key: CancelKey,
-    target: CancelTarget,
+    /// `None` while the session holds no backend (transaction pooling, between its
+    /// transactions): its cancels are ignored, as Postgres ignores one for an idle backend.
+    target: Option<CancelTarget>,
 }
 
 /// The sessions of one core by cancel key.
@@ -149,7 +151,13 @@ impl CancelRegistry {
         };
         same_pid.push(id);
         let key = CancelKey { pid, secret };
-        self.sessions.insert(id, Entry { key, target });
+        self.sessions.insert(
+            id,
+            Entry {
+                key,
+                target: Some(target),
+            },
+        );
         (id, key)
     }
 
@@ -157,7 +165,15 @@ impl CancelRegistry {
     /// and an organization's database).
     pub fn retarget(&mut self, id: SessionId, target: CancelTarget) {
         if let Some(e) = self.sessions.get_mut(&id) {
-            e.target = target;
+            e.target = Some(target);
+        }
+    }
+
+    /// The session gave its backend back (transaction pooling): its key cancels nothing
+    /// until it holds one again, so a late cancel never reaches another client's statement.
+    pub fn detach(&mut self, id: SessionId) {
+        if let Some(e) = self.sessions.get_mut(&id) {
+            e.target = None;
         }
     }
 
@@ -180,6 +196,7 @@ impl CancelRegistry {
             let e = &self.sessions[id];
             crate::scram::constant_time_eq(&e.key.secret.to_be_bytes(), secret)
                 .then(|| e.target.clone())
+                .flatten()
         })
     }
 }

@@ -159,6 +159,8 @@ pub struct Shared {
     /// The process this one took its sockets from, while it drains: cancels for its
     /// sessions arrive here now ([`crate::handover::Predecessor`]).
     pub predecessor: std::sync::Mutex<Option<crate::handover::Predecessor>>,
+    /// Open cloud backends per database and role over all cores (`pool_size`).
+    pub gauges: crate::backend::gauge::Gauges,
 }
 
 impl Shared {
@@ -183,6 +185,7 @@ impl Shared {
             env_direct_password,
             published: crate::metrics::Published::default(),
             predecessor: std::sync::Mutex::new(None),
+            gauges: crate::backend::gauge::Gauges::default(),
         })
     }
 
@@ -295,6 +298,8 @@ pub struct Core {
     pub pool: RefCell<Pool>,
     /// Direct connections per organization under `direct_max`, and who waits for one.
     pub direct_slots: crate::backend::slots::Slots,
+    /// Sessions of this core waiting for a cloud backend at `pool_size`, by database and role.
+    pub cloud_slots: crate::backend::slots::Slots<(Rc<str>, Rc<str>)>,
     /// The last lease given to a direct connection ([`Core::next_lease`]).
     pub leases: Cell<u64>,
     /// Cancel keys of this core's sessions.
@@ -460,6 +465,7 @@ impl Core {
             auth: RefCell::new(auth),
             pool: RefCell::new(Pool::default()),
             direct_slots: crate::backend::slots::Slots::default(),
+            cloud_slots: crate::backend::slots::Slots::default(),
             leases: Cell::new(0),
             cancels: RefCell::new(CancelRegistry::default()),
             peers,

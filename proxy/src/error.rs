@@ -57,6 +57,13 @@ pub enum SessionError {
     UnknownDatabase(String),
     /// `max_connections` reached.
     TooManyConnections,
+    /// No cloud backend came free within `pool_timeout` at `pool_size`.
+    PoolTimeout {
+        database: String,
+        user: String,
+        size: u32,
+        waited: std::time::Duration,
+    },
     /// `max_handshakes` (or, when `per_address`, `max_handshakes_per_address`) reached.
     TooManyHandshakes { per_address: bool },
     /// `auth_timeout` passed before the client authenticated.
@@ -100,7 +107,7 @@ impl SessionError {
             | Unsupported(_)
             | StartupOrgUnlimited(_)
             | NotAdmin(_) => ErrorKind::User,
-            TooManyConnections | TooManyHandshakes { .. } => ErrorKind::Limit,
+            TooManyConnections | TooManyHandshakes { .. } | PoolTimeout { .. } => ErrorKind::Limit,
             UpstreamConnect(_) | UpstreamRejected(_) | UpstreamLost(_) | DirectLost(..)
             | AuthLookup(_) => ErrorKind::Upstream,
             Client(_) => ErrorKind::ClientDisconnect,
@@ -172,6 +179,20 @@ impl SessionError {
                 sqlstate::TOO_MANY_CONNECTIONS,
                 "sorry, too many clients already",
                 Some("The LokaDB proxy's max_connections was reached."),
+            ),
+            PoolTimeout {
+                database,
+                user,
+                size,
+                waited,
+            } => fatal(
+                out,
+                sqlstate::TOO_MANY_CONNECTIONS,
+                &format!(
+                    "no cloud backend came free for database \"{database}\" and role \"{user}\" within {} ms: all {size} of its pool are in use",
+                    waited.as_millis()
+                ),
+                Some("The LokaDB proxy's pool_size for this database was reached and pool_timeout passed. Shorten transactions, or raise pool_size (and the cloud's max_connections)."),
             ),
             TooManyHandshakes { per_address } => fatal(
                 out,
@@ -257,6 +278,7 @@ impl fmt::Display for SessionError {
             Scram(e) => write!(f, "{e}"),
             UnknownDatabase(db) => write!(f, "unknown database {db:?}"),
             TooManyConnections => f.write_str("max_connections reached"),
+            PoolTimeout { size, .. } => write!(f, "pool_timeout at pool_size {size}"),
             TooManyHandshakes { per_address: false } => f.write_str("max_handshakes reached"),
             TooManyHandshakes { per_address: true } => {
                 f.write_str("max_handshakes_per_address reached")

@@ -170,6 +170,19 @@ pub struct DatabaseConfig {
     /// An idle pooled backend is closed after this long.
     #[serde(default = "defaults::pool_idle_timeout", with = "duration")]
     pub pool_idle_timeout: Duration,
+    /// How long a client holds a cloud backend: its whole session (`"session"`), or one
+    /// transaction, autocommit statement or extended-protocol batch (`"transaction"`), after
+    /// which the backend serves the next client of the same role and startup parameters.
+    #[serde(default)]
+    pub pool_mode: PoolMode,
+    /// The most cloud backends the proxy holds for this database and one role, in use and
+    /// idle, over all cores together; clients beyond it wait for one up to `pool_timeout`.
+    /// 0: no limit.
+    #[serde(default)]
+    pub pool_size: u32,
+    /// How long a client waits for a cloud backend at `pool_size` before its error.
+    #[serde(default = "defaults::pool_timeout", with = "duration")]
+    pub pool_timeout: Duration,
     /// Time allowed to connect and log in to the cloud database (and, on the direct
     /// path, to an organization's database).
     #[serde(default = "defaults::connect_timeout", with = "duration")]
@@ -200,6 +213,17 @@ pub struct DatabaseConfig {
     /// The new-connection freshness check of the routing metadata.
     #[serde(default)]
     pub meta_cache: MetaCacheConfig,
+}
+
+/// `pool_mode`: what a client holds a cloud backend for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// Its whole session (reset with `DISCARD ALL` when it leaves).
+    #[default]
+    Session,
+    /// One transaction (or autocommit statement, or batch up to Sync) at a time.
+    Transaction,
 }
 
 /// `meta_cache`: how new connections check the routing metadata.
@@ -333,6 +357,9 @@ mod defaults {
     }
     pub fn startup_timeout() -> Duration {
         Duration::from_secs(10)
+    }
+    pub fn pool_timeout() -> Duration {
+        Duration::from_secs(30)
     }
     pub fn connect_timeout() -> Duration {
         Duration::from_secs(10)
@@ -484,6 +511,11 @@ impl Config {
             if db.direct_max == 0 {
                 return bad(format!("databases.{name}.direct_max must be at least 1"));
             }
+            if db.pool_mode == PoolMode::Transaction && !db.upstream_pool {
+                return bad(format!(
+                    "databases.{name}.pool_mode \"transaction\" needs upstream_pool: backends are shared between clients"
+                ));
+            }
         }
         Ok(())
     }
@@ -566,6 +598,10 @@ mod tests {
         assert!(db.direct.is_none() && db.direct_pool && db.statement_org && db.direct_key_lookup);
         assert_eq!(db.direct_max, 32);
         assert_eq!(db.meta_cache.verify, None);
+        assert_eq!(
+            (db.pool_mode, db.pool_size, db.pool_timeout),
+            (PoolMode::Session, 0, Duration::from_secs(30))
+        );
     }
 
     #[test]
@@ -592,6 +628,11 @@ mod tests {
             ),
             (r#""direct": {}"#, "missing field `user`"),
             (r#""direct_max": 0"#, "direct_max must be at least 1"),
+            (r#""pool_mode": "statement""#, "unknown variant `statement`"),
+            (
+                r#""pool_mode": "transaction", "upstream_pool": false"#,
+                "needs upstream_pool",
+            ),
         ] {
             let e = Config::from_json(&MIN.replace(
                 r#""auth_user": "lokadb_auth""#,

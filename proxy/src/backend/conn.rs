@@ -100,6 +100,10 @@ pub struct BackendConn {
     /// What a cloud backend holds at login (its `lokadb.org`, its transaction defaults),
     /// once asked ([`super::at_login`]).
     pub at_login: Option<super::at_login::AtLogin>,
+    /// A cloud backend's place under `pool_size`, given back when it is dropped.
+    pub place: Option<super::gauge::Held>,
+    /// What it holds of the sessions it served in transaction pooling.
+    pub holds: super::pool::Holds,
 }
 
 impl BackendConn {
@@ -135,6 +139,8 @@ impl BackendConn {
             permit: None,
             lease: 0,
             at_login: None,
+            place: None,
+            holds: super::pool::Holds::default(),
         };
         let mut out = Vec::with_capacity(256);
         let mut startup_params: Vec<(&str, &str)> = vec![("user", user), ("database", dbname)];

@@ -5,5 +5,6 @@
 pub mod at_login;
 pub mod auth_query;
 pub mod conn;
+pub mod gauge;
 pub mod pool;
 pub mod slots;

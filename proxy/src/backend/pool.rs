@@ -30,6 +30,27 @@ pub struct PoolKey {
     pub params: Vec<(String, String)>,
 }
 
+/// What a cloud backend holds of the clients it served in transaction pooling, as far as
+/// the proxy knows: what a session that takes it need not send again.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Holds {
+    /// Named prepared statements: name → keyed hash of the Parse that made it.
+    pub statements: HashMap<String, u64>,
+    /// It may hold statements not listed (a batch failed: what it parsed is not known).
+    pub unknown: bool,
+    /// The unnamed statement's hash (`Some(0)`: one that may exist, not known).
+    pub unnamed: Option<u64>,
+    /// The hash of the settings a session applied on it (0: those of its login).
+    pub settings: u64,
+}
+
+impl Holds {
+    /// As at login, or after `DISCARD ALL`.
+    pub fn is_clean(&self) -> bool {
+        *self == Holds::default()
+    }
+}
+
 struct Idle {
     conn: BackendConn,
     since: Instant,
@@ -144,5 +165,6 @@ pub async fn reset(conn: &mut BackendConn) -> Result<bool, super::conn::ConnErro
     let temp = conn
         .simple_first_value(&sqls[usize::from(!rollback)..])
         .await?;
+    conn.holds = Holds::default();
     Ok(temp != Some(Some("t".to_owned())))
 }

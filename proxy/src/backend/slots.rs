@@ -8,6 +8,7 @@ use crate::org::OrgId;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::hash::Hash;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -22,25 +23,39 @@ struct Count {
     waiters: VecDeque<(u64, Waker)>,
 }
 
-#[derive(Default)]
-struct Inner {
-    counts: HashMap<SlotKey, Count>,
+struct Inner<K> {
+    counts: HashMap<K, Count>,
     next_wait: u64,
 }
 
-/// A core's direct connections per organization, and the sessions waiting for one.
-#[derive(Default, Clone)]
-pub struct Slots(Rc<RefCell<Inner>>);
+/// A core's connections per key (direct ones per organization; cloud backends per database
+/// and role, whose cap is global: [`super::gauge`]), and the sessions waiting for one.
+pub struct Slots<K = SlotKey>(Rc<RefCell<Inner<K>>>);
 
-/// One open connection's place under the cap, given back on drop.
-pub struct Permit {
-    slots: Slots,
-    key: SlotKey,
+impl<K> Default for Slots<K> {
+    fn default() -> Self {
+        Slots(Rc::new(RefCell::new(Inner {
+            counts: HashMap::new(),
+            next_wait: 0,
+        })))
+    }
 }
 
-impl Slots {
+impl<K> Clone for Slots<K> {
+    fn clone(&self) -> Self {
+        Slots(self.0.clone())
+    }
+}
+
+/// One open connection's place under the cap, given back on drop.
+pub struct Permit<K: Clone + Eq + Hash = SlotKey> {
+    slots: Slots<K>,
+    key: K,
+}
+
+impl<K: Clone + Eq + Hash> Slots<K> {
     /// A permit for one more connection to `key`, if fewer than `max` are open.
-    pub fn try_acquire(&self, key: &SlotKey, max: usize) -> Option<Permit> {
+    pub fn try_acquire(&self, key: &K, max: usize) -> Option<Permit<K>> {
         let mut inner = self.0.borrow_mut();
         let count = inner.counts.entry(key.clone()).or_default();
         if count.open >= max {
@@ -54,7 +69,7 @@ impl Slots {
     }
 
     /// Wakes the session that waited longest for `key` (a connection came free).
-    pub fn wake_one(&self, key: &SlotKey) {
+    pub fn wake_one(&self, key: &K) {
         let waker = {
             let mut inner = self.0.borrow_mut();
             inner
@@ -69,7 +84,7 @@ impl Slots {
 
     /// Resolves once woken by [`Slots::wake_one`]: a permit was given back or a connection
     /// pooled for `key` (which another session may still take first: look again).
-    pub fn wait(&self, key: &SlotKey) -> Wait {
+    pub fn wait(&self, key: &K) -> Wait<K> {
         Wait {
             slots: self.clone(),
             key: key.clone(),
@@ -77,14 +92,23 @@ impl Slots {
         }
     }
 
+    /// How many sessions wait for `key`.
+    pub fn waiting(&self, key: &K) -> usize {
+        self.0
+            .borrow()
+            .counts
+            .get(key)
+            .map_or(0, |c| c.waiters.len())
+    }
+
     /// How many connections to `key` are open.
     #[cfg(test)]
-    pub fn open(&self, key: &SlotKey) -> usize {
+    pub fn open(&self, key: &K) -> usize {
         self.0.borrow().counts.get(key).map_or(0, |c| c.open)
     }
 }
 
-impl Drop for Permit {
+impl<K: Clone + Eq + Hash> Drop for Permit<K> {
     fn drop(&mut self) {
         {
             let mut inner = self.slots.0.borrow_mut();
@@ -102,13 +126,16 @@ impl Drop for Permit {
 
 /// See [`Slots::wait`]. Dropped before it was woken (a timeout), it leaves the queue, so
 /// a wake-up never goes to a session that stopped waiting.
-pub struct Wait {
-    slots: Slots,
-    key: SlotKey,
+pub struct Wait<K: Clone + Eq + Hash = SlotKey> {
+    slots: Slots<K>,
+    key: K,
     id: Option<u64>,
 }
 
-impl Future for Wait {
+// Nothing in it is pinned: it is moved freely, whatever the key.
+impl<K: Clone + Eq + Hash> Unpin for Wait<K> {}
+
+impl<K: Clone + Eq + Hash> Future for Wait<K> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -145,7 +172,7 @@ impl Future for Wait {
     }
 }
 
-impl Drop for Wait {
+impl<K: Clone + Eq + Hash> Drop for Wait<K> {
     fn drop(&mut self) {
         let Some(id) = self.id else {
             return;

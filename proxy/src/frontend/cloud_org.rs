@@ -428,6 +428,7 @@ mod tests {
                 meta: Some(&self.meta),
                 router: &mut self.router,
                 record: None,
+                tx: None,
             };
             let mut out = Vec::new();
             for f in frames(bytes) {

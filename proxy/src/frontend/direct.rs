@@ -218,7 +218,7 @@ impl Direct {
     }
 }
 
-fn cancel_target(b: &BackendConn) -> CancelTarget {
+pub(super) fn cancel_target(b: &BackendConn) -> CancelTarget {
     CancelTarget {
         addr: b.addr,
         pid: b.pid,

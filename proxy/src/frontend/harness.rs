@@ -461,6 +461,7 @@ impl Harness {
                 meta: Some(&self.meta),
                 router: &mut self.router,
                 record: None,
+                tx: None,
             };
             let body = inspect.wants_body(h.tag).then_some(&frame[..]);
             match inspect.on_frame(h, body) {

@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod check;
 pub mod cloud_org;
+pub mod cloud_pool;
 pub mod console;
 pub mod direct;
 #[cfg(test)]
@@ -20,3 +21,4 @@ pub mod startup;
 pub mod statement;
 pub mod switch;
 pub mod tally;
+pub mod tx_pool;

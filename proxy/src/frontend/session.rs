@@ -2,14 +2,16 @@
 //! backend (warm from the pool or new), forward, and give the backend back.
 
 use super::auth::{authenticate, Authenticated};
+use super::cloud_pool::CloudSource;
 use super::console::{ClientInfo, Live};
 use super::direct::{Ctx, Direct, SessionLink};
 use super::pump::{Pipe, PipeError};
 use super::router::{Exchanges, Privileges, Router, Side};
 use super::startup::{negotiate, Negotiated};
 use super::statement::{ClientFrames, Exchange, Reported, ServerFrames};
+use super::tx_pool::TxSession;
 use crate::backend::at_login::{at_login, TxDefaults};
-use crate::backend::conn::{BackendConn, ConnError};
+use crate::backend::conn::BackendConn;
 use crate::backend::pool::{self, PoolKey};
 use crate::cancel::{CancelTarget, SessionId};
 use crate::core::{Core, Database};
@@ -19,7 +21,8 @@ use crate::net::stream::ClientStream;
 use crate::org::OrgId;
 use crate::rt::net::TcpStream;
 use crate::time::with_timeout;
-use futures_lite::AsyncWriteExt;
+use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use lokadb_shared::config::PoolMode;
 use lokadb_shared::wire::backend;
 use lokadb_shared::wire::startup::StartupMessage;
 use lokadb_shared::wire::tags::*;
@@ -183,17 +186,16 @@ async fn attach(
         target: None,
         params,
     };
-    let pooled = if db.config.upstream_pool {
-        core.pool
-            .borrow_mut()
-            .take(&key, db.config.pool_idle_timeout, Instant::now())
-    } else {
-        None
-    };
-    let mut backend = match pooled {
-        Some(b) => b,
-        None => connect_backend(db, &key, &credentials).await?,
-    };
+    let mut backend = CloudSource::new(core, db, &key, credentials.clone())
+        .acquire(db.config.upstream_pool)
+        .await?;
+    // A backend given back between transactions may hold another session's settings
+    // (`lokadb.org` among them, which is read below): back to those of its login.
+    if backend.holds.settings != 0 {
+        pool::reset(&mut backend).await.map_err(|e| {
+            SessionError::UpstreamConnect(format!("resetting a pooled backend: {e}"))
+        })?;
+    }
 
     // What its backend holds at login (the startup options', the role's or the database's
     // defaults), asked once per backend: the organization the session starts limited to,
@@ -239,6 +241,7 @@ async fn attach(
     let attached = Attached {
         _admitted: admitted,
         backend,
+        creds: credentials,
         session,
         db: db.clone(),
         privileges,
@@ -264,38 +267,13 @@ async fn attach(
     Ok((key, attached))
 }
 
-async fn connect_backend(
-    db: &Database,
-    key: &PoolKey,
-    creds: &crate::scram::Credentials,
-) -> Result<BackendConn, SessionError> {
-    let connect = BackendConn::connect(
-        db.addr,
-        &key.user,
-        &db.dbname,
-        &key.params,
-        creds,
-        db.tls.as_deref(),
-    );
-    match with_timeout(db.config.connect_timeout, connect).await {
-        None => Err(SessionError::UpstreamConnect(format!(
-            "no answer within connect_timeout from {}",
-            db.addr
-        ))),
-        Some(Ok(b)) => Ok(b),
-        Some(Err(ConnError::Rejected { frame, notice })) => {
-            tracing::info!(code = %notice.code, message = %notice.message, "the cloud refused the login");
-            Err(SessionError::UpstreamRejected(frame))
-        }
-        Some(Err(e)) => Err(SessionError::UpstreamConnect(format!("{}: {e}", db.addr))),
-    }
-}
-
 /// A backend attached to a session, with the session's handle in the cancel registry.
 struct Attached {
     /// Its slot of `max_connections`, for the session's life.
     _admitted: Admitted,
     backend: BackendConn,
+    /// The client's credentials, for the backends it logs in later (transaction pooling).
+    creds: crate::scram::Credentials,
     session: SessionId,
     db: Rc<Database>,
     privileges: Privileges,
@@ -321,6 +299,8 @@ enum End {
     DirectLost(OrgId, std::io::Error),
     /// The proxy is shutting down and the session is idle.
     Shutdown,
+    /// No cloud backend for the session's next transaction (`pool_timeout`, a failed login).
+    NoBackend(SessionError),
 }
 
 impl End {
@@ -333,6 +313,7 @@ impl End {
             End::ServerLost(_) => "cloud connection lost",
             End::DirectLost(..) => "organization's database lost",
             End::Shutdown => "shutdown",
+            End::NoBackend(_) => "no cloud backend",
         }
     }
 }
@@ -347,6 +328,7 @@ async fn forward(
     let Attached {
         _admitted,
         mut backend,
+        creds,
         session,
         db,
         privileges,
@@ -402,6 +384,15 @@ async fn forward(
         },
         direct: Exchange::default(),
     };
+    // Transaction pooling: the backend goes back at each idle point; the next message waits
+    // for one ([`super::tx_pool`]).
+    let source = CloudSource::new(core, &db, &key, creds);
+    let mut tx = (db.config.pool_mode == PoolMode::Transaction).then(TxSession::default);
+    if let Some(t) = tx.as_mut() {
+        t.acquired(std::mem::take(&mut backend.holds), &mut exchanges.cloud);
+    }
+    let mut acquiring: Option<Acquiring<'_>> = None;
+    let mut detached_io = Detached;
     let mut router = Router::new(db.config.direct.is_some(), privileges);
     router.cloud_org.tell = db.config.statement_org;
     router.key_lookup = db.config.direct_key_lookup;
@@ -441,6 +432,7 @@ async fn forward(
     let mut up = Pipe::new(max);
     let mut down = Pipe::new(SERVER_MESSAGE_MAX);
     down.preload(&std::mem::take(&mut backend.rbuf));
+    let mut cloud = Some(backend);
     // Timed and counted where it is read (`GET /metrics`, the console), as `live` is kept.
     router.tally = live.is_some().then(|| {
         let stats = core
@@ -457,7 +449,7 @@ async fn forward(
     // A task's waker does not change, so it is registered for the cut once; each step
     // then only reads a Cell.
     let mut cut_registered = false;
-    let end = futures_lite::future::poll_fn(|cx| {
+    let mut end = futures_lite::future::poll_fn(|cx| {
         if !cut_registered {
             core.idle_cut.poll_fired(cut_slot, cx);
             cut_registered = true;
@@ -498,9 +490,11 @@ async fn forward(
                 && !router.holds_begin()
                 && !router.holds_message();
             // What the proxy queued of its own goes before anything else of the client's.
-            match flush_own(cx, &mut backend.stream, &mut exchanges.cloud) {
-                Ok(wrote) => progress |= wrote,
-                Err(e) => return Poll::Ready(lost(Side::Cloud, &router, e)),
+            if let Some(b) = cloud.as_mut() {
+                match flush_own(cx, &mut b.stream, &mut exchanges.cloud) {
+                    Ok(wrote) => progress |= wrote,
+                    Err(e) => return Poll::Ready(lost(Side::Cloud, &router, e)),
+                }
             }
             if let Some(d) = direct.conn.as_mut() {
                 match flush_own(cx, &mut d.conn.stream, &mut exchanges.direct) {
@@ -514,10 +508,13 @@ async fn forward(
                 // Waits for its own requests to be written (the flush above is woken).
             } else {
                 let target = router.target;
-                let to = match (target, direct.conn.as_mut()) {
-                    (Side::Direct, Some(d)) => &mut d.conn.stream,
-                    _ => &mut backend.stream,
-                };
+                let to: &mut (dyn AsyncWrite + Unpin) =
+                    match (target, direct.conn.as_mut(), cloud.as_mut()) {
+                        (Side::Direct, Some(d), _) => &mut d.conn.stream,
+                        (_, _, Some(b)) => &mut b.stream,
+                        // Without a backend every message is held ([`TxSession::detached`]).
+                        _ => &mut detached_io,
+                    };
                 router.follow_path(&reported);
                 let mut inspect = ClientFrames {
                     exchanges: &mut exchanges,
@@ -525,6 +522,7 @@ async fn forward(
                     meta: meta.as_deref(),
                     router: &mut router,
                     record,
+                    tx: tx.as_mut(),
                 };
                 match up.poll_step(cx, Pin::new(&mut client), Pin::new(to), &mut inspect) {
                     Poll::Ready(Ok(_)) => progress = true,
@@ -555,9 +553,37 @@ async fn forward(
                 progress = true;
             }
 
+            // Transaction pooling: a message waits for a backend.
+            if let Some(t) = tx.as_mut().filter(|t| t.wants_backend && cloud.is_none()) {
+                let fut = acquiring.get_or_insert_with(|| Box::pin(source.acquire(true)));
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(Ok(mut b)) => {
+                        acquiring = None;
+                        t.acquired(std::mem::take(&mut b.holds), &mut exchanges.cloud);
+                        t.detached = false;
+                        t.wants_backend = false;
+                        // What the proxy knew the last backend held of `statement_org`.
+                        router.cloud_org.forget();
+                        core.cancels
+                            .borrow_mut()
+                            .retarget(session, super::direct::cancel_target(&b));
+                        if live.is_some() {
+                            if let Some(c) = core.clients.borrow_mut().get_mut(&session.get()) {
+                                c.backend_pid = b.pid;
+                            }
+                        }
+                        cloud = Some(b);
+                        up.release();
+                        progress = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(End::NoBackend(e)),
+                    Poll::Pending => {}
+                }
+            }
+
             // A message waits for another destination: switch once everything sent
             // before it is answered.
-            if up.held {
+            if let (true, Some(backend)) = (up.held, cloud.as_ref()) {
                 let ready = up.is_flushed()
                     && exchanges.get(router.target).is_settled()
                     && down.at_frame_boundary()
@@ -573,7 +599,7 @@ async fn forward(
                         cx,
                         ctx: &ctx,
                         direct: &mut direct,
-                        cloud: &backend,
+                        cloud: backend,
                         reported: &reported,
                     };
                     let queued_before =
@@ -598,10 +624,12 @@ async fn forward(
                     _ => Side::Cloud,
                 };
             }
-            let from = match (reading, direct.conn.as_mut()) {
-                (Side::Direct, Some(d)) => &mut d.conn.stream,
-                _ => &mut backend.stream,
-            };
+            let from: &mut (dyn AsyncRead + Unpin) =
+                match (reading, direct.conn.as_mut(), cloud.as_mut()) {
+                    (Side::Direct, Some(d), _) => &mut d.conn.stream,
+                    (_, _, Some(b)) => &mut b.stream,
+                    _ => &mut detached_io,
+                };
             let mut inspect = ServerFrames {
                 exchange: exchanges.get_mut(reading),
                 side: reading,
@@ -631,25 +659,72 @@ async fn forward(
             // back to the core's pool, once it has answered everything (the server → client
             // pipe reads the cloud again: checked after its step, which switches it) and
             // nothing of the client's is on its way to it.
-            if db.config.direct_pool
-                && direct.conn.is_some()
-                && router.gate.is_closed()
-                && exchanges.direct.is_idle()
-                && reading == Side::Cloud
-                && !up.held
-                && !router.holds_begin()
-                && !router.holds_message()
-                && up.at_frame_boundary()
-                && !up.has_unwritten()
-            {
-                let ctx = Ctx {
-                    core,
-                    db: &db,
-                    key: &key,
-                    session,
-                };
-                direct.release(&ctx, &mut router, &backend);
-                progress = true;
+            if let (true, Some(backend)) = (db.config.direct_pool, cloud.as_ref()) {
+                if direct.conn.is_some()
+                    && router.gate.is_closed()
+                    && exchanges.direct.is_idle()
+                    && reading == Side::Cloud
+                    && !up.held
+                    && !router.holds_begin()
+                    && !router.holds_message()
+                    && up.at_frame_boundary()
+                    && !up.has_unwritten()
+                {
+                    let ctx = Ctx {
+                        core,
+                        db: &db,
+                        key: &key,
+                        session,
+                    };
+                    direct.release(&ctx, &mut router, backend);
+                    progress = true;
+                }
+            }
+
+            // Transaction pooling: at an idle point the backend goes back to the pool (once
+            // the settings a transaction may have changed are read back).
+            if let (Some(t), true) = (tx.as_mut(), cloud.is_some()) {
+                let idle_point = t.pinned.is_none()
+                    && exchanges.cloud.is_idle()
+                    && exchanges.cloud.outbox.is_empty()
+                    && exchanges.cloud.silenced.is_empty()
+                    && exchanges.direct.is_idle()
+                    && direct.conn.is_none()
+                    && reading == Side::Cloud
+                    && router.target == Side::Cloud
+                    && router.gate.is_closed()
+                    && router.want.is_none()
+                    && router.lookup == super::router::Lookup::None
+                    && !router.holds_begin()
+                    && !router.holds_message()
+                    && !up.held
+                    && up.at_frame_boundary()
+                    && !up.has_unwritten()
+                    && down.at_frame_boundary()
+                    && !down.has_unwritten();
+                if idle_point {
+                    match t.read_back(&mut exchanges.cloud) {
+                        super::tx_pool::ReadBack::Queued => progress = true,
+                        super::tx_pool::ReadBack::Done if t.pinned.is_none() => {
+                            if let Some(mut b) = cloud.take() {
+                                b.holds = t.released(&exchanges.cloud);
+                                b.status = TX_IDLE;
+                                core.cancels.borrow_mut().detach(session);
+                                if live.is_some() {
+                                    if let Some(c) =
+                                        core.clients.borrow_mut().get_mut(&session.get())
+                                    {
+                                        c.backend_pid = 0;
+                                    }
+                                }
+                                t.detached = true;
+                                source.give_back(b);
+                                progress = true;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
             }
 
             if !progress {
@@ -690,7 +765,7 @@ async fn forward(
 
     // What the client is told, if it can still be told something without cutting a
     // message in half.
-    let notice = match &end {
+    let notice = match &mut end {
         End::ClientProtocol(e) => Some(SessionError::Protocol(e.clone())),
         // The client has the backend's own reason (a FATAL error: terminated by an
         // administrator, shut down), as it would straight at Postgres.
@@ -707,6 +782,7 @@ async fn forward(
             std::io::Error::new(e.kind(), e.to_string()),
         )),
         End::Shutdown => Some(SessionError::Shutdown),
+        End::NoBackend(e) => Some(std::mem::replace(e, SessionError::Shutdown)),
         End::ClientFailed(e) => {
             tracing::debug!(error = %e, "client connection failed");
             None
@@ -738,14 +814,26 @@ async fn forward(
         && down.at_frame_boundary()
         && !down.has_unwritten();
     direct.finish(core, &db, clean && exchanges.direct.is_idle());
+    // Between transactions (transaction pooling) the session holds none.
+    let Some(mut backend) = cloud else {
+        return;
+    };
     let reusable = clean && exchanges.cloud.is_settled();
     if !db.config.upstream_pool || !reusable || core.shutdown.is_fired() {
         tracing::debug!(backend_pid = backend.pid, reusable, "closing backend");
         return backend.terminate().await;
     }
     backend.status = exchanges.cloud.status;
+    // Transaction pooling: a backend idle, unpinned, with its settings known, goes back as
+    // at any idle point; any other is reset.
+    if let Some(t) = tx.as_mut().filter(|t| t.gives_back_as_is()) {
+        if exchanges.cloud.is_idle() && exchanges.cloud.silenced.is_empty() {
+            backend.holds = t.released(&exchanges.cloud);
+            return source.give_back(backend);
+        }
+    }
     match pool::reset(&mut backend).await {
-        Ok(true) => core.pool.borrow_mut().put(key, backend, Instant::now()),
+        Ok(true) => source.give_back(backend),
         Ok(false) => {
             tracing::debug!(
                 backend_pid = backend.pid,
@@ -970,5 +1058,49 @@ impl Drop for Handshake<'_> {
                 }
             }
         }
+    }
+}
+
+/// A cloud backend being acquired (transaction pooling).
+type Acquiring<'a> =
+    Pin<Box<dyn std::future::Future<Output = Result<BackendConn, SessionError>> + 'a>>;
+
+/// The cloud side of a session that holds no backend: nothing to read; nothing is written
+/// to it (every message is held until a backend is acquired).
+struct Detached;
+
+impl AsyncRead for Detached {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Pending
+    }
+}
+
+impl AsyncWrite for Detached {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(Err(std::io::Error::other(
+            "no cloud backend held: nothing may be written",
+        )))
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_close(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }

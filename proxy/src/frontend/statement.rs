@@ -254,6 +254,17 @@ impl Exchange {
         request
     }
 
+    /// Queues extended-protocol messages of the proxy's own ending with one Sync (one
+    /// request), its answers to be dropped, like [`Exchange::send_own`].
+    pub fn send_own_messages(&mut self, frames: &[u8]) -> u64 {
+        debug_assert_eq!(tags(frames).last(), Some(FE_SYNC));
+        let request = self.answered + u64::from(self.pending);
+        self.outbox.extend_from_slice(frames);
+        self.silence_next();
+        self.pending += 1;
+        request
+    }
+
     /// Whether the answers coming now belong to a request the proxy added.
     fn silent_now(&self) -> bool {
         self.silenced.front() == Some(&self.answered)
@@ -379,11 +390,23 @@ pub struct ClientFrames<'a> {
     pub router: &'a mut Router,
     /// The core's traffic recording and this session's id in it.
     pub record: Option<(&'a Recorder, u32)>,
+    /// Transaction pooling: what the session keeps across backends ([`super::tx_pool`]).
+    pub tx: Option<&'a mut super::tx_pool::TxSession>,
 }
 
 impl Inspect for ClientFrames<'_> {
     #[inline]
     fn wants_body(&self, tag: u8) -> bool {
+        if let Some(tx) = self.tx.as_deref() {
+            // Without a backend, a message is held whole or not at all (shown again once one
+            // is acquired); with one, what the session keeps is read from these.
+            if tx.detached {
+                return tag == FE_TERMINATE;
+            }
+            if matches!(tag, FE_QUERY | FE_PARSE | FE_CLOSE) {
+                return true;
+            }
+        }
         match tag {
             FE_TERMINATE => true,
             _ if self.routing_wants_body(tag) => true,
@@ -412,7 +435,26 @@ impl Inspect for ClientFrames<'_> {
 
     #[inline]
     fn on_frame(&mut self, header: Header, frame: Option<&[u8]>) -> Action {
-        let action = self.route_frame(header, frame);
+        let from = super::tx_pool::Position::next(&self.exchanges.cloud);
+        if let Some(tx) = self.tx.as_deref_mut() {
+            if tx.detached && header.tag != FE_TERMINATE {
+                tx.wants_backend = true;
+                return Action::Hold;
+            }
+        }
+        let mut action = self.route_frame(header, frame);
+        if let (Some(tx), Some(frame)) = (self.tx.as_deref_mut(), frame) {
+            let sent = match &action {
+                Action::Forward => Some(frame),
+                Action::Replace(bytes) => Some(bytes.as_slice()),
+                Action::Stop | Action::Hold => None,
+            };
+            if let Some(sent) = sent.filter(|_| self.router.target == Side::Cloud) {
+                if let Some(out) = tx.sent(&mut self.exchanges.cloud, frame, sent, from) {
+                    action = Action::Replace(out);
+                }
+            }
+        }
         self.tally(header.tag, frame, &action);
         action
     }
@@ -1147,6 +1189,7 @@ mod tests {
             meta: None,
             router: &mut router,
             record: None,
+            tx: None,
         };
         for tag in [FE_PARSE, FE_BIND, FE_EXECUTE] {
             c.on_frame(hdr(tag), None);
@@ -1471,6 +1514,7 @@ mod tests {
             meta: None,
             router: &mut router,
             record: None,
+            tx: None,
         };
         c.on_frame(hdr(FE_QUERY), None);
         c.on_frame(hdr(FE_COPY_DATA), None);
@@ -1565,6 +1609,7 @@ mod tests {
             meta: None,
             router: &mut router,
             record: None,
+            tx: None,
         };
         assert!(c.wants_body(FE_TERMINATE));
         assert_eq!(

@@ -39,6 +39,8 @@ mod several_relays;
 mod chaos;
 // upstream_pool: reuse and the reset between clients.
 mod proxy_pool;
+// pool_mode "transaction": statements and settings across backends, pinning, pool_size.
+mod proxy_tx_pool;
 // Limits and bad input.
 mod proxy_limits;
 // psql, pgbench and psycopg 3 through the proxy.

@@ -1,0 +1,151 @@
+//! Where a session gets its cloud backends: the core's pool, a new login under
+//! `pool_size`, or a wait in line up to `pool_timeout`; and where it gives them back.
+//!
+//! In session pooling a session takes one at its start; in transaction pooling, one per
+//! transaction ([`super::tx_pool`]). Either way a backend holds a place under the
+//! database's and role's `pool_size` over all cores ([`crate::backend::gauge`]) for as long
+//! as it is open, in use or idle.
+
+use crate::backend::conn::{BackendConn, ConnError};
+use crate::backend::gauge::Gauge;
+use crate::backend::pool::PoolKey;
+use crate::core::{Core, Database};
+use crate::error::SessionError;
+use crate::scram::Credentials;
+use crate::time::with_timeout;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a session waiting at the cap looks again when nothing on its core woke it (a
+/// backend closed on another core frees a place there).
+const LOOK_AGAIN: Duration = Duration::from_millis(20);
+
+/// A session's way to cloud backends.
+pub struct CloudSource<'a> {
+    core: &'a Core,
+    db: &'a Database,
+    key: &'a PoolKey,
+    creds: Credentials,
+    gauge: Arc<Gauge>,
+    slot: (Rc<str>, Rc<str>),
+}
+
+impl<'a> CloudSource<'a> {
+    pub fn new(
+        core: &'a Core,
+        db: &'a Database,
+        key: &'a PoolKey,
+        creds: Credentials,
+    ) -> CloudSource<'a> {
+        CloudSource {
+            core,
+            db,
+            key,
+            creds,
+            gauge: core.shared.gauges.of(&db.name, &key.user),
+            slot: (db.name.clone(), Rc::from(key.user.as_str())),
+        }
+    }
+
+    /// A logged-in backend: a pooled one (when `pooled`), else a new login while fewer
+    /// than `pool_size` are open, else the first to come free, in the order sessions asked,
+    /// within `pool_timeout`.
+    pub async fn acquire(&self, pooled: bool) -> Result<BackendConn, SessionError> {
+        let config = &self.db.config;
+        let started = Instant::now();
+        // Counted over all cores while it waits; its place in this core's line.
+        let mut waiting = None;
+        let mut line = None;
+        let mut woken = false;
+        loop {
+            // The first in line when woken; one that arrives while others wait queues
+            // behind them.
+            let turn = woken || (line.is_none() && self.core.cloud_slots.waiting(&self.slot) == 0);
+            if turn && pooled {
+                let taken = self.core.pool.borrow_mut().take(
+                    self.key,
+                    config.pool_idle_timeout,
+                    Instant::now(),
+                );
+                if let Some(b) = taken {
+                    return Ok(b);
+                }
+            }
+            // A place under the cap: in turn, or freed on another core (which wakes no
+            // one here) while in line.
+            if turn || line.is_some() {
+                if let Some(place) = self.gauge.try_open(config.pool_size) {
+                    drop((waiting, line));
+                    let mut b = self.connect().await?;
+                    b.place = Some(place);
+                    return Ok(b);
+                }
+            }
+            let left = config.pool_timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(SessionError::PoolTimeout {
+                    database: self.db.name.to_string(),
+                    user: self.key.user.clone(),
+                    size: config.pool_size,
+                    waited: started.elapsed(),
+                });
+            }
+            waiting.get_or_insert_with(|| self.gauge.wait());
+            let wait = line.get_or_insert_with(|| self.core.cloud_slots.wait(&self.slot));
+            woken = with_timeout(left.min(LOOK_AGAIN), wait).await.is_some();
+            if woken {
+                // Out of the line: its turn.
+                line = None;
+            }
+        }
+    }
+
+    /// Gives a backend, idle and holding nothing of a pinned session's, back to the core's
+    /// pool for the next session, or closes it when sessions of another core wait at the cap
+    /// and none of this one's does (its place is theirs).
+    pub fn give_back(&self, b: BackendConn) {
+        let here = self.core.cloud_slots.waiting(&self.slot);
+        if here == 0 && self.gauge.waiting() > 0 {
+            crate::rt::spawn(b.terminate()).detach();
+            return;
+        }
+        self.core
+            .pool
+            .borrow_mut()
+            .put(self.key.clone(), b, Instant::now());
+        self.core.cloud_slots.wake_one(&self.slot);
+    }
+
+    async fn connect(&self) -> Result<BackendConn, SessionError> {
+        connect_backend(self.db, self.key, &self.creds).await
+    }
+}
+
+/// Logs in a new cloud backend for `key`, within `connect_timeout`.
+pub async fn connect_backend(
+    db: &Database,
+    key: &PoolKey,
+    creds: &Credentials,
+) -> Result<BackendConn, SessionError> {
+    let connect = BackendConn::connect(
+        db.addr,
+        &key.user,
+        &db.dbname,
+        &key.params,
+        creds,
+        db.tls.as_deref(),
+    );
+    match with_timeout(db.config.connect_timeout, connect).await {
+        None => Err(SessionError::UpstreamConnect(format!(
+            "no answer within connect_timeout from {}",
+            db.addr
+        ))),
+        Some(Ok(b)) => Ok(b),
+        Some(Err(ConnError::Rejected { frame, notice })) => {
+            tracing::info!(code = %notice.code, message = %notice.message, "the cloud refused the login");
+            Err(SessionError::UpstreamRejected(frame))
+        }
+        Some(Err(e)) => Err(SessionError::UpstreamConnect(format!("{}: {e}", db.addr))),
+    }
+}

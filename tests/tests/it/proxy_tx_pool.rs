@@ -1,0 +1,295 @@
+//! `pool_mode: "transaction"`: a client holds a cloud backend for one transaction at a
+//! time, and what its session believes it keeps (prepared statements, settings) follows it
+//! from backend to backend; what cannot follow (LISTEN) pins it; `pool_size` caps the
+//! backends, clients beyond it wait in order up to `pool_timeout`, then get a clear error.
+
+use crate::world::{config, create_auth_role, sqlstate, World, APP_PASSWORD, APP_USER};
+use lokadb_tests::pg::Cluster;
+use lokadb_tests::proxy::Proxy;
+use lokadb_tests::raw::{be32, field, Raw};
+use serde_json::json;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// A cloud and a proxy whose `app` database pools by transaction, on one core (one pool).
+fn tx_world(pool_size: u32, pool_timeout: &str) -> World {
+    let cloud = Cluster::builder()
+        .setting("max_connections", "300")
+        .start()
+        .unwrap();
+    cloud.create_role(APP_USER, APP_PASSWORD).unwrap();
+    cloud.create_database("app", APP_USER).unwrap();
+    create_auth_role(&cloud).unwrap();
+    let mut conf = config(&cloud, json!({}));
+    let app = &mut conf["databases"]["app"];
+    app["pool_mode"] = json!("transaction");
+    app["pool_size"] = json!(pool_size);
+    app["pool_timeout"] = json!(pool_timeout);
+    let proxy = Proxy::builder(conf)
+        .env("LOKADB_CORES", "1")
+        .start()
+        .unwrap();
+    World { cloud, proxy }
+}
+
+async fn pid(c: &tokio_postgres::Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn text(c: &tokio_postgres::Client, sql: &str) -> Option<String> {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn statements_and_settings_follow_a_client_across_backends() {
+    let w = tx_world(4, "10s");
+    let c = w.client().await.unwrap();
+    let other = w.client().await.unwrap();
+    let double = c
+        .prepare("SELECT $1::int * 2, pg_backend_pid()")
+        .await
+        .unwrap();
+    let setting = c
+        .prepare(
+            "SELECT current_setting('work_mem') || ' ' || current_setting('myapp.tenant', true)",
+        )
+        .await
+        .unwrap();
+    c.batch_execute("SET work_mem = '3MB'; SET myapp.tenant = 'acme'")
+        .await
+        .unwrap();
+    let mut pids = HashSet::new();
+    for i in 0..50i32 {
+        // Every other turn another client takes the backend given back last (the pool's
+        // most recent), so this one gets another.
+        let holds = i % 2 == 0;
+        if holds {
+            other.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        }
+        let tx = c.query_one(&double, &[&i]).await.unwrap();
+        assert_eq!(tx.get::<_, i32>(0), 2 * i);
+        pids.insert(tx.get::<_, i32>(1));
+        let s: String = c.query_one(&setting, &[]).await.unwrap().get(0);
+        assert_eq!(s, "3MB acme", "transaction {i}");
+        if holds {
+            // The other client sees nothing of them.
+            let seen = text(
+                &other,
+                "SELECT current_setting('work_mem') || ' ' || coalesce(current_setting('myapp.tenant', true), '')",
+            )
+            .await;
+            assert_eq!(seen.as_deref(), Some("4MB "), "transaction {i}");
+            other.batch_execute("COMMIT").await.unwrap();
+        }
+    }
+    assert!(pids.len() > 1, "one backend only: {pids:?}");
+
+    // DISCARD ALL from the client: its statements and settings are gone, as on Postgres.
+    c.batch_execute("DISCARD ALL").await.unwrap();
+    let e = c.query_one(&double, &[&1i32]).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "26000", "{e}");
+    other.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    assert_eq!(text(&c, "SHOW work_mem").await.as_deref(), Some("4MB"));
+    other.batch_execute("COMMIT").await.unwrap();
+    // A rolled-back SET is not kept.
+    c.batch_execute("BEGIN; SET work_mem = '5MB'; ROLLBACK")
+        .await
+        .unwrap();
+    other.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    assert_eq!(text(&c, "SHOW work_mem").await.as_deref(), Some("4MB"));
+    other.batch_execute("COMMIT").await.unwrap();
+}
+
+/// Sends Parse (when `parse`) + Bind + Execute + Sync of statement `name`; its one value,
+/// or the SQLSTATE of its error.
+async fn run(raw: &mut Raw, name: &str, sql: &str, parse: bool) -> Result<String, String> {
+    let mut out = bytes::BytesMut::new();
+    use postgres_protocol::message::frontend;
+    if parse {
+        frontend::parse(name, sql, [], &mut out).unwrap();
+    }
+    let none: [Option<&[u8]>; 0] = [];
+    frontend::bind(
+        "",
+        name,
+        [],
+        none,
+        |_: Option<&[u8]>, _| Ok(postgres_protocol::IsNull::Yes),
+        [],
+        &mut out,
+    )
+    .map_err(|_| "bind")
+    .unwrap();
+    frontend::execute("", 0, &mut out).unwrap();
+    frontend::sync(&mut out);
+    raw.send(&out).await;
+    let mut result = Err("no row".to_owned());
+    loop {
+        let (tag, body) = raw.message().await;
+        match tag {
+            b'D' => result = Ok(lokadb_tests::raw::first_column(&body)),
+            b'E' => result = Err(field(&body, b'C').unwrap_or_default()),
+            b'Z' => return result,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn two_clients_statements_of_one_name_never_mix() {
+    // One backend for both: each client's "s1" must be its own on it.
+    let w = tx_world(1, "10s");
+    let port = w.proxy.port();
+    let mut a = Raw::login(port, APP_USER, APP_PASSWORD, &[]).await;
+    let mut b = Raw::login(port, APP_USER, APP_PASSWORD, &[]).await;
+    assert_eq!(run(&mut a, "s1", "SELECT 'a'", true).await.unwrap(), "a");
+    assert_eq!(run(&mut b, "s1", "SELECT 'b'", true).await.unwrap(), "b");
+    for _ in 0..5 {
+        assert_eq!(run(&mut a, "s1", "", false).await.unwrap(), "a");
+        assert_eq!(run(&mut b, "s1", "", false).await.unwrap(), "b");
+    }
+    // The unnamed statement, parsed in one batch and bound in the next, is the client's.
+    let mut out = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::parse("", "SELECT 'unnamed a'", [], &mut out).unwrap();
+    postgres_protocol::message::frontend::sync(&mut out);
+    a.send(&out).await;
+    while a.message().await.0 != b'Z' {}
+    assert_eq!(
+        run(&mut b, "", "SELECT 'unnamed b'", true).await.unwrap(),
+        "unnamed b"
+    );
+    assert_eq!(run(&mut a, "", "", false).await.unwrap(), "unnamed a");
+    // Parsing a name the client holds is the client's error, as on Postgres.
+    assert_eq!(
+        run(&mut a, "s1", "SELECT 'again'", true).await.unwrap_err(),
+        "42P05"
+    );
+    assert_eq!(run(&mut a, "s1", "", false).await.unwrap(), "a");
+    // Closed: gone for it, not for the other.
+    let mut out = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::close(b'S', "s1", &mut out).unwrap();
+    postgres_protocol::message::frontend::sync(&mut out);
+    a.send(&out).await;
+    while a.message().await.0 != b'Z' {}
+    assert_eq!(run(&mut a, "s1", "", false).await.unwrap_err(), "26000");
+    assert_eq!(run(&mut b, "s1", "", false).await.unwrap(), "b");
+}
+
+/// A simple Query: the first column of its rows, and the process IDs of the notifications
+/// that came with its answer.
+async fn simple(raw: &mut Raw, sql: &str) -> (Vec<String>, Vec<u32>) {
+    let mut out = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::query(sql, &mut out).unwrap();
+    raw.send(&out).await;
+    let (mut rows, mut notified) = (Vec::new(), Vec::new());
+    loop {
+        let (tag, body) = raw.message().await;
+        match tag {
+            b'D' => rows.push(lokadb_tests::raw::first_column(&body)),
+            b'A' => notified.push(be32(&body[..4])),
+            b'E' => panic!("{sql}: {}", String::from_utf8_lossy(&body)),
+            b'Z' => return (rows, notified),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn listen_pins_the_client_and_its_notifications_arrive() {
+    let w = tx_world(4, "10s");
+    let port = w.proxy.port();
+    let mut listener = Raw::login(port, APP_USER, APP_PASSWORD, &[]).await;
+    let other = w.client().await.unwrap();
+    let (rows, _) = simple(&mut listener, "LISTEN jobs; SELECT pg_backend_pid()").await;
+    let pinned = rows[0].clone();
+    for _ in 0..5 {
+        other.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        let (rows, _) = simple(&mut listener, "SELECT pg_backend_pid()").await;
+        assert_eq!(rows[0], pinned, "LISTEN keeps the client on its backend");
+        other.batch_execute("COMMIT").await.unwrap();
+    }
+    other.batch_execute("NOTIFY jobs, 'x'").await.unwrap();
+    let (_, notified) = simple(&mut listener, "SELECT 1").await;
+    assert_eq!(notified.len(), 1, "the notification arrives");
+}
+
+#[tokio::test]
+async fn a_client_killed_mid_transaction_leaves_a_clean_backend() {
+    let w = tx_world(1, "10s");
+    let setup = w.client().await.unwrap();
+    setup
+        .batch_execute("CREATE TABLE kept (x int)")
+        .await
+        .unwrap();
+    let killed = w.client().await.unwrap();
+    let pid_before = pid(&killed).await;
+    killed
+        .batch_execute("BEGIN; INSERT INTO kept VALUES (1); SET LOCAL work_mem = '9MB'")
+        .await
+        .unwrap();
+    drop(killed);
+    // The one backend comes back, rolled back, to the next client.
+    let next = w.client().await.unwrap();
+    assert_eq!(pid(&next).await, pid_before);
+    let rows: i64 = next
+        .query_one("SELECT count(*) FROM kept", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+    assert_eq!(text(&next, "SHOW work_mem").await.as_deref(), Some("4MB"));
+    drop(setup);
+}
+
+#[tokio::test]
+async fn at_pool_size_clients_wait_in_order_then_get_a_clear_error() {
+    let w = tx_world(2, "3s");
+    let holders = [w.client().await.unwrap(), w.client().await.unwrap()];
+    let (first, second) = (w.client().await.unwrap(), w.client().await.unwrap());
+    for h in &holders {
+        h.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let ask = |c: tokio_postgres::Client, name: &'static str| {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = c.query_one("SELECT 1", &[]).await.map(|_| ());
+            tx.send(name).unwrap();
+            (c, r)
+        })
+    };
+    // Both backends are held: the first asks, then the second.
+    let first = ask(first, "first");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = ask(second, "second");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "both wait");
+    holders[0].batch_execute("COMMIT").await.unwrap();
+    assert_eq!(rx.recv().await, Some("first"));
+    holders[1].batch_execute("COMMIT").await.unwrap();
+    assert_eq!(rx.recv().await, Some("second"));
+    let (first, r) = first.await.unwrap();
+    r.unwrap();
+    let (second, r) = second.await.unwrap();
+    r.unwrap();
+
+    // Past pool_timeout: an error that names the pool; the others go on.
+    for h in &holders {
+        h.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    }
+    let started = Instant::now();
+    let e = first.query_one("SELECT 1", &[]).await.unwrap_err();
+    assert!(started.elapsed() >= Duration::from_secs(2), "{e}");
+    assert_eq!(sqlstate(&e), "53300", "{e}");
+    let message = e.as_db_error().map(|d| d.message().to_owned());
+    assert!(
+        message.as_deref().is_some_and(|m| m.contains("pool")),
+        "{message:?}"
+    );
+    holders[0].batch_execute("COMMIT").await.unwrap();
+    second.query_one("SELECT 1", &[]).await.unwrap();
+    holders[1].batch_execute("COMMIT").await.unwrap();
+}
