@@ -21,7 +21,9 @@ over):
 - `lokadb, fdw`: through the proxy, the organization on fdw;
 - `lokadb, fdw+direct`: through the proxy, fdw+direct, `direct_pool` off (a session keeps its direct
   connection; past `direct_max` a session's statements go through the cloud);
-- `lokadb, fdw+direct, direct_pool`: direct connections shared at the end of each transaction.
+- `lokadb, fdw+direct, direct_pool`: direct connections shared at the end of each transaction;
+- `lokadb, fdw, pool_mode transaction`: the organization on fdw, cloud backends shared at the end of
+  each transaction (`pool_size` 32): at most 32 cloud backends, so at most 32 postgres_fdw streams.
 
 Per set-up: operations that failed ÷ attempted ("refused"), by SQLSTATE and message; clients that could
 not connect (their K operations count as refused); wall time and operations per second; p50/p99 latency
@@ -77,7 +79,10 @@ SETUPS = [  # (key, label, target, profile of organization 2 (None: left), direc
     ("lokadb_fdw", "lokadb, fdw", "proxy", "fdw", False, ORG),
     ("lokadb_direct", "lokadb, fdw+direct", "proxy", "fdw+direct", False, ORG),
     ("lokadb_direct_pool", "lokadb, fdw+direct, direct_pool", "proxy", "fdw+direct", True, ORG),
+    ("lokadb_fdw_tx", "lokadb, fdw, pool_mode transaction", "proxy", "fdw", False, ORG),
 ]
+# Setups whose proxy pools cloud backends by transaction: their pool_size.
+TX_POOL = {"lokadb_fdw_tx": 32}
 
 
 class Mode:
@@ -194,7 +199,10 @@ def one_setup(ctx, key: str, label: str, target: str, profile: str | None, pool:
             routing_world.set_profile(ctx, profile)
         rec["org_connections_before"] = wait_org_quiet(ctx, sampler)
         if target == "proxy":
-            ctx.proxy = routing_world.start_proxy(ctx, key, db_extra={"direct_pool": pool},
+            db_extra = {"direct_pool": pool}
+            if key in TX_POOL:
+                db_extra.update(pool_mode="transaction", pool_size=TX_POOL[key])
+            ctx.proxy = routing_world.start_proxy(ctx, key, db_extra=db_extra,
                                                   extra={"max_connections": PROXY_MAX_CONNECTIONS})
             port = ctx.proxy.port
             rec["proxy_config"] = ctx.proxy_config

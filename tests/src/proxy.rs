@@ -155,7 +155,11 @@ impl Proxy {
         };
         let config_dir = crate::TempDir::new("lokadb-proxy")?;
         let config_path = config_dir.path().join("config.json");
-        std::fs::write(&config_path, serde_json::to_vec_pretty(&b.config)?)
+        let mut config = b.config;
+        if b.subcommand == "proxy" {
+            pool_mode_from_env(&mut config);
+        }
+        std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)
             .with_context(|| format!("write {}", config_path.display()))?;
 
         let mut cmd = Command::new(&bin);
@@ -401,5 +405,33 @@ mod tests {
                 postgres: "127.0.0.1:7001".parse().unwrap()
             })
         );
+    }
+}
+
+/// `LOKADB_TEST_POOL_MODE=transaction` (with `LOKADB_TEST_POOL_SIZE`, default 3): every
+/// database of a proxy a test starts pools by transaction unless the test chose a mode, so
+/// the suites that check the proxy answers as the cloud does run in that mode too.
+fn pool_mode_from_env(config: &mut serde_json::Value) {
+    let Ok(mode) = std::env::var("LOKADB_TEST_POOL_MODE") else {
+        return;
+    };
+    let size: u32 = std::env::var("LOKADB_TEST_POOL_SIZE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let Some(dbs) = config
+        .get_mut("databases")
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return;
+    };
+    for db in dbs.values_mut() {
+        if let Some(db) = db.as_object_mut() {
+            let shared = db.get("upstream_pool") != Some(&serde_json::Value::Bool(false));
+            if shared && !db.contains_key("pool_mode") {
+                db.insert("pool_mode".into(), mode.clone().into());
+                db.entry("pool_size").or_insert(size.into());
+            }
+        }
     }
 }

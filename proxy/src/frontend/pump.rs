@@ -156,8 +156,11 @@ impl Pipe {
                 Poll::Pending => {}
             }
         }
-        if self.scanned < self.end {
-            self.scan(inspect).map_err(PipeError::Frame)?;
+        // Room made for a frame wanted whole counts as progress: the read that fills it
+        // comes on the next step (a frame held at its header and shown again once released
+        // may find the buffer full, with no read pending to wake the session).
+        if self.scanned < self.end && self.scan(inspect).map_err(PipeError::Frame)? {
+            progress = true;
         }
         while self.start < self.scanned {
             match writer
@@ -211,29 +214,31 @@ impl Pipe {
         self.end < self.buf.len()
     }
 
-    /// Walks the frames read so far, advancing `scanned` over what may be written.
-    fn scan<I: Inspect>(&mut self, inspect: &mut I) -> Result<(), FrameError> {
+    /// Walks the frames read so far, advancing `scanned` over what may be written. True when
+    /// it made room to read the rest of a frame wanted whole into.
+    fn scan<I: Inspect>(&mut self, inspect: &mut I) -> Result<bool, FrameError> {
         loop {
             if self.held {
-                return Ok(());
+                return Ok(false);
             }
             if self.pass > 0 {
                 let n = self.pass.min(self.end - self.scanned);
                 self.scanned += n;
                 self.pass -= n;
                 if self.pass > 0 {
-                    return Ok(());
+                    return Ok(false);
                 }
             }
             let Some(header) = Header::peek(&self.buf[self.scanned..self.end], self.max_frame)?
             else {
-                return Ok(());
+                return Ok(false);
             };
             let frame_len = header.frame_len();
             if inspect.wants_body(header.tag) {
                 if self.end - self.scanned < frame_len {
+                    let full = self.end == self.buf.len();
                     self.reserve_frame(frame_len);
-                    return Ok(());
+                    return Ok(full && self.end < self.buf.len());
                 }
                 let frame = &self.buf[self.scanned..self.scanned + frame_len];
                 match inspect.on_frame(header, Some(frame)) {
@@ -246,17 +251,17 @@ impl Pipe {
                         // Drop the frame and anything after it.
                         self.end = self.scanned;
                         self.stopped = true;
-                        return Ok(());
+                        return Ok(false);
                     }
                     Action::Hold => {
                         self.held = true;
-                        return Ok(());
+                        return Ok(false);
                     }
                 }
             } else {
                 if inspect.on_frame(header, None) == Action::Hold {
                     self.held = true;
-                    return Ok(());
+                    return Ok(false);
                 }
                 let avail = frame_len.min(self.end - self.scanned);
                 self.scanned += avail;

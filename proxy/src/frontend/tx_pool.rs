@@ -136,11 +136,19 @@ impl TxSession {
         sent: &[u8],
         from: Position,
     ) -> Option<Vec<u8>> {
+        let own = Message::decode(client[0], &client[5..]);
         if let Ok(Message::Query(Statement { sql, .. }) | Message::Parse(Statement { sql, .. })) =
-            Message::decode(client[0], &client[5..])
+            own
         {
             self.scan(sql);
         }
+        // The client's Parse, among what went out: the proxy adds Parses of its own (the
+        // cloud's `statement_org` statement, a client statement parsed again before its
+        // Bind), which need no Close ahead of them and are not the session's to keep.
+        let client_parse = match own {
+            Ok(Message::Parse(Statement { name, .. })) => Some(name.unwrap_or_default()),
+            _ => None,
+        };
         let mut at = 0;
         let mut replaced = None;
         while let Some(header) = sent
@@ -149,6 +157,18 @@ impl TxSession {
         {
             let frame = &sent[at..at + header.frame_len()];
             match Message::decode(header.tag, &frame[5..]) {
+                Ok(Message::Parse(Statement {
+                    name: Some(name), ..
+                })) if !name.is_empty() && client_parse != Some(name) => {
+                    // A statement of the session's parsed again (its Close went ahead):
+                    // the backend holds it now. (An unnamed Parse is always the client's:
+                    // one the router held for its Bind.)
+                    if let Some(stmt) = self.statements.get(name) {
+                        self.on_backend
+                            .statements
+                            .insert(name.to_owned(), stmt.hash);
+                    }
+                }
                 Ok(Message::Parse(Statement { name, .. })) => {
                     let name = name.unwrap_or_default();
                     let stmt = Stmt {
