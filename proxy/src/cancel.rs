@@ -68,6 +68,9 @@ impl fmt::Display for SessionId {
     }
 }
 
+/// The bit that marks a pooled session's key ([`CancelRegistry::register_pooled`]).
+const POOLED_PID: u32 = 1 << 30;
+
 /// Where a cancel must go: the backend's address and its own key.
 #[derive(Debug, Clone)]
 pub struct CancelTarget {
@@ -120,7 +123,15 @@ impl CancelRegistry {
     /// handle and the key the client is given (the backend's process ID, a fresh secret
     /// from a cryptographic RNG).
     pub fn register(&mut self, core: usize, target: CancelTarget) -> (SessionId, CancelKey) {
-        self.register_with(core, target, rand::random)
+        self.register_with(core, target, false, rand::random)
+    }
+
+    /// [`register`](Self::register) for a session whose backends change (transaction
+    /// pooling): its key's process ID is the proxy's own, above any Linux process ID
+    /// (`PID_MAX_LIMIT` is 2^22), so `pg_terminate_backend` with it ends no backend another
+    /// client may be using.
+    pub fn register_pooled(&mut self, core: usize, target: CancelTarget) -> (SessionId, CancelKey) {
+        self.register_with(core, target, true, rand::random)
     }
 
     /// [`register`](Self::register) with the secrets drawn from `secrets`.
@@ -128,6 +139,7 @@ impl CancelRegistry {
         &mut self,
         core: usize,
         target: CancelTarget,
+        pooled: bool,
         mut secrets: impl FnMut() -> u32,
     ) -> (SessionId, CancelKey) {
         let id = loop {
@@ -137,7 +149,12 @@ impl CancelRegistry {
                 break id;
             }
         };
-        let pid = target.pid;
+        // Positive as an int4 for any core below 64 (the id's top byte).
+        let pid = if pooled {
+            POOLED_PID | (id.0 & (POOLED_PID - 1))
+        } else {
+            target.pid
+        };
         let same_pid = self.by_pid.entry(pid).or_default();
         // Two sessions with one process ID (two clouds) never share a secret on a core.
         let secret = loop {
@@ -352,7 +369,7 @@ mod tests {
     #[test]
     fn the_key_carries_the_backends_pid_and_a_secret_of_its_own() {
         let mut reg = CancelRegistry::default();
-        let (id, key) = reg.register_with(3, target(42, 7), secrets(&[0xa1b2_c3d4]));
+        let (id, key) = reg.register_with(3, target(42, 7), false, secrets(&[0xa1b2_c3d4]));
         assert_eq!(
             key,
             CancelKey {
@@ -388,8 +405,8 @@ mod tests {
         // Two cloud databases: their backends' process IDs may be equal. The second
         // session's first secret is the first's: drawn again.
         let mut reg = CancelRegistry::default();
-        let (a, ka) = reg.register_with(0, target(1234, 1), secrets(&[5]));
-        let (b, kb) = reg.register_with(0, target(1234, 2), secrets(&[5, 6]));
+        let (a, ka) = reg.register_with(0, target(1234, 1), false, secrets(&[5]));
+        let (b, kb) = reg.register_with(0, target(1234, 2), false, secrets(&[5, 6]));
         assert_ne!(a, b);
         assert_eq!(
             (ka, kb),
@@ -429,9 +446,9 @@ mod tests {
     #[test]
     fn a_pooled_backends_next_session_has_a_key_the_last_one_cannot_use() {
         let mut reg = CancelRegistry::default();
-        let (first, old) = reg.register_with(0, target(77, 9), secrets(&[10]));
+        let (first, old) = reg.register_with(0, target(77, 9), false, secrets(&[10]));
         reg.unregister(first);
-        let (_, new) = reg.register_with(0, target(77, 9), secrets(&[11]));
+        let (_, new) = reg.register_with(0, target(77, 9), false, secrets(&[11]));
         assert_eq!((old.pid, new.pid), (77, 77));
         assert!(reg.lookup(77, &10u32.to_be_bytes()).is_none());
         assert_eq!(reg.lookup(77, &11u32.to_be_bytes()).unwrap().pid, 77);
@@ -447,5 +464,25 @@ mod tests {
         reg.next = 0;
         let (c, _) = reg.register(1, target(1, 1));
         assert_eq!(c.get(), 1 << 24 | 3);
+    }
+
+    #[test]
+    fn a_pooled_sessions_key_is_no_process_id_and_finds_its_session() {
+        let mut reg = CancelRegistry::default();
+        let (id, key) = reg.register_with(3, target(42, 7), true, secrets(&[9]));
+        assert!(key.pid > 1 << 22, "above any Linux process ID: {}", key.pid);
+        assert!(i32::try_from(key.pid).is_ok(), "positive as an int4");
+        assert_eq!(
+            reg.lookup(key.pid, &9u32.to_be_bytes()).map(|t| t.pid),
+            Some(42)
+        );
+        // Between its transactions it holds no backend: its cancel goes nowhere.
+        reg.detach(id);
+        assert!(reg.lookup(key.pid, &9u32.to_be_bytes()).is_none());
+        reg.retarget(id, target(43, 8));
+        assert_eq!(
+            reg.lookup(key.pid, &9u32.to_be_bytes()).map(|t| t.pid),
+            Some(43)
+        );
     }
 }

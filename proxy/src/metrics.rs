@@ -296,8 +296,10 @@ impl Published {
             .iter()
             .map(|(&id, info)| ClientRow::of(id, core.id, info))
             .collect();
+        // A client between transactions (transaction pooling) holds no backend: pid 0.
         let mut servers: Vec<ServerRow> = clients
             .iter()
+            .filter(|c| c.backend_pid != 0)
             .map(|c| ServerRow {
                 core: core.id,
                 side: "cloud",

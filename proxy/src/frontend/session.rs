@@ -222,14 +222,17 @@ async fn attach(
     };
     // The client's key: its cloud backend's process ID (what `pg_backend_pid()` and
     // notifications say), a secret of the proxy's own.
-    let (session, cancel) = core.cancels.borrow_mut().register(
-        core.id,
-        CancelTarget {
-            addr: backend.addr,
-            pid: backend.pid,
-            secret: backend.secret.clone(),
-        },
-    );
+    let target = CancelTarget {
+        addr: backend.addr,
+        pid: backend.pid,
+        secret: backend.secret.clone(),
+    };
+    // With transaction pooling the backend changes hands: the key's process ID is the
+    // proxy's own (no backend's, so `pg_terminate_backend` with it ends no other client's).
+    let (session, cancel) = match db.config.pool_mode {
+        PoolMode::Session => core.cancels.borrow_mut().register(core.id, target),
+        PoolMode::Transaction => core.cancels.borrow_mut().register_pooled(core.id, target),
+    };
     let mut out = Vec::with_capacity(512);
     backend::auth_sasl_data(&mut out, AUTH_SASL_FINAL, server_final.as_bytes());
     backend::auth_ok(&mut out);

@@ -293,3 +293,50 @@ async fn at_pool_size_clients_wait_in_order_then_get_a_clear_error() {
     second.query_one("SELECT 1", &[]).await.unwrap();
     holders[1].batch_execute("COMMIT").await.unwrap();
 }
+
+#[tokio::test]
+async fn the_key_cancels_the_running_statement_and_terminates_no_backend() {
+    let w = tx_world(4, "10s");
+    let port = w.proxy.port();
+    let mut raw = Raw::login(port, APP_USER, APP_PASSWORD, &[]).await;
+    let key = raw.key_data[0].clone();
+    let (pid, secret) = (be32(&key[..4]), be32(&key[4..]));
+    // The key's process ID is no process's: ending it ends nothing, the client goes on.
+    assert!(pid > 1 << 22, "{pid}");
+    let admin = w.cloud.superuser_client().await.unwrap();
+    let ended: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&(pid as i32)])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!ended);
+    assert_eq!(simple(&mut raw, "SELECT 1").await.0, ["1"]);
+    // A statement running on whichever backend: the key cancels it.
+    let mut out = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::query("SELECT pg_sleep(30)", &mut out).unwrap();
+    raw.send(&out).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut cancel = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut req = Vec::new();
+    for n in [16u32, 80_877_102, pid, secret] {
+        req.extend_from_slice(&n.to_be_bytes());
+    }
+    tokio::io::AsyncWriteExt::write_all(&mut cancel, &req)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut code = None;
+    loop {
+        let (tag, body) = raw.message().await;
+        match tag {
+            b'E' => code = field(&body, b'C'),
+            b'Z' => break,
+            _ => {}
+        }
+    }
+    assert_eq!(code.as_deref(), Some("57014"));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(simple(&mut raw, "SELECT 2").await.0, ["2"]);
+}
