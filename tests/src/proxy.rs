@@ -381,33 +381,6 @@ fn parse_relay_listening(line: &str) -> Option<RelayAddrs> {
     Some(RelayAddrs { agents, postgres })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listening_line_is_parsed() {
-        assert_eq!(
-            parse_listening("lokadb proxy listening on 127.0.0.1:6432\n"),
-            Some("127.0.0.1:6432".parse().unwrap())
-        );
-        assert_eq!(
-            parse_listening("2025-01-01 INFO lokadb proxy listening on [::1]:7 (tls off)"),
-            Some("[::1]:7".parse().unwrap())
-        );
-        assert_eq!(parse_listening("lokadb proxy starting"), None);
-        assert_eq!(
-            parse_relay_listening(
-                "lokadb relay listening on 127.0.0.1:7000 (agents) and 127.0.0.1:7001 (postgres)"
-            ),
-            Some(RelayAddrs {
-                agents: "127.0.0.1:7000".parse().unwrap(),
-                postgres: "127.0.0.1:7001".parse().unwrap()
-            })
-        );
-    }
-}
-
 /// `LOKADB_TEST_POOL_MODE=transaction` (with `LOKADB_TEST_POOL_SIZE`, default 3): every
 /// database of a proxy a test starts pools by transaction unless the test chose a mode, so
 /// the suites that check the proxy answers as the cloud does run in that mode too.
@@ -433,5 +406,32 @@ fn pool_mode_from_env(config: &mut serde_json::Value) {
                 db.entry("pool_size").or_insert(size.into());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_line_is_parsed() {
+        assert_eq!(
+            parse_listening("lokadb proxy listening on 127.0.0.1:6432\n"),
+            Some("127.0.0.1:6432".parse().unwrap())
+        );
+        assert_eq!(
+            parse_listening("2025-01-01 INFO lokadb proxy listening on [::1]:7 (tls off)"),
+            Some("[::1]:7".parse().unwrap())
+        );
+        assert_eq!(parse_listening("lokadb proxy starting"), None);
+        assert_eq!(
+            parse_relay_listening(
+                "lokadb relay listening on 127.0.0.1:7000 (agents) and 127.0.0.1:7001 (postgres)"
+            ),
+            Some(RelayAddrs {
+                agents: "127.0.0.1:7000".parse().unwrap(),
+                postgres: "127.0.0.1:7001".parse().unwrap()
+            })
+        );
     }
 }
