@@ -1,8 +1,10 @@
 """RSS of a running proxy with N idle authenticated clients (a quick A/B between builds).
 
-Usage: .venv/bin/python research/bench/idle_clients.py "DSN through the proxy" N PROXY_PID
+Usage: .venv/bin/python research/bench/idle_clients.py "DSN through the proxy" N PROXY_PID [autocommit]
 
-Opens N psycopg connections from 10 threads (each runs SELECT 1), waits 0.5 s, prints the
+Opens N psycopg connections from 10 threads (each runs SELECT 1; in a transaction left open, or
+with `autocommit` on its own, as a client of a transaction-pooling proxy that holds no backend
+between its statements), waits 0.5 s, prints the
 proxy's VmRSS before and with them and the difference per client, then closes them. The full
 suite (run.py) measures the same with 1000 clients as part of a run.
 """
@@ -22,17 +24,18 @@ def rss_kib(pid: str) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) != 4 or sys.argv[1] in ("-h", "--help"):
+    if len(sys.argv) not in (4, 5) or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
     dsn, n, pid = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    autocommit = sys.argv[4:] == ["autocommit"]
     before = rss_kib(pid)
     conns = []
     lock = threading.Lock()
 
     def opener(k):
         for _ in range(k):
-            c = psycopg.connect(dsn)
+            c = psycopg.connect(dsn, autocommit=autocommit)
             c.execute("SELECT 1")
             with lock:
                 conns.append(c)

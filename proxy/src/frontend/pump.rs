@@ -15,6 +15,35 @@ use std::task::{Context, Poll};
 /// Default buffer size of a pipe; grows for a whole inspected frame, shrinks back after.
 pub const PIPE_BUFFER: usize = 16 * 1024;
 
+/// The most spare buffers a core keeps for its pipes (4 MiB).
+const SPARES_MAX: usize = 256;
+
+thread_local! {
+    /// Buffers of this core's pipes that hold nothing now, for the next pipe that reads: an
+    /// idle session holds none (the runtime reads into its own ring until data arrives), and
+    /// taking one costs a pop, not an allocation. Per thread, so per core: no lock.
+    static SPARES: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of [`PIPE_BUFFER`] bytes: a spare one, else a new one.
+fn take_buffer() -> Vec<u8> {
+    SPARES
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0; PIPE_BUFFER])
+}
+
+/// Keeps a buffer of the usual size for the next pipe; drops a grown one.
+fn give_buffer(buf: Vec<u8>) {
+    if buf.len() == PIPE_BUFFER {
+        SPARES.with(|s| {
+            let mut spares = s.borrow_mut();
+            if spares.len() < SPARES_MAX {
+                spares.push(buf);
+            }
+        });
+    }
+}
+
 /// What to do with a frame the inspector saw whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -67,7 +96,7 @@ impl Pipe {
     /// A pipe whose frames may be at most `max_frame` bytes (the length field).
     pub fn new(max_frame: u32) -> Pipe {
         Pipe {
-            buf: vec![0; PIPE_BUFFER],
+            buf: Vec::new(),
             start: 0,
             scanned: 0,
             end: 0,
@@ -86,6 +115,12 @@ impl Pipe {
 
     /// Puts bytes already read elsewhere (e.g. during login) in front of the stream.
     pub fn preload(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.buf.is_empty() {
+            self.buf = take_buffer();
+        }
         if self.buf.len() < bytes.len() {
             self.buf.resize(bytes.len(), 0);
         }
@@ -112,6 +147,9 @@ impl Pipe {
     /// Only valid at a frame boundary.
     pub fn inject(&mut self, bytes: &[u8]) {
         debug_assert!(self.at_frame_boundary());
+        if self.buf.is_empty() {
+            self.buf = take_buffer();
+        }
         if self.buf.len() - self.end < bytes.len() {
             self.buf.resize(self.end + bytes.len(), 0);
         }
@@ -140,6 +178,9 @@ impl Pipe {
         I: Inspect,
     {
         let mut progress = false;
+        if self.buf.is_empty() {
+            self.buf = take_buffer();
+        }
         if !self.stopped && self.make_room() {
             match reader.as_mut().poll_read(cx, &mut self.buf[self.end..]) {
                 Poll::Ready(Ok(0)) => {
@@ -183,14 +224,13 @@ impl Pipe {
             if let Poll::Ready(Err(e)) = writer.as_mut().poll_flush(cx) {
                 return Poll::Ready(Err(PipeError::Write(e)));
             }
-            if self.start == self.end {
-                self.start = 0;
-                self.scanned = 0;
-                self.end = 0;
-                if self.buf.len() > 4 * PIPE_BUFFER {
-                    self.buf = vec![0; PIPE_BUFFER];
-                }
-            }
+        }
+        // Holding nothing, the pipe gives its buffer back until its next read.
+        if self.start == self.end {
+            self.start = 0;
+            self.scanned = 0;
+            self.end = 0;
+            give_buffer(std::mem::take(&mut self.buf));
         }
         if progress {
             Poll::Ready(Ok(true))
