@@ -241,6 +241,13 @@ cat >"$DEMO/lokadb.json" <<JSON
       "auth_password": "$AUTH_PASSWORD",
       "direct": { "user": "app", "password": "$APP_PASSWORD" },
       "direct_pool": true
+    },
+    "app_tx": {
+      "cloud": "host=127.0.0.1 port=$PG_PORT dbname=app",
+      "auth_user": "lokadb_auth",
+      "auth_password": "$AUTH_PASSWORD",
+      "pool_mode": "transaction",
+      "pool_size": 2
     }
   },
   "relay": {
@@ -324,6 +331,25 @@ echo "  through LokaDB (warm backends from the pool of the core that accepted th
 pids_of "$PROXY_DSN" | tee "$DEMO/pids-proxy.txt" | sed 's/^/    /'
 distinct="$(cut -d' ' -f2 "$DEMO/pids-proxy.txt" | sort -u | wc -l)"
 echo "  -> 4 sessions through LokaDB used $distinct backend(s); each core keeps its own pool"
+echo
+
+say "transaction pooling (database app_tx: pool_mode transaction, pool_size 2): 12 clients at once"
+TX_DSN="host=127.0.0.1 port=$PROXY_PORT dbname=app_tx user=app password=$APP_PASSWORD"
+tx_pids=()
+for i in $(seq 12); do
+    "$PG_BIN/psql" -X -q -At -c 'SELECT pg_sleep(0.2)' -c 'SELECT pg_backend_pid()' "$TX_DSN" \
+        >"$DEMO/tx-$i.txt" 2>&1 &
+    tx_pids+=("$!")
+done
+wait "${tx_pids[@]}"
+tx_distinct="$(cat "$DEMO"/tx-*.txt | grep -E '^[0-9]+$' | sort -u | wc -l)"
+tx_served="$(cat "$DEMO"/tx-*.txt | grep -cE '^[0-9]+$' || true)"
+# A core whose backend would idle while the other core's clients wait closes it for them: the
+# backends change over the run, never more than 2 at once.
+echo "  -> $tx_served of 12 sessions answered by $tx_distinct cloud backend(s) over the run, at most 2 at once"
+[ "$tx_served" = 12 ] || die "transaction pooling: $(cat "$DEMO"/tx-*.txt)"
+echo "  a setting follows its session from one transaction's backend to the next:"
+"$PG_BIN/psql" -X -q -At -c "SET work_mem = '3MB'" -c 'SHOW work_mem' "$TX_DSN" | sed 's/^/    work_mem: /'
 echo
 
 say "step 6/6: the tunnel — an agent beside acme's database dials out to the relay"

@@ -356,8 +356,11 @@ fn answer(core: &Rc<Core>, sql: &str, out: &mut Vec<u8>) {
                 "clients",
                 "servers_used",
                 "servers_idle",
+                "pool_mode",
+                "pool_size",
+                "waiting",
             ],
-            pool_rows(published),
+            pool_rows(published, core),
         ),
         // Before the relay's first publication (its first tick), no tunnels yet.
         ["SHOW", "TUNNELS"] => match core.shared.config.relay {
@@ -534,7 +537,7 @@ fn tunnels_by_org(rows: &[Vec<Option<String>>]) -> std::collections::HashMap<Str
     by_org
 }
 
-fn pool_rows(published: &crate::metrics::Published) -> Vec<Vec<Option<String>>> {
+fn pool_rows(published: &crate::metrics::Published, core: &Core) -> Vec<Vec<Option<String>>> {
     let mut pools: std::collections::BTreeMap<(String, String), [u64; 3]> = Default::default();
     for c in published.clients() {
         pools
@@ -557,12 +560,26 @@ fn pool_rows(published: &crate::metrics::Published) -> Vec<Vec<Option<String>>> 
     pools
         .into_iter()
         .map(|((db, user), [c, used, idle])| {
+            // The database's pooling as configured now, and the sessions of every core
+            // waiting for a backend at its pool_size.
+            let pooling = core
+                .database(&db)
+                .map(|d| (d.config.pool_mode, d.config.pool_size));
+            let mode = pooling.map(|(mode, _)| match mode {
+                lokadb_shared::config::PoolMode::Session => "session".to_owned(),
+                lokadb_shared::config::PoolMode::Transaction => "transaction".to_owned(),
+            });
+            let size = pooling.map(|(_, size)| size.to_string());
+            let waiting = core.shared.gauges.of(&db, &user).waiting();
             vec![
                 Some(db),
                 Some(user),
                 Some(c.to_string()),
                 Some(used.to_string()),
                 Some(idle.to_string()),
+                mode,
+                size,
+                Some(waiting.to_string()),
             ]
         })
         .collect()

@@ -133,6 +133,11 @@ async fn the_console_shows_sessions_and_kills_one() {
     );
     let pool = show_until(&console, "SHOW POOLS", |r| get(r, "user") == Some(APP_USER)).await;
     assert_eq!(get(&pool, "clients"), Some("1"));
+    assert!(
+        matches!(get(&pool, "pool_mode"), Some("session" | "transaction")),
+        "{pool:?}"
+    );
+    assert_eq!(get(&pool, "waiting"), Some("0"));
     let stats = show(&console, "SHOW STATS").await;
     assert!(stats
         .iter()
