@@ -119,6 +119,24 @@ impl Raw {
     ///
     /// On an ErrorResponse.
     pub async fn run(&mut self, name: &str, sql: &str, parse: bool) -> Vec<String> {
+        match self.try_run(name, sql, parse).await {
+            Ok(rows) => rows,
+            Err(body) => panic!("{name}: {}", String::from_utf8_lossy(&body)),
+        }
+    }
+
+    /// [`Raw::run`], with an ErrorResponse's body as the error (the batch then ends at its
+    /// ReadyForQuery).
+    ///
+    /// # Panics
+    ///
+    /// If the read or write fails.
+    pub async fn try_run(
+        &mut self,
+        name: &str,
+        sql: &str,
+        parse: bool,
+    ) -> Result<Vec<String>, Vec<u8>> {
         let mut out = bytes::BytesMut::new();
         if parse {
             frontend::parse(name, sql, [], &mut out).unwrap();
@@ -139,12 +157,13 @@ impl Raw {
         frontend::sync(&mut out);
         self.send(&out).await;
         let mut rows = Vec::new();
+        let mut error = None;
         loop {
             let (tag, body) = self.message().await;
             match tag {
                 b'D' => rows.push(first_column(&body)),
-                b'E' => panic!("{name}: {}", String::from_utf8_lossy(&body)),
-                b'Z' => return rows,
+                b'E' => error = Some(body),
+                b'Z' => return error.map_or(Ok(rows), Err),
                 _ => {}
             }
         }

@@ -103,38 +103,12 @@ async fn statements_and_settings_follow_a_client_across_backends() {
     other.batch_execute("COMMIT").await.unwrap();
 }
 
-/// Sends Parse (when `parse`) + Bind + Execute + Sync of statement `name`; its one value,
-/// or the SQLSTATE of its error.
+/// Parse (when `parse`) + Bind + Execute + Sync of statement `name`: its one value, or the
+/// SQLSTATE of its error.
 async fn run(raw: &mut Raw, name: &str, sql: &str, parse: bool) -> Result<String, String> {
-    let mut out = bytes::BytesMut::new();
-    use postgres_protocol::message::frontend;
-    if parse {
-        frontend::parse(name, sql, [], &mut out).unwrap();
-    }
-    let none: [Option<&[u8]>; 0] = [];
-    frontend::bind(
-        "",
-        name,
-        [],
-        none,
-        |_: Option<&[u8]>, _| Ok(postgres_protocol::IsNull::Yes),
-        [],
-        &mut out,
-    )
-    .map_err(|_| "bind")
-    .unwrap();
-    frontend::execute("", 0, &mut out).unwrap();
-    frontend::sync(&mut out);
-    raw.send(&out).await;
-    let mut result = Err("no row".to_owned());
-    loop {
-        let (tag, body) = raw.message().await;
-        match tag {
-            b'D' => result = Ok(lokadb_tests::raw::first_column(&body)),
-            b'E' => result = Err(field(&body, b'C').unwrap_or_default()),
-            b'Z' => return result,
-            _ => {}
-        }
+    match raw.try_run(name, sql, parse).await {
+        Ok(rows) => rows.into_iter().next().ok_or_else(|| "no row".to_owned()),
+        Err(body) => Err(field(&body, b'C').unwrap_or_default()),
     }
 }
 
