@@ -87,13 +87,16 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>, 
         database: "",
         client: subnet,
     };
-    let (mut stream, startup) = match with_timeout(auth_timeout, negotiate(tcp, core)).await {
-        None => return tracing::debug!("auth_timeout during the startup phase"),
-        Some(Err((e, Some(mut stream)))) => return report(&mut stream, e, &unknown).await,
-        Some(Err((e, None))) => return log_error(&e, &unknown),
-        Some(Ok(Negotiated::Cancelled)) => return,
-        Some(Ok(Negotiated::Startup(stream, startup))) => (stream, startup),
-    };
+    // The steps before forwarding run boxed: a task's future is as large as its largest
+    // state, and every session keeps its task for its whole life, idle or not.
+    let (mut stream, startup) =
+        match with_timeout(auth_timeout, Box::pin(negotiate(tcp, core))).await {
+            None => return tracing::debug!("auth_timeout during the startup phase"),
+            Some(Err((e, Some(mut stream)))) => return report(&mut stream, e, &unknown).await,
+            Some(Err((e, None))) => return log_error(&e, &unknown),
+            Some(Ok(Negotiated::Cancelled)) => return,
+            Some(Ok(Negotiated::Startup(stream, startup))) => (stream, startup),
+        };
     let user = startup.param("user").unwrap_or_default();
     let who = Who {
         user,
@@ -111,16 +114,21 @@ async fn serve_inner(core: &Rc<Core>, tcp: TcpStream, handshake: Handshake<'_>, 
     if super::console::asked(core, &startup) {
         let login = with_timeout(
             remaining,
-            super::console::login(core, &mut stream, &startup),
+            Box::pin(super::console::login(core, &mut stream, &startup)),
         )
         .await;
         drop(handshake);
         return match login.unwrap_or(Err(SessionError::AuthTimeout)) {
-            Ok(admitted) => super::console::serve(core, stream, admitted).await,
+            Ok(admitted) => Box::pin(super::console::serve(core, stream, admitted)).await,
             Err(e) => report(&mut stream, e, &who).await,
         };
     }
-    let attached = match with_timeout(remaining, attach(core, &mut stream, &startup, &who)).await {
+    let attached = match with_timeout(
+        remaining,
+        Box::pin(attach(core, &mut stream, &startup, &who)),
+    )
+    .await
+    {
         None => Err(SessionError::AuthTimeout),
         Some(r) => r,
     };
@@ -803,7 +811,7 @@ async fn forward(
     );
     if let Some(e) = notice {
         if down.at_frame_boundary() && !down.has_unwritten() {
-            report(&mut client, e, &who).await;
+            Box::pin(report(&mut client, e, &who)).await;
         } else {
             log_error(&e, &who);
         }
@@ -824,7 +832,7 @@ async fn forward(
     let reusable = clean && exchanges.cloud.is_settled();
     if !db.config.upstream_pool || !reusable || core.shutdown.is_fired() {
         tracing::debug!(backend_pid = backend.pid, reusable, "closing backend");
-        return backend.terminate().await;
+        return Box::pin(backend.terminate()).await;
     }
     backend.status = exchanges.cloud.status;
     // Transaction pooling: a backend idle, unpinned, with its settings known, goes back as
@@ -835,14 +843,15 @@ async fn forward(
             return source.give_back(backend);
         }
     }
-    match pool::reset(&mut backend).await {
+    // Boxed, as what follows forwarding: the session's future stays the size of its loop.
+    match Box::pin(pool::reset(&mut backend)).await {
         Ok(true) => source.give_back(backend),
         Ok(false) => {
             tracing::debug!(
                 backend_pid = backend.pid,
                 "closing backend: it has a temporary schema"
             );
-            backend.terminate().await;
+            Box::pin(backend.terminate()).await;
         }
         Err(e) => tracing::info!(error = %e, "backend reset failed; closing it"),
     }
