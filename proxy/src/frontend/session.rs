@@ -579,9 +579,7 @@ async fn forward(
                             .borrow_mut()
                             .retarget(session, super::direct::cancel_target(&b));
                         if live.is_some() {
-                            if let Some(c) = core.clients.borrow_mut().get_mut(&session.get()) {
-                                c.backend_pid = b.pid;
-                            }
+                            show_backend(core, session, b.pid);
                         }
                         cloud = Some(b);
                         up.release();
@@ -670,26 +668,26 @@ async fn forward(
             // back to the core's pool, once it has answered everything (the server → client
             // pipe reads the cloud again: checked after its step, which switches it) and
             // nothing of the client's is on its way to it.
-            if let (true, Some(backend)) = (db.config.direct_pool, cloud.as_ref()) {
-                if direct.conn.is_some()
-                    && router.gate.is_closed()
-                    && exchanges.direct.is_idle()
-                    && reading == Side::Cloud
-                    && !up.held
-                    && !router.holds_begin()
-                    && !router.holds_message()
-                    && up.at_frame_boundary()
-                    && !up.has_unwritten()
-                {
-                    let ctx = Ctx {
-                        core,
-                        db: &db,
-                        key: &key,
-                        session,
-                    };
-                    direct.release(&ctx, &mut router, backend);
-                    progress = true;
-                }
+            // (A session using its direct connection holds its cloud backend too.)
+            let direct_done = db.config.direct_pool
+                && direct.conn.is_some()
+                && router.gate.is_closed()
+                && exchanges.direct.is_idle()
+                && reading == Side::Cloud
+                && !up.held
+                && !router.holds_begin()
+                && !router.holds_message()
+                && up.at_frame_boundary()
+                && !up.has_unwritten();
+            if let Some(backend) = cloud.as_ref().filter(|_| direct_done) {
+                let ctx = Ctx {
+                    core,
+                    db: &db,
+                    key: &key,
+                    session,
+                };
+                direct.release(&ctx, &mut router, backend);
+                progress = true;
             }
 
             // Transaction pooling: at an idle point the backend goes back to the pool (once
@@ -722,11 +720,7 @@ async fn forward(
                                 b.status = TX_IDLE;
                                 core.cancels.borrow_mut().detach(session);
                                 if live.is_some() {
-                                    if let Some(c) =
-                                        core.clients.borrow_mut().get_mut(&session.get())
-                                    {
-                                        c.backend_pid = 0;
-                                    }
+                                    show_backend(core, session, 0);
                                 }
                                 t.detached = true;
                                 source.give_back(b);
@@ -854,6 +848,13 @@ async fn forward(
             Box::pin(backend.terminate()).await;
         }
         Err(e) => tracing::info!(error = %e, "backend reset failed; closing it"),
+    }
+}
+
+/// The cloud backend the console shows for a session (0: none, between its transactions).
+fn show_backend(core: &Core, session: SessionId, pid: u32) {
+    if let Some(c) = core.clients.borrow_mut().get_mut(&session.get()) {
+        c.backend_pid = pid;
     }
 }
 
