@@ -56,6 +56,7 @@ impl Refusal {
 
 /// Serves one client connection of the relay's Postgres listener.
 pub async fn serve(relay: Rc<Relay>, tcp: TcpStream) {
+    let starting = Starting::new(&relay);
     let _ = tcp.set_nodelay(true);
     let peer = tcp.peer_addr();
     let mut slot = Some(ClientStream::Plain(tcp));
@@ -100,6 +101,7 @@ pub async fn serve(relay: Rc<Relay>, tcp: TcpStream) {
         return refuse(&mut stream, refusal).await;
     }
     if m.param("database") == Some(super::admin::ADMIN_DB) {
+        drop(starting);
         return super::admin::serve(&relay, &mut stream).await;
     }
     wait_for_agent(&relay, &m).await;
@@ -108,6 +110,7 @@ pub async fn serve(relay: Rc<Relay>, tcp: TcpStream) {
         Err(refusal) => return refuse(&mut stream, refusal).await,
     };
     relay.streams.set(relay.streams.get() + 1);
+    drop(starting);
     relay.stats.borrow_mut().streams_opened += 1;
     tracing::debug!(org = route.org, stream = route.id.0, "stream opened");
     let result = pipe(&relay, &route, &mut stream).await;
@@ -266,6 +269,22 @@ fn target(m: &StartupMessage) -> Result<(&str, &str), Refusal> {
         )
         .hint("The relay's database name is ORG or ORG/DBNAME.")),
         None => Ok((database, database)),
+    }
+}
+
+/// Counts a client in [`Relay::starting`] until its stream is open or it is refused.
+struct Starting<'a>(&'a Relay);
+
+impl<'a> Starting<'a> {
+    fn new(relay: &'a Relay) -> Self {
+        relay.starting.set(relay.starting.get() + 1);
+        Starting(relay)
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0.starting.set(self.0.starting.get() - 1);
     }
 }
 

@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(50);
 /// How often the counters are logged (when they changed).
 const STATS_EVERY: Duration = Duration::from_secs(60);
+/// How long a drain waits for clients accepted before it to open their streams.
+const STARTING_GRACE: Duration = Duration::from_secs(2);
 
 /// A running relay.
 pub struct Handle {
@@ -245,11 +247,21 @@ async fn run(
             }
         }
     }
-    // Drain: close both listeners at once, so agents that reconnect find the next
-    // relay process instead of a backlog nobody accepts.
-    relay.draining.set(true);
+    // Drain: stop accepting on both listeners at once, so agents that reconnect find
+    // the next relay process instead of a backlog nobody accepts.
     drop(agents_task);
     drop(clients_task);
+    // Clients accepted before that open their streams first (a draining tunnel takes no
+    // new stream); one that says nothing within the grace is refused.
+    tracing::info!(
+        starting = relay.starting.get(),
+        "relay stopped accepting; clients accepted before open their streams"
+    );
+    let grace = Instant::now() + relay.config.drain_timeout.min(STARTING_GRACE);
+    while relay.starting.get() > 0 && Instant::now() < grace {
+        sleep(Duration::from_millis(5)).await;
+    }
+    relay.draining.set(true);
     let conns = relay.all_conns();
     for conn in &conns {
         conn.drain();

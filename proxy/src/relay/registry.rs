@@ -28,8 +28,13 @@ pub struct Relay {
     orgs: RefCell<HashMap<String, OrgTunnels>>,
     /// Streams open now over all agents (checked against `max_streams`).
     pub streams: Cell<u32>,
-    /// Set on SIGTERM: no new agents, no new streams.
+    /// Set on SIGTERM once the clients accepted before it opened their streams: no new
+    /// agents, no new streams.
     pub draining: Cell<bool>,
+    /// Postgres clients accepted whose stream is not open yet (startup, TLS, the wait for
+    /// an agent). A drain lets them open theirs before it tells agents to reconnect: a
+    /// draining tunnel takes no new stream, and the next relay never sees these clients.
+    pub starting: Cell<u32>,
     /// Agents connected and not authenticated yet.
     pub agent_handshakes: Handshakes,
     /// Postgres clients that have not sent their startup packet yet.
@@ -124,6 +129,7 @@ impl Relay {
             orgs: RefCell::default(),
             streams: Cell::new(0),
             draining: Cell::new(false),
+            starting: Cell::new(0),
             agent_handshakes: Handshakes::default(),
             client_handshakes: Handshakes::default(),
             stats: RefCell::default(),

@@ -174,13 +174,34 @@ async fn a_new_relay_takes_the_sockets_and_the_agent_follows() {
         assert!(Instant::now() < deadline, "the agent never connected");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let churn = Churn::start(dsn, "SELECT count(*) FROM items");
+    let churn = Churn::start(dsn.clone(), "SELECT count(*) FROM items");
     churn.wait_more(20).await;
+    // A client the old relay accepted that sends its startup packet only once the new
+    // one took the sockets: the old one must still open its stream (a draining tunnel
+    // takes none, and the new relay never sees this client).
+    let early = tokio::net::TcpStream::connect(addrs(&old).postgres)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
 
     let started = Instant::now();
     let new = Proxy::builder(config).relay_only().start().unwrap();
     assert_eq!(addrs(&new).agents, addrs(&old).agents);
     assert_eq!(addrs(&new).postgres, addrs(&old).postgres);
+    assert!(
+        old.wait_for_output("relay stopped accepting", Duration::from_secs(20)),
+        "{}",
+        old.output()
+    );
+    let (early, conn) = dsn
+        .parse::<tokio_postgres::Config>()
+        .unwrap()
+        .connect_raw(early, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("the client accepted before the handover: {e}"));
+    tokio::spawn(conn);
+    early.simple_query("SELECT 1").await.unwrap();
+    drop(early);
     assert!(
         new.wait_for_output("agent connected", Duration::from_secs(20)),
         "the agent did not move to the new relay\n{}\n{}",
