@@ -183,6 +183,11 @@ pub struct DatabaseConfig {
     /// How long a client waits for a cloud backend at `pool_size` before its error.
     #[serde(default = "defaults::pool_timeout", with = "duration")]
     pub pool_timeout: Duration,
+    /// With transaction pooling, the most prepared statements a cloud backend keeps: past
+    /// it, statements of other sessions are closed before a session's own are prepared
+    /// (a session's own are all kept, however many).
+    #[serde(default = "defaults::max_prepared_statements")]
+    pub max_prepared_statements: u32,
     /// Time allowed to connect and log in to the cloud database (and, on the direct
     /// path, to an organization's database).
     #[serde(default = "defaults::connect_timeout", with = "duration")]
@@ -360,6 +365,9 @@ mod defaults {
     }
     pub fn pool_timeout() -> Duration {
         Duration::from_secs(30)
+    }
+    pub fn max_prepared_statements() -> u32 {
+        200
     }
     pub fn connect_timeout() -> Duration {
         Duration::from_secs(10)
@@ -602,6 +610,7 @@ mod tests {
             (db.pool_mode, db.pool_size, db.pool_timeout),
             (PoolMode::Session, 0, Duration::from_secs(30))
         );
+        assert_eq!(db.max_prepared_statements, 200);
     }
 
     #[test]

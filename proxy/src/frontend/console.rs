@@ -323,6 +323,7 @@ fn answer(core: &Rc<Core>, sql: &str, out: &mut Vec<u8>) {
                 "backend_pid",
                 "organization",
                 "connected_seconds",
+                "pinned",
             ],
             published
                 .clients()
@@ -650,6 +651,9 @@ pub struct Live {
     pub state: &'static str,
     /// The organization of its direct connection, if any.
     pub direct_org: Option<OrgId>,
+    /// With transaction pooling, why the session keeps its cloud backend to its end
+    /// (LISTEN, a temporary table, …).
+    pub pinned: Option<&'static str>,
 }
 
 impl Live {
@@ -675,6 +679,7 @@ pub struct ClientRow {
     pub state: &'static str,
     pub backend_pid: u32,
     pub org: Option<String>,
+    pub pinned: Option<&'static str>,
     pub since: SystemTime,
 }
 
@@ -691,6 +696,7 @@ impl ClientRow {
             state: live.state,
             backend_pid: info.backend_pid,
             org: live.direct_org.as_deref().map(str::to_owned),
+            pinned: live.pinned,
             since: info.since,
         }
     }
@@ -709,6 +715,7 @@ impl ClientRow {
             Some(self.backend_pid.to_string()),
             self.org,
             Some(age.as_secs().to_string()),
+            self.pinned.map(str::to_owned),
         ]
     }
 }

@@ -364,6 +364,7 @@ async fn forward(
         let live = Rc::new(RefCell::new(Live {
             state: "idle",
             direct_org: None,
+            pinned: None,
         }));
         let (fd, addr) = super::console::socket_of(client.tcp());
         core.clients.borrow_mut().insert(
@@ -398,7 +399,8 @@ async fn forward(
     // Transaction pooling: the backend goes back at each idle point; the next message waits
     // for one ([`super::tx_pool`]).
     let source = CloudSource::new(core, &db, &key, creds);
-    let mut tx = (db.config.pool_mode == PoolMode::Transaction).then(TxSession::default);
+    let mut tx = (db.config.pool_mode == PoolMode::Transaction)
+        .then(|| TxSession::new(db.config.max_prepared_statements));
     if let Some(t) = tx.as_mut() {
         t.acquired(std::mem::take(&mut backend.holds), &mut exchanges.cloud);
     }
@@ -746,6 +748,7 @@ async fn forward(
                     let mut live = live.borrow_mut();
                     live.state = Live::state_of(busy, status);
                     live.direct_org.clone_from(&router.direct_org);
+                    live.pinned = tx.as_ref().and_then(|t| t.pinned);
                 }
                 return Poll::Pending;
             }

@@ -65,6 +65,8 @@ pub struct TxSession {
     on_backend: Holds,
     /// The cloud exchange's error count when the backend was acquired.
     errors_at_acquire: u64,
+    /// The most statements a backend keeps (`max_prepared_statements`).
+    max_statements: usize,
 }
 
 /// Where a read-back of the settings stands ([`TxSession::read_back`]).
@@ -126,6 +128,15 @@ impl Position {
 }
 
 impl TxSession {
+    /// A session whose backends keep at most `max_statements` prepared statements (its
+    /// own all the same).
+    pub fn new(max_statements: u32) -> TxSession {
+        TxSession {
+            max_statements: max_statements as usize,
+            ..TxSession::default()
+        }
+    }
+
     /// Notes a client message as it goes to the cloud: `sent` is what went out for it
     /// (whole frames), `client` the client's own frame, `from` where `sent` began. Returns
     /// what to send instead when a Close must go ahead of a named Parse.
@@ -304,7 +315,29 @@ impl TxSession {
             self.on_backend.unnamed = None;
             self.on_backend.settings = self.settings_hash;
         }
+        if self.on_backend.unknown {
+            // A failed batch left statements nobody listed: start from none.
+            ex.send_own("DEALLOCATE ALL");
+            self.on_backend.statements.clear();
+            self.on_backend.unknown = false;
+            self.on_backend.unnamed = None;
+        }
         let mut out = Vec::new();
+        // Past the cap, other sessions' statements make room for this one's.
+        let foreign =
+            (self.on_backend.statements.keys()).filter(|name| !self.statements.contains_key(*name));
+        let over =
+            (foreign.clone().count() + self.statements.len()).saturating_sub(self.max_statements);
+        if over > 0 {
+            let evicted: Vec<String> = foreign.take(over).cloned().collect();
+            for name in &evicted {
+                frontend::close_statement(&mut out, name);
+                self.on_backend.statements.remove(name);
+            }
+            frontend::sync(&mut out);
+            ex.send_own_messages(&out);
+            out.clear();
+        }
         for (name, stmt) in &self.statements {
             if self.on_backend.statements.get(name) == Some(&stmt.hash) {
                 continue;
@@ -555,23 +588,23 @@ mod tests {
 
     #[test]
     fn settings_statements_are_found_at_statement_starts_only() {
-        let mut s = TxSession::default();
+        let mut s = TxSession::new(200);
         s.scan("UPDATE t SET a = 1 WHERE b = 'x; set'");
         // A `;` inside a literal begins a statement for the scan: a look too many.
         assert!(s.touched);
-        let mut s = TxSession::default();
+        let mut s = TxSession::new(200);
         s.scan("UPDATE t SET a = 1");
         assert!(!s.touched);
         s.scan("/* c */ SET LOCAL statement_timeout = 5");
         assert!(s.touched);
-        let mut s = TxSession::default();
+        let mut s = TxSession::new(200);
         s.scan("select 1; set myapp.Tenant = 'a'; reset \"Other.X\"");
         assert!(s.touched);
         assert_eq!(
             s.custom.iter().collect::<Vec<_>>(),
             ["Other.X", "myapp.tenant"]
         );
-        let mut s = TxSession::default();
+        let mut s = TxSession::new(200);
         s.scan("SELECT set_config('app.user', '7', false)");
         assert!(s.touched);
         assert!(s.custom.contains("app.user"));
@@ -579,7 +612,7 @@ mod tests {
 
     #[test]
     fn deallocate_and_discard_forget_statements() {
-        let mut s = TxSession::default();
+        let mut s = TxSession::new(200);
         let mut ex = Exchange::default();
         let parse = |name: &str| {
             let mut f = Vec::new();
@@ -606,7 +639,7 @@ mod tests {
 
     #[test]
     fn a_backend_gets_what_it_lacks_and_a_foreign_name_is_closed_first() {
-        let mut s = TxSession::default();
+        let mut s = TxSession::new(200);
         let mut ex = Exchange::default();
         let mut f = Vec::new();
         frontend::parse(&mut f, "s1", "SELECT 1");
@@ -623,7 +656,7 @@ mod tests {
         assert_eq!(tags, [FE_CLOSE, FE_PARSE, FE_SYNC]);
         assert_eq!((ex.pending, ex.silenced.len()), (1, 1));
         // Another session's backend holding "s1": its Parse of "s1" is closed first.
-        let mut other = TxSession::default();
+        let mut other = TxSession::new(200);
         let mut ex2 = Exchange::default();
         other.acquired(holds, &mut ex2);
         let mut g = Vec::new();
@@ -632,5 +665,48 @@ mod tests {
         let tags: Vec<u8> = super::super::statement::tags(&out).collect();
         assert_eq!(tags, [FE_CLOSE, FE_PARSE]);
         assert_eq!(ex2.added.front(), Some(&(0, 0, 1)));
+    }
+
+    #[test]
+    fn past_the_cap_other_sessions_statements_are_closed_first() {
+        let mut ex = Exchange::default();
+        let mut holds = Holds::default();
+        for i in 0..5 {
+            holds.statements.insert(format!("other{i}"), 7);
+        }
+        let mut s = TxSession::new(4);
+        let mut f = Vec::new();
+        frontend::parse(&mut f, "mine", "SELECT 1");
+        s.statements.insert(
+            "mine".into(),
+            Stmt {
+                hash: hash(&f),
+                frame: f.into(),
+            },
+        );
+        s.acquired(holds, &mut ex);
+        let tags: Vec<u8> = super::super::statement::tags(&ex.outbox).collect();
+        // Two others' statements closed (5 + 1 over 4), then the session's own prepared.
+        assert_eq!(
+            tags,
+            [FE_CLOSE, FE_CLOSE, FE_SYNC, FE_CLOSE, FE_PARSE, FE_SYNC]
+        );
+        assert_eq!(s.on_backend.statements.len(), 4);
+        assert!(s.on_backend.statements.contains_key("mine"));
+    }
+
+    #[test]
+    fn a_backend_whose_statements_are_unknown_is_cleared_first() {
+        let mut ex = Exchange::default();
+        let holds = Holds {
+            unknown: true,
+            unnamed: Some(0),
+            ..Holds::default()
+        };
+        let mut s = TxSession::new(200);
+        s.acquired(holds, &mut ex);
+        let tags: Vec<u8> = super::super::statement::tags(&ex.outbox).collect();
+        assert_eq!(tags, [FE_QUERY]);
+        assert!(s.on_backend.is_clean());
     }
 }

@@ -12,7 +12,15 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 /// A cloud and a proxy whose `app` database pools by transaction, on one core (one pool).
+const OPS: &str = "ops";
+const OPS_PASSWORD: &str = "ops-secret";
+
 fn tx_world(pool_size: u32, pool_timeout: &str) -> World {
+    tx_world_with(pool_size, pool_timeout, json!({}))
+}
+
+/// [`tx_world`] with more settings of the `app` database.
+fn tx_world_with(pool_size: u32, pool_timeout: &str, extra: serde_json::Value) -> World {
     let cloud = Cluster::builder()
         .setting("max_connections", "300")
         .start()
@@ -20,11 +28,15 @@ fn tx_world(pool_size: u32, pool_timeout: &str) -> World {
     cloud.create_role(APP_USER, APP_PASSWORD).unwrap();
     cloud.create_database("app", APP_USER).unwrap();
     create_auth_role(&cloud).unwrap();
-    let mut conf = config(&cloud, json!({}));
+    cloud.create_role(OPS, OPS_PASSWORD).unwrap();
+    let mut conf = config(&cloud, json!({ "admin_users": [OPS] }));
     let app = &mut conf["databases"]["app"];
     app["pool_mode"] = json!("transaction");
     app["pool_size"] = json!(pool_size);
     app["pool_timeout"] = json!(pool_timeout);
+    for (k, v) in extra.as_object().unwrap() {
+        app[k] = v.clone();
+    }
     let proxy = Proxy::builder(conf)
         .env("LOKADB_CORES", "1")
         .start()
@@ -113,6 +125,36 @@ async fn run(raw: &mut Raw, name: &str, sql: &str, parse: bool) -> Result<String
 }
 
 #[tokio::test]
+async fn a_backend_keeps_at_most_max_prepared_statements_beyond_a_sessions_own() {
+    // One backend, a cap of 2: the client with 3 statements keeps all 3 on it; the other,
+    // with 2 of the same names and other texts, finds 2 there (the third was closed).
+    let w = tx_world_with(1, "10s", json!({ "max_prepared_statements": 2 }));
+    let (a, b) = (w.client().await.unwrap(), w.client().await.unwrap());
+    let count = "SELECT count(*)::int FROM pg_prepared_statements WHERE NOT from_sql";
+    let mine = [
+        a.prepare("SELECT 1").await.unwrap(),
+        a.prepare("SELECT 2").await.unwrap(),
+        a.prepare(count).await.unwrap(),
+    ];
+    let theirs = [
+        b.prepare("SELECT 10").await.unwrap(),
+        b.prepare(count).await.unwrap(),
+    ];
+    for _ in 0..5 {
+        for (i, want) in [(0, 1), (1, 2)] {
+            let got: i32 = a.query_one(&mine[i], &[]).await.unwrap().get(0);
+            assert_eq!(got, want);
+        }
+        let held: i32 = a.query_one(&mine[2], &[]).await.unwrap().get(0);
+        assert_eq!(held, 3, "a session's own statements are all kept");
+        let got: i32 = b.query_one(&theirs[0], &[]).await.unwrap().get(0);
+        assert_eq!(got, 10);
+        let held: i32 = b.query_one(&theirs[1], &[]).await.unwrap().get(0);
+        assert_eq!(held, 2, "the other session's third statement was closed");
+    }
+}
+
+#[tokio::test]
 async fn two_clients_statements_of_one_name_never_mix() {
     // One backend for both: each client's "s1" must be its own on it.
     let w = tx_world(1, "10s");
@@ -188,6 +230,33 @@ async fn listen_pins_the_client_and_its_notifications_arrive() {
     other.batch_execute("NOTIFY jobs, 'x'").await.unwrap();
     let (_, notified) = simple(&mut listener, "SELECT 1").await;
     assert_eq!(notified.len(), 1, "the notification arrives");
+
+    // The console says which session is pinned and why; the other shares.
+    let console = crate::world::connect(&format!(
+        "host=127.0.0.1 port={port} user={OPS} password={OPS_PASSWORD} dbname=lokadb"
+    ))
+    .await
+    .unwrap();
+    // Cores publish their sessions once a second.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let clients = console.simple_query("SHOW CLIENTS").await.unwrap();
+        let mut pins: Vec<Option<String>> = clients
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) if r.get("user") == Some(APP_USER) => {
+                    Some(r.get("pinned").map(str::to_owned))
+                }
+                _ => None,
+            })
+            .collect();
+        pins.sort();
+        if pins == [None, Some("LISTEN".to_owned())] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "SHOW CLIENTS: {pins:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
