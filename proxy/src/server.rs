@@ -430,6 +430,7 @@ async fn watch(core: Rc<Core>) {
             // A recording is at most a tick behind, whatever the sessions do.
             rec.flush();
         }
+        crate::frontend::cloud_pool::free_a_place_for_other_cores(&core);
         if ticks.is_multiple_of(REAP_EVERY) {
             let now = Instant::now();
             let databases = core.databases.borrow();

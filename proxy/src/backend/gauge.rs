@@ -57,6 +57,13 @@ impl Gauge {
 #[derive(Debug)]
 pub struct Held(Arc<Gauge>);
 
+impl Held {
+    /// The gauge it counts in.
+    pub fn gauge(&self) -> &Gauge {
+        &self.0
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::AcqRel);

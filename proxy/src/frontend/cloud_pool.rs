@@ -7,7 +7,7 @@
 //! as it is open, in use or idle.
 
 use crate::backend::conn::{BackendConn, ConnError};
-use crate::backend::gauge::Gauge;
+use crate::backend::gauge::{Gauge, Held};
 use crate::backend::pool::PoolKey;
 use crate::core::{Core, Database};
 use crate::error::SessionError;
@@ -75,7 +75,9 @@ impl<'a> CloudSource<'a> {
             // A place under the cap: in turn, or freed on another core (which wakes no
             // one here) while in line.
             if turn || line.is_some() {
-                if let Some(place) = self.gauge.try_open(config.pool_size) {
+                let place =
+                    (self.gauge.try_open(config.pool_size)).or_else(|| self.place_of_other_idle());
+                if let Some(place) = place {
                     drop((waiting, line));
                     let mut b = self.connect().await?;
                     b.place = Some(place);
@@ -117,8 +119,39 @@ impl<'a> CloudSource<'a> {
         self.core.cloud_slots.wake_one(&self.slot);
     }
 
+    /// At the cap: the place of an idle backend of this database and role with other
+    /// startup parameters, closed (it would hold its place until it expires, and its
+    /// parameters' sessions may not come again).
+    fn place_of_other_idle(&self) -> Option<Held> {
+        let key = self.key;
+        let mut other = self.core.pool.borrow_mut().take_oldest(|k, _| {
+            k.org.is_none() && k.database == key.database && k.user == key.user && k != key
+        })?;
+        let place = other.place.take();
+        crate::rt::spawn(other.terminate()).detach();
+        place
+    }
+
     async fn connect(&self) -> Result<BackendConn, SessionError> {
         connect_backend(self.db, self.key, &self.creds).await
+    }
+}
+
+/// Closes one idle cloud backend of a database and role whose sessions wait at its cap on
+/// other cores while none waits on this one: their wait ends when a place frees, and an
+/// idle backend on this core (other startup parameters, or no session here wants it) may
+/// hold it until it expires. Runs on the core's tick.
+pub fn free_a_place_for_other_cores(core: &Core) {
+    let idle = core.pool.borrow_mut().take_oldest(|k, conn| {
+        k.org.is_none()
+            && conn.place.as_ref().is_some_and(|p| p.gauge().waiting() > 0)
+            && core
+                .cloud_slots
+                .waiting(&(k.database.clone(), Rc::from(k.user.as_str())))
+                == 0
+    });
+    if let Some(b) = idle {
+        crate::rt::spawn(b.terminate()).detach();
     }
 }
 

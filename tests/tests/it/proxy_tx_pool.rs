@@ -155,6 +155,30 @@ async fn a_backend_keeps_at_most_max_prepared_statements_beyond_a_sessions_own()
 }
 
 #[tokio::test]
+async fn at_the_cap_an_idle_backend_of_other_startup_parameters_gives_its_place() {
+    // pool_size 1: the one backend, idle with client a's parameters, must not keep client
+    // b (another application_name) waiting until pool_timeout, nor a after b.
+    let w = tx_world(1, "5s");
+    let named = |name: &str| format!("{} application_name={name}", w.dsn());
+    let a = crate::world::connect(&named("a")).await.unwrap();
+    assert_eq!(
+        text(&a, "SHOW application_name").await.as_deref(),
+        Some("a")
+    );
+    let b = crate::world::connect(&named("b")).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            text(&b, "SHOW application_name").await.as_deref(),
+            Some("b")
+        );
+        assert_eq!(
+            text(&a, "SHOW application_name").await.as_deref(),
+            Some("a")
+        );
+    }
+}
+
+#[tokio::test]
 async fn two_clients_statements_of_one_name_never_mix() {
     // One backend for both: each client's "s1" must be its own on it.
     let w = tx_world(1, "10s");
