@@ -71,6 +71,11 @@ impl fmt::Display for SessionId {
 /// The bit that marks a pooled session's key ([`CancelRegistry::register_pooled`]).
 const POOLED_PID: u32 = 1 << 30;
 
+/// The process ID a session's key carries with transaction pooling.
+pub fn pooled_pid(id: SessionId) -> u32 {
+    POOLED_PID | (id.0 & (POOLED_PID - 1))
+}
+
 /// Where a cancel must go: the backend's address and its own key.
 #[derive(Debug, Clone)]
 pub struct CancelTarget {
@@ -150,11 +155,7 @@ impl CancelRegistry {
             }
         };
         // Positive as an int4 for any core below 64 (the id's top byte).
-        let pid = if pooled {
-            POOLED_PID | (id.0 & (POOLED_PID - 1))
-        } else {
-            target.pid
-        };
+        let pid = if pooled { pooled_pid(id) } else { target.pid };
         let same_pid = self.by_pid.entry(pid).or_default();
         // Two sessions with one process ID (two clouds) never share a secret on a core.
         let secret = loop {

@@ -403,6 +403,7 @@ async fn forward(
         .then(|| TxSession::new(db.config.max_prepared_statements));
     if let Some(t) = tx.as_mut() {
         t.acquired(std::mem::take(&mut backend.holds), &mut exchanges.cloud);
+        exchanges.cloud.notify_pid = Some((backend.pid, crate::cancel::pooled_pid(session)));
     }
     let mut acquiring: Option<Acquiring<'_>> = None;
     let mut detached_io = Detached;
@@ -573,6 +574,8 @@ async fn forward(
                     Poll::Ready(Ok(mut b)) => {
                         acquiring = None;
                         t.acquired(std::mem::take(&mut b.holds), &mut exchanges.cloud);
+                        exchanges.cloud.notify_pid =
+                            Some((b.pid, crate::cancel::pooled_pid(session)));
                         t.detached = false;
                         t.wants_backend = false;
                         // What the proxy knew the last backend held of `statement_org`.

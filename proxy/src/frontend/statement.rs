@@ -48,6 +48,9 @@ pub struct Exchange {
     /// gate of direct writes, `lokadb.statement_org` and key-map lookups: one failing does
     /// not hide another's failure.
     pub silenced_failed: std::collections::VecDeque<u64>,
+    /// With transaction pooling: (the backend's process ID, the one the client's key
+    /// carries). A notification the session's own backend sent names the key's.
+    pub notify_pid: Option<(u32, u32)>,
     /// ErrorResponses received.
     pub errors: u64,
     /// ErrorResponses by SQLSTATE class (its first two characters) since the session last
@@ -193,6 +196,7 @@ impl Default for Exchange {
             dropping: std::collections::VecDeque::new(),
             silenced: std::collections::VecDeque::new(),
             silenced_failed: std::collections::VecDeque::new(),
+            notify_pid: None,
             errors: 0,
             error_classes: Vec::new(),
             error_notes: Vec::new(),
@@ -926,6 +930,7 @@ impl Inspect for ServerFrames<'_> {
             // short.
             BE_READY_FOR_QUERY | BE_PARAMETER_STATUS | BE_ERROR_RESPONSE => true,
             BE_NOTICE_RESPONSE => ex.shift_now().is_some(),
+            BE_NOTIFICATION_RESPONSE => ex.notify_pid.is_some(),
             BE_PARSE_COMPLETE | BE_CLOSE_COMPLETE => self.exchange.drops_next(),
             _ => false,
         }
@@ -1000,6 +1005,18 @@ impl Inspect for ServerFrames<'_> {
             }
             (false, Some(chars), Some(frame)) if action == Action::Forward => {
                 shift_position(frame, chars).map_or(action, Action::Replace)
+            }
+            (false, _, Some(frame))
+                if header.tag == BE_NOTIFICATION_RESPONSE && action == Action::Forward =>
+            {
+                match self.exchange.notify_pid {
+                    Some((backend, key)) if frame.get(5..9) == Some(&backend.to_be_bytes()) => {
+                        let mut own = frame.to_vec();
+                        own[5..9].copy_from_slice(&key.to_be_bytes());
+                        Action::Replace(own)
+                    }
+                    _ => action,
+                }
             }
             _ => action,
         };

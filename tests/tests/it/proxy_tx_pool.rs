@@ -254,6 +254,11 @@ async fn listen_pins_the_client_and_its_notifications_arrive() {
     other.batch_execute("NOTIFY jobs, 'x'").await.unwrap();
     let (_, notified) = simple(&mut listener, "SELECT 1").await;
     assert_eq!(notified.len(), 1, "the notification arrives");
+    // Its own notification names the process ID of its key, as a client's own does at
+    // the cloud (drivers tell their own notifications apart by it).
+    let key_pid = be32(&listener.key_data[0][..4]);
+    let (_, notified) = simple(&mut listener, "NOTIFY jobs, 'mine'").await;
+    assert_eq!(notified, [key_pid]);
 
     // The console says which session is pinned and why; the other shares.
     let console = crate::world::connect(&format!(
