@@ -299,7 +299,7 @@ pub struct Core {
     /// Direct connections per organization under `direct_max`, and who waits for one.
     pub direct_slots: crate::backend::slots::Slots,
     /// Sessions of this core waiting for a cloud backend at `pool_size`, by database and role.
-    pub cloud_slots: crate::backend::slots::Slots<(Rc<str>, Rc<str>)>,
+    pub cloud_slots: crate::backend::slots::Slots<crate::backend::slots::CloudKey>,
     /// The last lease given to a direct connection ([`Core::next_lease`]).
     pub leases: Cell<u64>,
     /// Cancel keys of this core's sessions.

@@ -102,6 +102,8 @@ pub struct BackendConn {
     pub at_login: Option<super::at_login::AtLogin>,
     /// A cloud backend's place under `pool_size`, given back when it is dropped.
     pub place: Option<super::gauge::Held>,
+    /// … and its count on its core (each core's fair share of `pool_size` is its own).
+    pub core_place: Option<super::slots::Permit<super::slots::CloudKey>>,
     /// What it holds of the sessions it served in transaction pooling.
     pub holds: super::pool::Holds,
 }
@@ -140,6 +142,7 @@ impl BackendConn {
             lease: 0,
             at_login: None,
             place: None,
+            core_place: None,
             holds: super::pool::Holds::default(),
         };
         let mut out = Vec::with_capacity(256);

@@ -84,17 +84,17 @@ impl Pool {
         None
     }
 
-    /// Takes the longest idle backend whose key and connection `matches` (to close it:
-    /// another key needs its place under a cap).
+    /// Takes the longest idle backend whose key, connection and time it was pooled
+    /// `matches` (to close it: another key needs its place under a cap).
     pub fn take_oldest(
         &mut self,
-        matches: impl Fn(&PoolKey, &BackendConn) -> bool,
+        matches: impl Fn(&PoolKey, &BackendConn, Instant) -> bool,
     ) -> Option<BackendConn> {
         // Each list is oldest first.
         let key = self
             .idle
             .iter()
-            .filter(|(k, l)| l.first().is_some_and(|i| matches(k, &i.conn)))
+            .filter(|(k, l)| l.first().is_some_and(|i| matches(k, &i.conn, i.since)))
             .min_by_key(|(_, l)| l[0].since)
             .map(|(k, _)| k.clone())?;
         let list = self.idle.get_mut(&key)?;

@@ -16,6 +16,9 @@ use std::task::{Context, Poll, Waker};
 /// A database entry's name and an organization.
 pub type SlotKey = (Rc<str>, OrgId);
 
+/// A database entry's name and a role: the key of cloud backends under `pool_size`.
+pub type CloudKey = (Rc<str>, Rc<str>);
+
 #[derive(Default)]
 struct Count {
     open: usize,
@@ -102,7 +105,6 @@ impl<K: Clone + Eq + Hash> Slots<K> {
     }
 
     /// How many connections to `key` are open.
-    #[cfg(test)]
     pub fn open(&self, key: &K) -> usize {
         self.0.borrow().counts.get(key).map_or(0, |c| c.open)
     }

@@ -9,6 +9,7 @@
 use crate::backend::conn::{BackendConn, ConnError};
 use crate::backend::gauge::{Gauge, Held};
 use crate::backend::pool::PoolKey;
+use crate::backend::slots::CloudKey;
 use crate::core::{Core, Database};
 use crate::error::SessionError;
 use crate::scram::Credentials;
@@ -21,6 +22,10 @@ use std::time::{Duration, Instant};
 /// backend closed on another core frees a place there).
 const LOOK_AGAIN: Duration = Duration::from_millis(20);
 
+/// An idle backend unused this long goes to sessions waiting on other cores even within its
+/// core's share of `pool_size` (its core's sessions do not need it now).
+const UNUSED: Duration = Duration::from_millis(500);
+
 /// A session's way to cloud backends.
 pub struct CloudSource<'a> {
     core: &'a Core,
@@ -28,7 +33,7 @@ pub struct CloudSource<'a> {
     key: &'a PoolKey,
     creds: Credentials,
     gauge: Arc<Gauge>,
-    slot: (Rc<str>, Rc<str>),
+    slot: CloudKey,
 }
 
 impl<'a> CloudSource<'a> {
@@ -81,6 +86,7 @@ impl<'a> CloudSource<'a> {
                     drop((waiting, line));
                     let mut b = self.connect().await?;
                     b.place = Some(place);
+                    b.core_place = self.core.cloud_slots.try_acquire(&self.slot, usize::MAX);
                     return Ok(b);
                 }
             }
@@ -108,7 +114,7 @@ impl<'a> CloudSource<'a> {
     /// and none of this one's does (its place is theirs).
     pub fn give_back(&self, b: BackendConn) {
         let here = self.core.cloud_slots.waiting(&self.slot);
-        if here == 0 && self.gauge.waiting() > 0 {
+        if here == 0 && self.gauge.waiting() > 0 && above_share(self.core, self.db, &self.slot) {
             crate::rt::spawn(b.terminate()).detach();
             return;
         }
@@ -124,7 +130,7 @@ impl<'a> CloudSource<'a> {
     /// parameters' sessions may not come again).
     fn place_of_other_idle(&self) -> Option<Held> {
         let key = self.key;
-        let mut other = self.core.pool.borrow_mut().take_oldest(|k, _| {
+        let mut other = self.core.pool.borrow_mut().take_oldest(|k, _, _| {
             k.org.is_none() && k.database == key.database && k.user == key.user && k != key
         })?;
         let place = other.place.take();
@@ -137,19 +143,32 @@ impl<'a> CloudSource<'a> {
     }
 }
 
+/// Whether this core holds more than its share of `pool_size` (the cap ÷ the cores, up):
+/// only then does it close a backend for sessions waiting on other cores. Below it, its
+/// backends stay its own: handing places back and forth between busy cores would log in a
+/// backend per transaction (measured: 446 logins in 5 s at 100 pgbench clients on 2 cores).
+fn above_share(core: &Core, db: &Database, slot: &CloudKey) -> bool {
+    let share = (db.config.pool_size as usize).div_ceil(core.peers.len().max(1));
+    core.cloud_slots.open(slot) > share
+}
+
 /// Closes one idle cloud backend of a database and role whose sessions wait at its cap on
-/// other cores while none waits on this one: their wait ends when a place frees, and an
-/// idle backend on this core (other startup parameters, or no session here wants it) may
-/// hold it until it expires. Runs on the core's tick.
+/// other cores while none waits on this one, if this core holds more than its share or the
+/// backend sat idle for [`UNUSED`]: their wait ends when a place frees, and an idle backend
+/// here (other startup parameters, or no session here wants it) may hold it until it
+/// expires. Runs on the core's tick.
 pub fn free_a_place_for_other_cores(core: &Core) {
-    let idle = core.pool.borrow_mut().take_oldest(|k, conn| {
+    let databases = core.databases.borrow();
+    let now = Instant::now();
+    let idle = core.pool.borrow_mut().take_oldest(|k, conn, since| {
+        let slot = (k.database.clone(), Rc::from(k.user.as_str()));
         k.org.is_none()
             && conn.place.as_ref().is_some_and(|p| p.gauge().waiting() > 0)
-            && core
-                .cloud_slots
-                .waiting(&(k.database.clone(), Rc::from(k.user.as_str())))
-                == 0
+            && core.cloud_slots.waiting(&slot) == 0
+            && (now.duration_since(since) >= UNUSED
+                || (databases.get(&*k.database)).is_some_and(|db| above_share(core, db, &slot)))
     });
+    drop(databases);
     if let Some(b) = idle {
         crate::rt::spawn(b.terminate()).detach();
     }

@@ -324,7 +324,7 @@ fn open(
             }
             // At the cap, an idle pooled connection to this organization opened for another
             // role or other settings gives its place up (it would hold it until it expires).
-            let idle = core.pool.borrow_mut().take_oldest(|k, _| {
+            let idle = core.pool.borrow_mut().take_oldest(|k, _, _| {
                 k.database == direct_key.database && k.org == direct_key.org && *k != direct_key
             });
             if let Some(mut other) = idle {
