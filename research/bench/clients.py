@@ -11,7 +11,8 @@ fdw`, organization 1 left in the cloud), here with the cloud at max_connections 
 2's database at Postgres's default 100, and no statement logging. For each client count (full 200,
 500 and 1000; quick 1000), N clients connect, then each makes K operations (full 20, quick 6) on one
 organization, back to back, autocommit, alternating a read of one document and an update of the
-body of one of its versions (each client its own rows: no two clients wait on one row). Six
+body of one of its versions (each client its own rows: no two clients wait on one row, up to the
+world's rows, 3100 per organization; past them clients share rows, as the summary says). Six
 set-ups, one after the other, each with fresh processes (no pooled backend or connection carried
 over):
 
@@ -23,7 +24,12 @@ over):
   connection; past `direct_max` a session's statements go through the cloud);
 - `lokadb, fdw+direct, direct_pool`: direct connections shared at the end of each transaction;
 - `lokadb, fdw, pool_mode transaction`: the organization on fdw, cloud backends shared at the end of
-  each transaction (`pool_size` 32): at most 32 cloud backends, so at most 32 postgres_fdw streams.
+  each transaction (`pool_size` 32): at most 32 cloud backends, so at most 32 postgres_fdw streams;
+- `lokadb, org in the cloud, pool_mode transaction`: organization 1 through the proxy pooling by
+  transaction (`pool_size` 32): the client counts past the cloud's max_connections (5000, 10000).
+
+The proxy's max_connections is 1100, or the client count plus 100 past 1000 clients. Through the proxy, its resident
+memory once every client connected, less at its start, ÷ the clients connected ("proxy KiB/client").
 
 Per set-up: operations that failed ÷ attempted ("refused"), by SQLSTATE and message; clients that could
 not connect (their K operations count as refused); wall time and operations per second; p50/p99 latency
@@ -56,7 +62,7 @@ from lib.binaries import AGENT_BIN, BIN_DIR, LINK_BIN, LOKADB_BIN, PG_BIN, binar
 from lib.charts import REFERENCE_STYLE, goal_line, marks, save_png  # noqa: E402
 from lib.clusters import CLOUD_PG, ORG, ORG_DB, ORG_PG, SUPER_PASSWORD  # noqa: E402
 from lib.numbers import fmt, percentile  # noqa: E402
-from lib.procs import catch_signals, delta, log, preflight, raise_fd_limit, sched_ns, temp_dir  # noqa: E402
+from lib.procs import catch_signals, delta, log, preflight, raise_fd_limit, rss_kib, sched_ns, temp_dir  # noqa: E402
 from lib.relay import prepare_tunnel, stop_agents, tunnel_agent, tunnel_relay  # noqa: E402
 from lib.results import (  # noqa: E402
     Ctx, git_info, guarded_run, machine_info, rerender, result_dir, write_charts_section, write_empty_summary,
@@ -80,9 +86,10 @@ SETUPS = [  # (key, label, target, profile of organization 2 (None: left), direc
     ("lokadb_direct", "lokadb, fdw+direct", "proxy", "fdw+direct", False, ORG),
     ("lokadb_direct_pool", "lokadb, fdw+direct, direct_pool", "proxy", "fdw+direct", True, ORG),
     ("lokadb_fdw_tx", "lokadb, fdw, pool_mode transaction", "proxy", "fdw", False, ORG),
+    ("lokadb_cloud_tx", "lokadb, org in the cloud, pool_mode transaction", "proxy", None, False, CLOUD_ORG),
 ]
 # Setups whose proxy pools cloud backends by transaction: their pool_size.
-TX_POOL = {"lokadb_fdw_tx": 32}
+TX_POOL = {"lokadb_fdw_tx": 32, "lokadb_cloud_tx": 32}
 
 
 class Mode:
@@ -140,6 +147,8 @@ async def many_clients(kw: dict, pairs: list, mode: Mode, rec: dict, clients: in
     while rec["connected"] + sum(rec["connect_failed"].values()) < clients:
         await asyncio.sleep(0.05)
     rec["connect_s"] = round(time.time() - rec["t0"], 2)
+    if rec.get("proxy_pid"):
+        rec["proxy_rss_kib_connected"] = rss_kib(rec["proxy_pid"])
     rec["t_start"] = time.time()
     start.set()
     await asyncio.gather(*tasks)
@@ -202,9 +211,12 @@ def one_setup(ctx, key: str, label: str, target: str, profile: str | None, pool:
             db_extra = {"direct_pool": pool}
             if key in TX_POOL:
                 db_extra.update(pool_mode="transaction", pool_size=TX_POOL[key])
-            ctx.proxy = routing_world.start_proxy(ctx, key, db_extra=db_extra,
-                                                  extra={"max_connections": PROXY_MAX_CONNECTIONS})
+            ctx.proxy = routing_world.start_proxy(
+                ctx, key, db_extra=db_extra,
+                extra={"max_connections": max(PROXY_MAX_CONNECTIONS, clients + 100)})
             port = ctx.proxy.port
+            rec["proxy_pid"] = ctx.proxy.proc.pid
+            rec["proxy_rss_kib_start"] = rss_kib(ctx.proxy.proc.pid)
             rec["proxy_config"] = ctx.proxy_config
         else:
             port = ctx.cloud.port
@@ -244,6 +256,9 @@ def one_setup(ctx, key: str, label: str, target: str, profile: str | None, pool:
     rec["succeeded"] = ok
     rec["refused_pct"] = round(100.0 * (attempted - ok) / attempted, 2)
     rec["ops_per_s"] = round(ok / rec["ops_s"], 1) if rec.get("ops_s") else None
+    if rec.get("proxy_rss_kib_connected") and rec["connected"]:
+        rec["proxy_kib_per_client"] = round(
+            (rec["proxy_rss_kib_connected"] - rec["proxy_rss_kib_start"]) / rec["connected"], 1)
     if rec.get("proxy_cpu_ns") and ok:
         rec["proxy_us_per_op"] = round(rec["proxy_cpu_ns"] / 1e3 / ok, 1)
     rec["ok"] = dict(rec["ok"])
@@ -268,14 +283,17 @@ def summary_markdown(raw: dict, s: dict) -> str:
            f"rows, autocommit: organization {CLOUD_ORG} in the cloud, or organization {ORG}, moved), organization {ORG}'s "
            f"database at max_connections {m['postgres_settings']['org']['max_connections']}, the cloud at "
            f"{m['postgres_settings']['cloud']['max_connections']}; proxy defaults but max_connections "
-           f"{PROXY_MAX_CONNECTIONS} (direct_max 32).", ""]
-    out += ["| clients | set-up | refused | clients not connected | ops/s | p50 ms | p99 ms | org connections, peak | proxy µs/op |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+           f"{PROXY_MAX_CONNECTIONS}, or the clients plus 100 past 1000 (direct_max 32)."
+           + "".join(f" Organization {o}'s rows are fewer than the clients: up to {n} clients share a row."
+                     for o, n in m.get("rows_shared", {}).items()), ""]
+    out += ["| clients | set-up | refused | clients not connected | ops/s | p50 ms | p99 ms | org connections, peak | proxy µs/op | proxy KiB/client |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in raw["setups"]:
         out.append(f"| {r.get('clients', m['mode_settings']['clients'])} | {r['label']} | {r['refused_pct']} % | "
                    f"{sum(r['connect_failed'].values())} | "
                    f"{fmt(r.get('ops_per_s'), 0)} | {fmt(r.get('p50_ms'))} | {fmt(r.get('p99_ms'))} | "
-                   f"{r.get('org_connections_peak', '–')} | {fmt(r.get('proxy_us_per_op'), 1)} |")
+                   f"{r.get('org_connections_peak', '–')} | {fmt(r.get('proxy_us_per_op'), 1)} | "
+                   f"{fmt(r.get('proxy_kib_per_client'), 1)} |")
     out += ["", "## Failures by kind", ""]
     for r in raw["setups"]:
         who = f"{r['label']}, {r.get('clients', m['mode_settings']['clients'])} clients"
@@ -424,7 +442,12 @@ def main() -> int:
         ctx.pairs = org_pairs(ctx)
         for org, pairs in ctx.pairs.items():
             if len(pairs) < mode.clients:
-                raise RuntimeError(f"{len(pairs)} rows of organization {org} for {mode.clients} clients")
+                # Past the world's rows, clients share them (client i takes pair i mod rows):
+                # up to ⌈clients ÷ rows⌉ clients update one row, one after the other.
+                shared = -(-mode.clients // len(pairs))
+                raw["meta"].setdefault("rows_shared", {})[org] = shared
+                log(f"organization {org}: {len(pairs)} rows for {mode.clients} clients: "
+                    f"up to {shared} clients share a row")
         # The relay and the agent, no latency link: what is measured is connections, not distance.
         ctx.relay = tunnel_relay(ctx, ORG, "relay")
         ctx.agent = tunnel_agent(ctx, ctx.relay.agents_port, ctx.org.addr())

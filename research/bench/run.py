@@ -201,6 +201,12 @@ def summary_markdown(meta: dict, summary: dict, idle: list[dict]) -> str:
         f"Load generator (pgbench), proxies and Postgres share the same {meta['machine']['nproc']} cores; "
         f"Postgres runs with synchronous_commit=off. Total run time {meta['duration_seconds']:.0f} s.\n"
     )
+    L.append(
+        f"LokaDB pool_mode: **{meta.get('lokadb_pool_mode', 'session')}**"
+        + (" (pool_size 32, as PgBouncer's)" if meta.get("lokadb_pool_mode") == "transaction" else "")
+        + f"; PgBouncer pool_mode transaction, default_pool_size 32; the app role's SCRAM iterations: "
+        f"{meta['client_settings'].get('scram_iterations', 4096)}. Command: `{meta.get('command', 'run.py')}`.\n"
+    )
 
     L.append("## One client: p50 / p99 latency (ms) and the p50 added over direct\n")
     L.append("| scenario | direct p50 | LokaDB p50 | LokaDB added p50 | PgBouncer p50 | PgBouncer added p50 | direct p99 | LokaDB p99 | PgBouncer p99 | notes |")
@@ -362,7 +368,10 @@ def draw_charts(outdir: Path, summary: dict, idle: list[dict], title_suffix: str
 def charts_data_section(meta: dict, summary: dict, idle: list[dict], outdir: Path, charts: list[str]) -> str:
     rel = os.path.relpath(outdir, HERE)
     q = f" — short runs, R={meta['reps']}; indicative only" if meta["mode"] == "quick" else ""
-    L = [f"## Proxy core, {meta['mode']} mode{q}\n",
+    tx = (", LokaDB pooling by transaction (pool_size 32), the app role's SCRAM iterations "
+          f"{meta['client_settings'].get('scram_iterations', 4096)}"
+          if meta.get("lokadb_pool_mode") == "transaction" else "")
+    L = [f"## Proxy core, {meta['mode']} mode{tx}{q}\n",
          f"Run `{meta['run_id']}` (folder `{rel}/`), commit `{meta['git']['commit'][:12]}`"
          f"{' (dirty tree)' if meta['git']['dirty'] else ''}, {meta['machine']['nproc']} cores, "
          f"{meta['data']['rows']:,} rows / {meta['data']['organizations']} organizations, R={meta['reps']}, medians. "
@@ -410,6 +419,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1 s runs, 50k rows, R=1 (≈ 1.3 min)")
     ap.add_argument("--out", type=Path, help="result folder (default research/bench/results/<UTC ts>[-quick])")
     ap.add_argument("--reps", type=int, help="override the number of repetitions R")
+    ap.add_argument("--pool-mode", choices=["session", "transaction"], default="session",
+                    help="LokaDB's pool_mode (transaction: pool_size 32, as PgBouncer's pool)")
+    ap.add_argument("--scram-iterations", type=int, default=4096,
+                    help="SCRAM iterations of the app role (Postgres' default 4096)")
     ap.add_argument("--no-charts-data", action="store_true", help="do not update research/bench/charts-data.md")
     ap.add_argument("--render", type=Path, help="only rebuild summary.md, the charts and charts-data.md from this "
                                                 "raw.json or raw.json.gz (its summary as recorded)")
@@ -428,7 +441,10 @@ def main() -> int:
     mode = Mode(args.quick)
     if args.reps:
         mode.reps = args.reps
-    started, run_id, outdir = result_dir(args.out, "", mode.quick)
+    mode.pool_mode = args.pool_mode
+    mode.scram_iterations = args.scram_iterations
+    tag = "-tx" if args.pool_mode == "transaction" else ""
+    started, run_id, outdir = result_dir(args.out, tag, mode.quick)
 
     # 1000 idle clients need fds in this process, the proxy and PgBouncer (children inherit).
     raise_fd_limit()
@@ -449,7 +465,10 @@ def main() -> int:
         "postgres_settings": {"synchronous_commit": "off", "fsync": "on (default)",
                               "max_connections": 1200, "shared_buffers": "256MB",
                               "password_encryption": "scram-sha-256"},
-        "client_settings": {"sslmode": "disable", "auth": "SCRAM-SHA-256 as role app"},
+        "client_settings": {"sslmode": "disable", "auth": "SCRAM-SHA-256 as role app",
+                            "scram_iterations": mode.scram_iterations},
+        "lokadb_pool_mode": mode.pool_mode,
+        "command": "/work/main/.venv/bin/python research/bench/run.py " + " ".join(sys.argv[1:]),
         "setup_commands": setup_commands,
         "errors": [],
     }
@@ -569,7 +588,9 @@ def render_proxy_core(raw: dict, outdir: Path, charts_data: bool) -> str:
     md = summary_markdown(meta, summary, raw["idle_clients"])
     (outdir / "summary.md").write_text(md)
     if charts_data:
-        update_charts_data(charts_data_section(meta, summary, raw["idle_clients"], outdir, charts), meta["mode"])
+        pooled = " transaction-pooling" if meta.get("lokadb_pool_mode") == "transaction" else ""
+        update_charts_data(charts_data_section(meta, summary, raw["idle_clients"], outdir, charts),
+                           meta["mode"] + pooled)
     return md
 
 

@@ -60,6 +60,11 @@ class Mode:
         self.t_connect = 1 if quick else 8  # -C, 16 clients
         self.t_warmup = 1 if quick else 3
         self.idle_clients = 1000
+        # LokaDB's pool_mode ("session": its default; "transaction": pool_size 32, as
+        # PgBouncer's pool) and the app role's SCRAM iterations (Postgres' default 4096; a
+        # low count keeps the client's hashing from dominating connect-per-transaction).
+        self.pool_mode = "session"
+        self.scram_iterations = 4096
 
 
 SCRIPTS = {
@@ -175,6 +180,7 @@ class World:
     def create_roles_and_data(self) -> dict:
         with self.superuser_conn() as c:
             c.execute("SET password_encryption = 'scram-sha-256'")
+            c.execute(f"SET scram_iterations = {int(self.mode.scram_iterations)}")
             c.execute(f"CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'")
             c.execute(f"CREATE ROLE lokadb_auth LOGIN SUPERUSER PASSWORD '{AUTH_PASSWORD}'")
             c.execute("CREATE DATABASE app OWNER app")
@@ -221,6 +227,8 @@ class World:
                 }
             },
         }
+        if self.mode.pool_mode == "transaction":
+            cfg["databases"]["app"].update(pool_mode="transaction", pool_size=32)
         cfg_path = self.tmp / "lokadb.json"
         cfg_path.write_text(json.dumps(cfg, indent=2))
         env = dict(os.environ)
