@@ -315,13 +315,6 @@ impl TxSession {
             self.on_backend.unnamed = None;
             self.on_backend.settings = self.settings_hash;
         }
-        if self.on_backend.unknown {
-            // A failed batch left statements nobody listed: start from none.
-            ex.send_own("DEALLOCATE ALL");
-            self.on_backend.statements.clear();
-            self.on_backend.unknown = false;
-            self.on_backend.unnamed = None;
-        }
         let mut out = Vec::new();
         // Past the cap, other sessions' statements make room for this one's.
         let foreign =
@@ -693,20 +686,5 @@ mod tests {
         );
         assert_eq!(s.on_backend.statements.len(), 4);
         assert!(s.on_backend.statements.contains_key("mine"));
-    }
-
-    #[test]
-    fn a_backend_whose_statements_are_unknown_is_cleared_first() {
-        let mut ex = Exchange::default();
-        let holds = Holds {
-            unknown: true,
-            unnamed: Some(0),
-            ..Holds::default()
-        };
-        let mut s = TxSession::new(200);
-        s.acquired(holds, &mut ex);
-        let tags: Vec<u8> = super::super::statement::tags(&ex.outbox).collect();
-        assert_eq!(tags, [FE_QUERY]);
-        assert!(s.on_backend.is_clean());
     }
 }
