@@ -161,6 +161,8 @@ pub struct Shared {
     pub predecessor: std::sync::Mutex<Option<crate::handover::Predecessor>>,
     /// Open cloud backends per database and role over all cores (`pool_size`).
     pub gauges: crate::backend::gauge::Gauges,
+    /// With transaction pooling, the session each cloud backend's notifications name.
+    pub notifiers: Arc<crate::frontend::tx_pool::Notifiers>,
 }
 
 impl Shared {
@@ -186,6 +188,7 @@ impl Shared {
             published: crate::metrics::Published::default(),
             predecessor: std::sync::Mutex::new(None),
             gauges: crate::backend::gauge::Gauges::default(),
+            notifiers: Arc::default(),
         })
     }
 

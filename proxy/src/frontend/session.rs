@@ -8,6 +8,7 @@ use super::direct::{Ctx, Direct, SessionLink};
 use super::pump::{Pipe, PipeError};
 use super::router::{Exchanges, Privileges, Router, Side};
 use super::startup::{negotiate, Negotiated};
+use super::statement::NotifyPids;
 use super::statement::{ClientFrames, Exchange, Reported, ServerFrames};
 use super::tx_pool::TxSession;
 use crate::backend::at_login::{at_login, TxDefaults};
@@ -399,11 +400,19 @@ async fn forward(
     // Transaction pooling: the backend goes back at each idle point; the next message waits
     // for one ([`super::tx_pool`]).
     let source = CloudSource::new(core, &db, &key, creds);
-    let mut tx = (db.config.pool_mode == PoolMode::Transaction)
-        .then(|| TxSession::new(db.config.max_prepared_statements));
+    let mut tx = (db.config.pool_mode == PoolMode::Transaction).then(|| {
+        TxSession::new(
+            db.config.max_prepared_statements,
+            core.shared.notifiers.clone(),
+        )
+    });
     if let Some(t) = tx.as_mut() {
         t.acquired(std::mem::take(&mut backend.holds), &mut exchanges.cloud);
-        exchanges.cloud.notify_pid = Some((backend.pid, crate::cancel::pooled_pid(session)));
+        exchanges.cloud.notify = Some(NotifyPids {
+            backend: backend.pid,
+            key: crate::cancel::pooled_pid(session),
+            others: core.shared.notifiers.clone(),
+        });
     }
     let mut acquiring: Option<Acquiring<'_>> = None;
     let mut detached_io = Detached;
@@ -574,8 +583,9 @@ async fn forward(
                     Poll::Ready(Ok(mut b)) => {
                         acquiring = None;
                         t.acquired(std::mem::take(&mut b.holds), &mut exchanges.cloud);
-                        exchanges.cloud.notify_pid =
-                            Some((b.pid, crate::cancel::pooled_pid(session)));
+                        if let Some(n) = exchanges.cloud.notify.as_mut() {
+                            n.backend = b.pid;
+                        }
                         t.detached = false;
                         t.wants_backend = false;
                         // What the proxy knew the last backend held of `statement_org`.

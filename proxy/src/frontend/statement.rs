@@ -48,9 +48,8 @@ pub struct Exchange {
     /// gate of direct writes, `lokadb.statement_org` and key-map lookups: one failing does
     /// not hide another's failure.
     pub silenced_failed: std::collections::VecDeque<u64>,
-    /// With transaction pooling: (the backend's process ID, the one the client's key
-    /// carries). A notification the session's own backend sent names the key's.
-    pub notify_pid: Option<(u32, u32)>,
+    /// With transaction pooling: the process IDs notifications name.
+    pub notify: Option<NotifyPids>,
     /// ErrorResponses received.
     pub errors: u64,
     /// ErrorResponses by SQLSTATE class (its first two characters) since the session last
@@ -185,6 +184,30 @@ impl ErrorNote {
     }
 }
 
+/// With transaction pooling, the process IDs a session's notifications name: its own
+/// backend's become its key's, another session's backend's that session's key's
+/// ([`super::tx_pool::Notifiers`]).
+#[derive(Debug, Clone)]
+pub struct NotifyPids {
+    /// The backend the session holds.
+    pub backend: u32,
+    /// The process ID its key carries.
+    pub key: u32,
+    /// The keys of the sessions that notified on other backends.
+    pub others: std::sync::Arc<super::tx_pool::Notifiers>,
+}
+
+impl NotifyPids {
+    /// What a notification from backend `pid` names.
+    fn named(&self, pid: u32) -> Option<u32> {
+        if pid == self.backend {
+            Some(self.key)
+        } else {
+            self.others.key_of(pid)
+        }
+    }
+}
+
 impl Default for Exchange {
     fn default() -> Self {
         Exchange {
@@ -196,7 +219,7 @@ impl Default for Exchange {
             dropping: std::collections::VecDeque::new(),
             silenced: std::collections::VecDeque::new(),
             silenced_failed: std::collections::VecDeque::new(),
-            notify_pid: None,
+            notify: None,
             errors: 0,
             error_classes: Vec::new(),
             error_notes: Vec::new(),
@@ -930,7 +953,7 @@ impl Inspect for ServerFrames<'_> {
             // short.
             BE_READY_FOR_QUERY | BE_PARAMETER_STATUS | BE_ERROR_RESPONSE => true,
             BE_NOTICE_RESPONSE => ex.shift_now().is_some(),
-            BE_NOTIFICATION_RESPONSE => ex.notify_pid.is_some(),
+            BE_NOTIFICATION_RESPONSE => ex.notify.is_some(),
             BE_PARSE_COMPLETE | BE_CLOSE_COMPLETE => self.exchange.drops_next(),
             _ => false,
         }
@@ -1009,12 +1032,18 @@ impl Inspect for ServerFrames<'_> {
             (false, _, Some(frame))
                 if header.tag == BE_NOTIFICATION_RESPONSE && action == Action::Forward =>
             {
-                match self.exchange.notify_pid {
-                    Some((backend, key)) if frame.get(5..9) == Some(&backend.to_be_bytes()) => {
-                        let mut own = frame.to_vec();
-                        own[5..9].copy_from_slice(&key.to_be_bytes());
-                        Action::Replace(own)
-                    }
+                let pid = frame
+                    .get(5..9)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                match (self.exchange.notify.as_ref(), pid) {
+                    (Some(n), Some(pid)) => match n.named(pid) {
+                        Some(key) => {
+                            let mut named = frame.to_vec();
+                            named[5..9].copy_from_slice(&key.to_be_bytes());
+                            Action::Replace(named)
+                        }
+                        None => action,
+                    },
                     _ => action,
                 }
             }

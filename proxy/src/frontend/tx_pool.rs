@@ -67,6 +67,44 @@ pub struct TxSession {
     errors_at_acquire: u64,
     /// The most statements a backend keeps (`max_prepared_statements`).
     max_statements: usize,
+    /// Which session each backend's notifications name ([`Notifiers`]).
+    notifiers: std::sync::Arc<Notifiers>,
+}
+
+/// With transaction pooling, which session's key each cloud backend's notifications name:
+/// the last session that sent `NOTIFY` (or `pg_notify`) on it. A client that notifies holds
+/// a shared backend whose process ID it never saw; its listeners are told the one of its
+/// key, as at the cloud, where drivers compare it with the notifier's (asyncpg's
+/// `get_server_pid()`). Touched only by statements that name NOTIFY and by notifications:
+/// a lock over all cores is cheap at that rate.
+#[derive(Debug, Default)]
+pub struct Notifiers(std::sync::Mutex<HashMap<u32, u32>>);
+
+impl Notifiers {
+    /// The most backends remembered; past it the map starts again (a backend's next NOTIFY
+    /// enters it again).
+    const MAX: usize = 4096;
+
+    /// Notes that `key` is the process ID the notifications of backend `pid` name now.
+    pub fn record(&self, pid: u32, key: u32) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= Self::MAX && !map.contains_key(&pid) {
+            map.clear();
+        }
+        map.insert(pid, key);
+    }
+
+    /// The process ID a notification from backend `pid` names.
+    pub fn key_of(&self, pid: u32) -> Option<u32> {
+        let map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(&pid).copied()
+    }
 }
 
 /// Where a read-back of the settings stands ([`TxSession::read_back`]).
@@ -130,9 +168,10 @@ impl Position {
 impl TxSession {
     /// A session whose backends keep at most `max_statements` prepared statements (its
     /// own all the same).
-    pub fn new(max_statements: u32) -> TxSession {
+    pub fn new(max_statements: u32, notifiers: std::sync::Arc<Notifiers>) -> TxSession {
         TxSession {
             max_statements: max_statements as usize,
+            notifiers,
             ..TxSession::default()
         }
     }
@@ -152,6 +191,10 @@ impl TxSession {
             own
         {
             self.scan(sql);
+            // Before the backend runs it: its notification may reach a listener at once.
+            if let Some(n) = ex.notify.as_ref().filter(|_| notifies(sql)) {
+                self.notifiers.record(n.backend, n.key);
+            }
         }
         // The client's Parse, among what went out: the proxy adds Parses of its own (the
         // cloud's `statement_org` statement, a client statement parsed again before its
@@ -451,6 +494,12 @@ pub fn pin_reason(sql: &str) -> Option<&'static str> {
     }
 }
 
+/// Whether a statement's text may send a notification (by words: may say so where none
+/// is sent).
+fn notifies(sql: &str) -> bool {
+    has_word(sql, b"notify") || find(sql, b"pg_notify").is_some()
+}
+
 /// Whether `sql` holds `word` (ASCII, any case) as a whole word.
 fn has_word(sql: &str, word: &[u8]) -> bool {
     let bytes = sql.as_bytes();
@@ -581,23 +630,23 @@ mod tests {
 
     #[test]
     fn settings_statements_are_found_at_statement_starts_only() {
-        let mut s = TxSession::new(200);
+        let mut s = TxSession::new(200, Default::default());
         s.scan("UPDATE t SET a = 1 WHERE b = 'x; set'");
         // A `;` inside a literal begins a statement for the scan: a look too many.
         assert!(s.touched);
-        let mut s = TxSession::new(200);
+        let mut s = TxSession::new(200, Default::default());
         s.scan("UPDATE t SET a = 1");
         assert!(!s.touched);
         s.scan("/* c */ SET LOCAL statement_timeout = 5");
         assert!(s.touched);
-        let mut s = TxSession::new(200);
+        let mut s = TxSession::new(200, Default::default());
         s.scan("select 1; set myapp.Tenant = 'a'; reset \"Other.X\"");
         assert!(s.touched);
         assert_eq!(
             s.custom.iter().collect::<Vec<_>>(),
             ["Other.X", "myapp.tenant"]
         );
-        let mut s = TxSession::new(200);
+        let mut s = TxSession::new(200, Default::default());
         s.scan("SELECT set_config('app.user', '7', false)");
         assert!(s.touched);
         assert!(s.custom.contains("app.user"));
@@ -605,7 +654,7 @@ mod tests {
 
     #[test]
     fn deallocate_and_discard_forget_statements() {
-        let mut s = TxSession::new(200);
+        let mut s = TxSession::new(200, Default::default());
         let mut ex = Exchange::default();
         let parse = |name: &str| {
             let mut f = Vec::new();
@@ -632,7 +681,7 @@ mod tests {
 
     #[test]
     fn a_backend_gets_what_it_lacks_and_a_foreign_name_is_closed_first() {
-        let mut s = TxSession::new(200);
+        let mut s = TxSession::new(200, Default::default());
         let mut ex = Exchange::default();
         let mut f = Vec::new();
         frontend::parse(&mut f, "s1", "SELECT 1");
@@ -649,7 +698,7 @@ mod tests {
         assert_eq!(tags, [FE_CLOSE, FE_PARSE, FE_SYNC]);
         assert_eq!((ex.pending, ex.silenced.len()), (1, 1));
         // Another session's backend holding "s1": its Parse of "s1" is closed first.
-        let mut other = TxSession::new(200);
+        let mut other = TxSession::new(200, Default::default());
         let mut ex2 = Exchange::default();
         other.acquired(holds, &mut ex2);
         let mut g = Vec::new();
@@ -667,7 +716,7 @@ mod tests {
         for i in 0..5 {
             holds.statements.insert(format!("other{i}"), 7);
         }
-        let mut s = TxSession::new(4);
+        let mut s = TxSession::new(4, Default::default());
         let mut f = Vec::new();
         frontend::parse(&mut f, "mine", "SELECT 1");
         s.statements.insert(

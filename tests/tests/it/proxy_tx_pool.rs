@@ -259,6 +259,12 @@ async fn listen_pins_the_client_and_its_notifications_arrive() {
     let key_pid = be32(&listener.key_data[0][..4]);
     let (_, notified) = simple(&mut listener, "NOTIFY jobs, 'mine'").await;
     assert_eq!(notified, [key_pid]);
+    // Another client's, sent from a backend it shares, names that client's key.
+    let mut notifier = Raw::login(port, APP_USER, APP_PASSWORD, &[]).await;
+    let notifier_pid = be32(&notifier.key_data[0][..4]);
+    simple(&mut notifier, "NOTIFY jobs, 'theirs'").await;
+    let (_, notified) = simple(&mut listener, "SELECT 1").await;
+    assert_eq!(notified, [notifier_pid]);
 
     // The console says which session is pinned and why; the other shares.
     let console = crate::world::connect(&format!(
@@ -280,7 +286,8 @@ async fn listen_pins_the_client_and_its_notifications_arrive() {
             })
             .collect();
         pins.sort();
-        if pins == [None, Some("LISTEN".to_owned())] {
+        // The listener pinned; the two others (one that notified) sharing.
+        if pins == [None, None, Some("LISTEN".to_owned())] {
             break;
         }
         assert!(Instant::now() < deadline, "SHOW CLIENTS: {pins:?}");
