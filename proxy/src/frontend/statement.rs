@@ -430,7 +430,8 @@ impl Inspect for ClientFrames<'_> {
             if tx.detached {
                 return tag == FE_TERMINATE;
             }
-            if matches!(tag, FE_QUERY | FE_PARSE | FE_CLOSE) {
+            if matches!(tag, FE_QUERY | FE_PARSE | FE_CLOSE) || (tag == FE_BIND && tx.follows_binds)
+            {
                 return true;
             }
         }

@@ -69,6 +69,8 @@ pub struct TxSession {
     max_statements: usize,
     /// Which session each backend's notifications name ([`Notifiers`]).
     notifiers: std::sync::Arc<Notifiers>,
+    /// A statement of the session's needs its Binds followed ([`Stmt::rescan`]).
+    pub follows_binds: bool,
 }
 
 /// With transaction pooling, which session's key each cloud backend's notifications name:
@@ -122,6 +124,9 @@ pub enum ReadBack {
 struct Stmt {
     frame: Box<[u8]>,
     hash: u64,
+    /// Its text may change a setting, pin, notify or deallocate: each execution (Bind) is
+    /// followed as its Parse was.
+    rescan: bool,
 }
 
 /// Hashes a Parse (or the settings' statement) with a key of the process's: a client cannot
@@ -223,11 +228,14 @@ impl TxSession {
                             .insert(name.to_owned(), stmt.hash);
                     }
                 }
-                Ok(Message::Parse(Statement { name, .. })) => {
+                Ok(Message::Parse(Statement { name, sql, .. })) => {
                     let name = name.unwrap_or_default();
+                    let rescan = may_act(sql);
+                    self.follows_binds |= rescan;
                     let stmt = Stmt {
                         frame: frame.into(),
                         hash: hash(frame),
+                        rescan,
                     };
                     if name.is_empty() {
                         self.on_backend.unnamed = Some(stmt.hash);
@@ -258,6 +266,25 @@ impl TxSession {
                     }
                 }
                 Ok(Message::Close(Close { kind: b'S', name })) => self.forget(name),
+                Ok(Message::Bind(bind)) => {
+                    // A SET (or LISTEN, NOTIFY, …) prepared once acts at each execution.
+                    let stmt = match bind.statement {
+                        "" => self.unnamed.as_ref(),
+                        name => self.statements.get(name),
+                    };
+                    let sql = stmt.filter(|s| s.rescan).and_then(|s| {
+                        match Message::decode(s.frame[0], &s.frame[5..]) {
+                            Ok(Message::Parse(st)) => Some(st.sql.to_owned()),
+                            _ => None,
+                        }
+                    });
+                    if let Some(sql) = sql {
+                        self.scan(&sql);
+                        if let Some(n) = ex.notify.as_ref().filter(|_| notifies(&sql)) {
+                            self.notifiers.record(n.backend, n.key);
+                        }
+                    }
+                }
                 Ok(Message::Query(_)) => {
                     // A simple query destroys the unnamed statement.
                     self.unnamed = None;
@@ -494,6 +521,20 @@ pub fn pin_reason(sql: &str) -> Option<&'static str> {
     }
 }
 
+/// Whether a statement's text may do what [`TxSession::scan`] follows (a setting, a pin,
+/// a deallocation) or notify: by words, like them.
+fn may_act(sql: &str) -> bool {
+    pin_reason(sql).is_some()
+        || notifies(sql)
+        || find(sql, b"set_config").is_some()
+        || statement_starts(sql).any(|st| {
+            let first = words(st).next().unwrap_or_default();
+            ["set", "reset", "discard", "deallocate"]
+                .iter()
+                .any(|w| first.eq_ignore_ascii_case(w))
+        })
+}
+
 /// Whether a statement's text may send a notification (by words: may say so where none
 /// is sent).
 fn notifies(sql: &str) -> bool {
@@ -724,6 +765,7 @@ mod tests {
             Stmt {
                 hash: hash(&f),
                 frame: f.into(),
+                rescan: false,
             },
         );
         s.acquired(holds, &mut ex);

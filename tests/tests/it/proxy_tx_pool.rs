@@ -179,6 +179,24 @@ async fn at_the_cap_an_idle_backend_of_other_startup_parameters_gives_its_place(
 }
 
 #[tokio::test]
+async fn a_prepared_set_acts_at_each_execution_and_stays_with_its_client() {
+    // One backend for both: a SET prepared by a, run later, is a's alone.
+    let w = tx_world(1, "10s");
+    let (a, b) = (w.client().await.unwrap(), w.client().await.unwrap());
+    let set = a.prepare("SET work_mem = '7MB'").await.unwrap();
+    assert_eq!(text(&b, "SHOW work_mem").await.as_deref(), Some("4MB"));
+    for _ in 0..3 {
+        a.execute(&set, &[]).await.unwrap();
+        assert_eq!(text(&b, "SHOW work_mem").await.as_deref(), Some("4MB"));
+        assert_eq!(text(&a, "SHOW work_mem").await.as_deref(), Some("7MB"));
+        b.batch_execute("SET work_mem = '5MB'").await.unwrap();
+        assert_eq!(text(&a, "SHOW work_mem").await.as_deref(), Some("7MB"));
+        assert_eq!(text(&b, "SHOW work_mem").await.as_deref(), Some("5MB"));
+        b.batch_execute("RESET work_mem").await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn two_clients_statements_of_one_name_never_mix() {
     // One backend for both: each client's "s1" must be its own on it.
     let w = tx_world(1, "10s");
