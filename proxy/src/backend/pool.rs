@@ -44,6 +44,13 @@ pub struct Holds {
     pub settings: u64,
 }
 
+impl PoolKey {
+    /// Its database and role: the key of `pool_size` on a core ([`super::slots::CloudKey`]).
+    pub fn cloud_slot(&self) -> super::slots::CloudKey {
+        (self.database.clone(), Rc::from(self.user.as_str()))
+    }
+}
+
 impl Holds {
     /// As at login, or after `DISCARD ALL`.
     pub fn is_clean(&self) -> bool {

@@ -14,7 +14,6 @@ use crate::core::{Core, Database};
 use crate::error::SessionError;
 use crate::scram::Credentials;
 use crate::time::with_timeout;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,7 +48,7 @@ impl<'a> CloudSource<'a> {
             key,
             creds,
             gauge: core.shared.gauges.of(&db.name, &key.user),
-            slot: (db.name.clone(), Rc::from(key.user.as_str())),
+            slot: key.cloud_slot(),
         }
     }
 
@@ -161,7 +160,7 @@ pub fn free_a_place_for_other_cores(core: &Core) {
     let databases = core.databases.borrow();
     let now = Instant::now();
     let idle = core.pool.borrow_mut().take_oldest(|k, conn, since| {
-        let slot = (k.database.clone(), Rc::from(k.user.as_str()));
+        let slot = k.cloud_slot();
         k.org.is_none()
             && conn.place.as_ref().is_some_and(|p| p.gauge().waiting() > 0)
             && core.cloud_slots.waiting(&slot) == 0

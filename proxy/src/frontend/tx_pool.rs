@@ -195,11 +195,7 @@ impl TxSession {
         if let Ok(Message::Query(Statement { sql, .. }) | Message::Parse(Statement { sql, .. })) =
             own
         {
-            self.scan(sql);
-            // Before the backend runs it: its notification may reach a listener at once.
-            if let Some(n) = ex.notify.as_ref().filter(|_| notifies(sql)) {
-                self.notifiers.record(n.backend, n.key);
-            }
+            self.follow(ex, sql);
         }
         // The client's Parse, among what went out: the proxy adds Parses of its own (the
         // cloud's `statement_org` statement, a client statement parsed again before its
@@ -279,10 +275,7 @@ impl TxSession {
                         }
                     });
                     if let Some(sql) = sql {
-                        self.scan(&sql);
-                        if let Some(n) = ex.notify.as_ref().filter(|_| notifies(&sql)) {
-                            self.notifiers.record(n.backend, n.key);
-                        }
+                        self.follow(ex, &sql);
                     }
                 }
                 Ok(Message::Query(_)) => {
@@ -295,6 +288,16 @@ impl TxSession {
             at += header.frame_len();
         }
         replaced
+    }
+
+    /// Follows a statement's text as it goes to the backend ([`TxSession::scan`]), and
+    /// notes its NOTIFY before the backend runs it: the notification may reach a listener
+    /// at once.
+    fn follow(&mut self, ex: &Exchange, sql: &str) {
+        self.scan(sql);
+        if let Some(n) = ex.notify.as_ref().filter(|_| notifies(sql)) {
+            self.notifiers.record(n.backend, n.key);
+        }
     }
 
     fn forget(&mut self, name: &str) {
@@ -521,6 +524,9 @@ pub fn pin_reason(sql: &str) -> Option<&'static str> {
     }
 }
 
+/// The first words of the statements [`TxSession::scan`] follows by their start.
+const ACTING_FIRST_WORDS: [&str; 4] = ["set", "reset", "discard", "deallocate"];
+
 /// Whether a statement's text may do what [`TxSession::scan`] follows (a setting, a pin,
 /// a deallocation) or notify: by words, like them.
 fn may_act(sql: &str) -> bool {
@@ -529,7 +535,7 @@ fn may_act(sql: &str) -> bool {
         || find(sql, b"set_config").is_some()
         || statement_starts(sql).any(|st| {
             let first = words(st).next().unwrap_or_default();
-            ["set", "reset", "discard", "deallocate"]
+            ACTING_FIRST_WORDS
                 .iter()
                 .any(|w| first.eq_ignore_ascii_case(w))
         })
